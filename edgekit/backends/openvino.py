@@ -1,0 +1,137 @@
+"""OpenVINO: Intel CPUs, integrated GPUs and the Core Ultra NPU.
+
+Reads OpenVINO IR (``.xml`` + ``.bin``) and ONNX directly.  Device strings are
+OpenVINO's own: ``CPU``, ``GPU``, ``NPU``, ``AUTO`` or ``AUTO:NPU,CPU``.  The default
+performance hint is LATENCY: a camera pipeline runs one frame at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit.backends.base import (
+    Availability,
+    Options,
+    Session,
+    TensorSpec,
+    check_artifact,
+    known_options,
+    load_failed,
+)
+from edgekit.errors import RunError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+NAME = "openvino"
+OPTIONS = frozenset({"device", "hint", "num_threads", "cache_dir", "inference_precision"})
+_VIRTUAL = ("AUTO", "MULTI", "HETERO", "BATCH")
+
+
+def _physical(device: str) -> list[str]:
+    """The real devices a device string needs: ``AUTO:NPU,CPU`` -> ``[NPU, CPU]``; ``AUTO`` -> ``[]``."""
+    head, _, tail = device.partition(":")
+    if head in _VIRTUAL:
+        return [d.split(".")[0] for d in tail.split(",") if d]
+    return [head.split(".")[0]]
+
+
+class OpenVINOBackend:
+    """Runs OpenVINO IR and ONNX files with OpenVINO."""
+
+    name = NAME
+    suffixes = (".xml", ".onnx")
+    options = OPTIONS
+
+    def available(self, options: Options | None = None) -> Availability:
+        try:
+            import openvino as ov
+        except ImportError as err:
+            return Availability(
+                False, f"openvino is not installed ({err})", hint='pip install "edgekit[openvino]"'
+            )
+        version = ov.get_version().split("-")[0]
+        devices = tuple(ov.Core().available_devices)
+        device = str((options or {}).get("device", "CPU"))
+        need = _physical(device)
+        # AUTO with a priority list is usable when any listed device exists; a plain device must exist.
+        usable = (
+            any(d in devices for d in need)
+            if device.startswith("AUTO") and need
+            else all(d in devices for d in need)
+        )
+        if not usable:
+            return Availability(
+                False,
+                f"OpenVINO device {device} is not present (this host has {', '.join(devices) or 'none'})",
+                version,
+                devices,
+                "NPU needs an Intel Core Ultra with the intel_vpu driver; GPU needs the Intel compute runtime",
+            )
+        return Availability(True, "", version, devices)
+
+    def load(self, artifact: Path, options: Options | None = None) -> Session:
+        import openvino as ov
+
+        opts = known_options(NAME, options, OPTIONS)
+        artifact = check_artifact(NAME, artifact, self.suffixes)
+        if artifact.suffix == ".xml" and not artifact.with_suffix(".bin").is_file():
+            from edgekit.errors import ModelLoadError
+
+            raise ModelLoadError(
+                f"{NAME}: {artifact} has no weights file {artifact.with_suffix('.bin').name} beside it",
+                "an OpenVINO IR is two files, .xml and .bin: copy both",
+            )
+        device = str(opts.get("device", "CPU"))
+        config: dict[str, Any] = {"PERFORMANCE_HINT": str(opts.get("hint", "LATENCY"))}
+        if "inference_precision" in opts:
+            # The CPU plugin runs fp32 models in bf16 on CPUs that have AMX/AVX512-BF16 unless told not to.
+            config["INFERENCE_PRECISION_HINT"] = str(opts["inference_precision"])
+        if "num_threads" in opts and _physical(device) == ["CPU"]:
+            config["INFERENCE_NUM_THREADS"] = int(opts["num_threads"])
+        core = ov.Core()
+        if "cache_dir" in opts:
+            # The NPU and GPU plugins compile for seconds; the cache makes the second start fast.
+            core.set_property({"CACHE_DIR": str(opts["cache_dir"])})
+        try:
+            compiled = core.compile_model(core.read_model(str(artifact)), device, config)
+        except Exception as err:
+            raise load_failed(NAME, artifact, err, "an OpenVINO IR (.xml + .bin) or an ONNX model") from err
+        return OpenVINOSession(artifact, compiled, device)
+
+
+def _spec(port: Any) -> TensorSpec:
+    shape = tuple(None if d.is_dynamic else d.get_length() for d in port.get_partial_shape())
+    name = port.get_any_name() if port.get_names() else f"port{port.get_index()}"
+    return TensorSpec(name, shape, port.get_element_type().to_dtype().name)
+
+
+class OpenVINOSession(Session):
+    backend = NAME
+
+    def __init__(self, artifact: Path, compiled: Any, device: str) -> None:
+        super().__init__(
+            artifact, [_spec(p) for p in compiled.inputs], [_spec(p) for p in compiled.outputs], device
+        )
+        self._request = compiled.create_infer_request()
+        # With AUTO, the device really used is decided by the plugin: report that one
+        # (an older plugin without the property keeps the requested name).
+        with contextlib.suppress(Exception):
+            self.device = ",".join(compiled.get_property("EXECUTION_DEVICES"))
+
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        try:
+            self._request.infer(list(arrays))
+            # Copy: OpenVINO reuses its output tensors on the next infer.
+            return [self._request.get_output_tensor(i).data.copy() for i in range(len(self.outputs))]
+        except Exception as err:
+            raise RunError(
+                f"{NAME} failed running {self.artifact}: {err}", "check the input against session.inputs"
+            ) from err
+
+    def close(self) -> None:
+        self._request = None
+        super().close()

@@ -1,0 +1,150 @@
+"""Apache TVM: runs a compiled Relax library (``.so``) on the Relax virtual machine.
+
+The library holds the model's code and weights; its input and output specs travel beside
+it as ``<stem>.io.json`` (the Relax executable does not keep them), written by
+:func:`edgekit.build.tvm.compile_onnx`.  Before loading, the ELF header is read so that a
+library built for another CPU is refused with a clear message instead of a dlopen error
+that claims the file does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit.backends.base import (
+    Availability,
+    Options,
+    Session,
+    TensorSpec,
+    check_artifact,
+    known_options,
+    load_failed,
+)
+from edgekit.elf import host_arch, read_elf
+from edgekit.errors import ModelLoadError, RunError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+NAME = "tvm"
+OPTIONS = frozenset({"device", "num_threads"})
+IO_SUFFIX = ".io.json"
+
+
+def io_path(library: Path) -> Path:
+    """Where the input/output description of a compiled library lives."""
+    return library.with_name(library.stem + IO_SUFFIX)
+
+
+def read_io(library: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Read a library's ``.io.json``: ``{"inputs": [{name, shape, dtype}], "outputs": [...]}``."""
+    path = io_path(library)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return (
+            [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in data["inputs"]],
+            [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in data["outputs"]],
+        )
+    except FileNotFoundError as err:
+        raise ModelLoadError(
+            f"{NAME}: {library} has no input/output description {path.name} beside it",
+            "compile the model with `edgekit build` (or edgekit.build.tvm.compile_onnx), which writes both files",
+        ) from err
+    except (ValueError, KeyError, TypeError) as err:
+        raise ModelLoadError(
+            f"{NAME}: {path} is not a valid I/O description ({err})", "rebuild the model"
+        ) from err
+
+
+class TVMBackend:
+    """Runs TVM Relax libraries compiled for this host's CPU."""
+
+    name = NAME
+    suffixes = (".so",)
+    options = OPTIONS
+
+    def available(self, options: Options | None = None) -> Availability:
+        try:
+            import tvm
+        except ImportError as err:
+            return Availability(
+                False, f"apache-tvm is not installed ({err})", hint='pip install "edgekit[tvm]"'
+            )
+        devices = ("cpu", "cuda") if tvm.cuda().exist else ("cpu",)
+        device = str((options or {}).get("device", "cpu"))
+        if device not in devices:
+            return Availability(
+                False,
+                f"TVM device {device} is not present here",
+                tvm.__version__,
+                devices,
+                'use device = "cpu", or a TVM build with that device\'s runtime',
+            )
+        return Availability(True, "", tvm.__version__, devices)
+
+    def load(self, artifact: Path, options: Options | None = None) -> Session:
+        opts = known_options(NAME, options, OPTIONS)
+        artifact = check_artifact(NAME, artifact, self.suffixes)
+        elf, here = read_elf(artifact), host_arch()
+        if elf is None:
+            raise ModelLoadError(
+                f"{NAME}: {artifact} is not a shared library (no ELF header)",
+                "the file may be corrupt or truncated: rebuild it with edgekit build",
+            )
+        built_for = elf.arch
+        if built_for != here:
+            raise ModelLoadError(
+                f"{NAME}: {artifact} was built for {built_for}, this host is {here}",
+                f"run it on an {built_for} device, or build for this host's profile (edgekit build --device ...)",
+            )
+        if not elf.complete:
+            # dlopen of a truncated library can kill the process with SIGBUS: refuse it first.
+            raise ModelLoadError(
+                f"{NAME}: {artifact} is truncated (its ELF headers point past the end of the file)",
+                "the copy was probably interrupted: copy or rebuild it again",
+            )
+        inputs, outputs = read_io(artifact)
+        import tvm
+        from tvm import relax
+
+        device_name = str(opts.get("device", "cpu"))
+        if "num_threads" in opts:
+            # (affinity mode 0 = big cores, thread count); TVM's pool otherwise takes every core.
+            tvm.get_global_func("runtime.config_threadpool")(0, int(opts["num_threads"]))
+        try:
+            lib = tvm.runtime.load_module(str(artifact))
+            device = tvm.device(device_name, 0)
+            vm = relax.VirtualMachine(lib, device)
+        except Exception as err:
+            raise load_failed(NAME, artifact, err, f"a TVM Relax library compiled for {here}") from err
+        return TVMSession(artifact, inputs, outputs, vm, device)
+
+
+class TVMSession(Session):
+    backend = NAME
+
+    def __init__(
+        self, artifact: Path, inputs: list[TensorSpec], outputs: list[TensorSpec], vm: Any, device: Any
+    ) -> None:
+        super().__init__(artifact, inputs, outputs, str(device))
+        self._vm, self._dev = vm, device
+        self._main = vm["main"]
+
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import tvm
+
+        try:
+            out = self._main(*[tvm.runtime.tensor(a, self._dev) for a in arrays])
+            items = out if isinstance(out, (list, tuple)) or not hasattr(out, "numpy") else [out]
+            return [t.numpy() for t in items]
+        except Exception as err:
+            raise RunError(
+                f"{NAME} failed running {self.artifact}: {err}", "check the input against session.inputs"
+            ) from err
+
+    def close(self) -> None:
+        self._vm = self._main = None
+        super().close()

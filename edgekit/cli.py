@@ -1,0 +1,246 @@
+"""The ``edgekit`` command.
+
+User mistakes (an unknown device, a corrupt model) print ``error:`` and ``hint:`` lines and
+exit 2 without a traceback; ``--debug`` shows the traceback.  Commands that report take
+``--json`` and then print one JSON document on stdout and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from edgekit._version import __version__
+from edgekit.errors import EdgekitError
+
+app = typer.Typer(
+    name="edgekit",
+    help="Take a trained vision model to edge devices and keep it within its frame budget there.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+devices_app = typer.Typer(
+    help="Device profiles: what each device is and which backends it tries.", no_args_is_help=True
+)
+app.add_typer(devices_app, name="devices")
+
+console = Console()
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"edgekit {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show info logs (fallbacks, chosen backend).")
+    ] = False,
+) -> None:
+    _state["debug"] = debug
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def doctor_report() -> dict[str, Any]:
+    """What ``edgekit doctor`` reports, as plain data."""
+    from edgekit.backends import registry
+    from edgekit.host import detect, rank_profiles
+    from edgekit.profiles import all_profiles
+    from edgekit.selection import backend_availability
+
+    host = detect()
+    backends: dict[str, Any] = {}
+    for name in registry.names():
+        try:
+            a = registry.get(name).available()
+        except EdgekitError as err:
+            backends[name] = {
+                "available": False,
+                "version": None,
+                "reason": err.message,
+                "hint": err.hint,
+                "devices": [],
+            }
+            continue
+        backends[name] = {
+            "available": a.ok,
+            "version": a.version,
+            "reason": a.reason,
+            "hint": a.hint,
+            "devices": list(a.devices),
+        }
+    ranked = rank_profiles(host, all_profiles().values())
+    profile = ranked[0] if ranked else None
+    candidates = []
+    for cand in profile.candidates if profile else ():
+        a = backend_availability(cand)
+        candidates.append(
+            {
+                "name": cand.key,
+                "backend": cand.backend,
+                "precision": cand.precision,
+                "available": a.ok,
+                "reason": a.reason,
+            }
+        )
+    return {
+        "edgekit": __version__,
+        "python": platform.python_version(),
+        "host": host.to_dict(),
+        "profile": profile.name if profile else None,
+        "also_matches": [p.name for p in ranked[1:]],
+        "backends": backends,
+        "candidates": candidates,
+    }
+
+
+@app.command()
+def doctor(as_json: JsonOpt = False) -> None:
+    """Show this host, the device profile it matches, and every backend: available, version, why not."""
+    report = doctor_report()
+    if as_json:
+        _print_json(report)
+        return
+    host = report["host"]
+    console.print(f"[bold]edgekit {report['edgekit']}[/] on Python {report['python']}")
+    facts = Table(show_header=False, box=None, pad_edge=False)
+    for key in (
+        "arch",
+        "cpu_model",
+        "cpu_count",
+        "memory_mb",
+        "device_tree_model",
+        "nv_tegra_release",
+        "edgetpu",
+        "openvino_devices",
+        "ort_providers",
+    ):
+        value = host[key]
+        facts.add_row(
+            f"[dim]{key}[/]", ", ".join(value) if isinstance(value, list | tuple) else str(value or "-")
+        )
+    console.print(facts)
+    console.print(
+        f"profile: [bold cyan]{report['profile'] or 'none'}[/]"
+        + (f" (also fits: {', '.join(report['also_matches'])})" if report["also_matches"] else "")
+    )
+    table = Table(title="backends", title_justify="left")
+    for col in ("backend", "available", "version", "devices", "why not / what to do"):
+        table.add_column(col)
+    for name, b in report["backends"].items():
+        why = " — ".join(x for x in (b["reason"], b["hint"]) if x)
+        table.add_row(
+            name,
+            "[green]yes[/]" if b["available"] else "[red]no[/]",
+            b["version"] or "-",
+            ", ".join(b["devices"]) or "-",
+            why or "",
+        )
+    console.print(table)
+    if report["candidates"]:
+        order = Table(title=f"{report['profile']}: candidates in order", title_justify="left")
+        for col in ("#", "candidate", "runs here", "why not"):
+            order.add_column(col)
+        for i, c in enumerate(report["candidates"], 1):
+            order.add_row(str(i), c["name"], "[green]yes[/]" if c["available"] else "[red]no[/]", c["reason"])
+        console.print(order)
+
+
+@devices_app.command("list")
+def devices_list(as_json: JsonOpt = False) -> None:
+    """List the known device profiles."""
+    from edgekit.profiles import all_profiles
+
+    profiles = all_profiles()
+    if as_json:
+        _print_json([p.to_dict() for p in profiles.values()])
+        return
+    table = Table()
+    for col in ("name", "aliases", "arch", "cpu", "budget", "first choice", "description"):
+        table.add_column(col)
+    for p in profiles.values():
+        table.add_row(
+            p.name,
+            ", ".join(p.aliases),
+            p.arch,
+            p.cpu,
+            f"{p.budget_ms:g} ms",
+            p.candidates[0].key,
+            p.description,
+        )
+    console.print(table)
+
+
+@devices_app.command("show")
+def devices_show(
+    name: Annotated[str, typer.Argument(help="A profile name or alias (jetson, pi, coral).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one device profile in full (aliases resolve)."""
+    from edgekit.profiles import get_profile
+
+    p = get_profile(name)
+    data = p.to_dict()
+    if as_json:
+        _print_json(data)
+        return
+    console.print(
+        f"[bold]{p.name}[/] — {p.description}" + (f"  (aliases: {', '.join(p.aliases)})" if p.aliases else "")
+    )
+    info = Table(show_header=False, box=None, pad_edge=False)
+    for key in ("arch", "cpu", "budget_ms", "camera", "runtime_packages", "tvm_target", "match", "source"):
+        value = data[key]
+        info.add_row(f"[dim]{key}[/]", json.dumps(value) if isinstance(value, dict | list) else str(value))
+    console.print(info)
+    table = Table(title="candidates, in order", title_justify="left")
+    for col in ("#", "name", "backend", "precision", "options"):
+        table.add_column(col)
+    for i, c in enumerate(data["candidates"], 1):
+        table.add_row(str(i), c["name"], c["backend"], c["precision"], json.dumps(c["options"]))
+    console.print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 usage error, 2 edgekit error)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # Typer reports its own usage errors and always ends with SystemExit.
+        app(args=args, prog_name="edgekit")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except EdgekitError as err:
+        if _state["debug"] or "--debug" in args:
+            err_console.print_exception()
+        err_console.print(f"[bold red]error:[/] {err.message}", highlight=False)
+        if err.hint:
+            err_console.print(f"[yellow]hint:[/] {err.hint}", highlight=False)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

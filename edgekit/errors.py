@@ -1,0 +1,68 @@
+"""One error root for everything edgekit raises on purpose.
+
+Every error carries what went wrong (``message``) and what to do about it (``hint``).
+The CLI prints both without a traceback; ``--debug`` shows the traceback too.
+Errors are raised at one boundary (where a runtime call is made), not caught,
+logged and re-raised in every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class EdgekitError(Exception):
+    """Base class: a message saying what was wrong and where, and a hint saying what to do."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ProfileError(EdgekitError):
+    """A device profile is unknown, malformed, or names something that does not exist."""
+
+
+class DetectionError(EdgekitError):
+    """The host could not be read or matched to a profile."""
+
+
+class BackendError(EdgekitError):
+    """A backend could not be imported, registered or loaded."""
+
+
+class ModelLoadError(BackendError):
+    """A runtime refused a model artifact (corrupt file, wrong architecture, missing delegate)."""
+
+
+class InputError(EdgekitError):
+    """An input given to a session does not match what the model expects."""
+
+
+class RunError(EdgekitError):
+    """A runtime failed while running a model."""
+
+
+class BuildError(EdgekitError):
+    """Converting, compiling or quantizing a model failed."""
+
+
+class DeployError(EdgekitError):
+    """Shipping or activating a bundle on a device failed."""
+
+
+class TelemetryError(EdgekitError):
+    """Reporting measurements failed in a way the user must fix (bad URL, bad credentials)."""
+
+
+class NoUsableBackendError(EdgekitError):
+    """Every candidate backend failed; ``causes`` holds one ``(candidate, reason)`` per attempt."""
+
+    def __init__(self, message: str, causes: Sequence[tuple[str, str]], hint: str = "") -> None:
+        lines = [message] + [f"  - {who}: {why}" for who, why in causes]
+        super().__init__("\n".join(lines), hint)
+        self.causes = tuple(causes)

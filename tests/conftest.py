@@ -1,0 +1,67 @@
+"""Shared fixtures: the tiny model written once per run as every backend's artifact."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import tiny_model
+
+
+@dataclass(frozen=True)
+class TinyArtifacts:
+    onnx: Path
+    openvino_ir: Path
+    tflite: Path
+    tvm_x86_64: Path | None
+    input_nchw: np.ndarray
+    expected: np.ndarray
+
+
+def _skip_unless(module: str) -> None:
+    pytest.importorskip(module, reason=f"{module} is not installed (pip install -e '.[all]')")
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyArtifacts:
+    """The tiny model as ONNX, OpenVINO IR, TFLite and (when TVM is here) a host TVM library."""
+    out = tmp_path_factory.mktemp("tiny")
+    weights = tiny_model.make_weights()
+    onnx_path = tiny_model.write_onnx(out / "tiny.onnx", weights)
+    tflite_path = tiny_model.write_tflite(out / "tiny.tflite", weights)
+    ir = out / "tiny.xml"
+    try:
+        import openvino as ov
+
+        # fp32 IR: save_model would compress weights to fp16 by default.
+        ov.save_model(ov.convert_model(str(onnx_path)), str(ir), compress_to_fp16=False)
+    except ImportError:
+        pass
+    tvm_lib: Path | None = None
+    try:
+        import tvm  # noqa: F401
+
+        from edgekit.build.tvm import compile_onnx
+        from edgekit.profiles import get_profile
+
+        tvm_lib = compile_onnx(onnx_path, out / "tiny-x86_64.so", get_profile("x86_64-cpu").tvm_target)
+    except ImportError:
+        pass
+    x = tiny_model.sample_input()
+    return TinyArtifacts(onnx_path, ir, tflite_path, tvm_lib, x, tiny_model.reference(x, weights))
+
+
+@pytest.fixture(scope="session")
+def aarch64_cc() -> str:
+    cc = shutil.which("aarch64-linux-gnu-gcc")
+    if cc is None:
+        pytest.skip(
+            "aarch64-linux-gnu-gcc is not installed (apt-get install gcc-aarch64-linux-gnu; .ci/run does)"
+        )
+    return cc

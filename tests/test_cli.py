@@ -1,0 +1,88 @@
+"""The ``edgekit`` command, run as a user runs it (a subprocess of the installed entry point)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+EDGEKIT = (
+    [
+        shutil.which("edgekit") or "",
+    ]
+    if shutil.which("edgekit")
+    else [sys.executable, "-m", "edgekit.cli"]
+)
+
+
+def edgekit(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EDGEKIT, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version() -> None:
+    from edgekit import __version__
+
+    r = edgekit("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"edgekit {__version__}"
+
+
+def test_doctor_json_reports_every_backend() -> None:
+    r = edgekit("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    backends = report["backends"]
+    for name in ("onnxruntime", "openvino", "litert", "tvm"):
+        assert backends[name]["available"] is True, (name, backends[name])
+        assert backends[name]["version"]
+    assert backends["tensorrt"]["available"] is False
+    assert "tensorrt" in backends["tensorrt"]["reason"].lower() and backends["tensorrt"]["hint"]
+    assert report["profile"] in ("x86_64-cpu", "arm64-cpu", "intel-npu")
+    assert report["host"]["arch"] and report["candidates"]
+
+
+def test_doctor_table() -> None:
+    r = edgekit("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "onnxruntime" in r.stdout and "tensorrt" in r.stdout and "profile:" in r.stdout
+
+
+def test_devices_list_json() -> None:
+    r = edgekit("devices", "list", "--json")
+    assert r.returncode == 0
+    names = {p["name"] for p in json.loads(r.stdout)}
+    assert {"jetson-orin-nano", "rpi5", "coral-devboard", "intel-npu", "x86_64-cpu"} <= names
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"), [("jetson", "jetson-orin-nano"), ("pi", "rpi5"), ("coral", "coral-devboard")]
+)
+def test_devices_show_resolves_aliases(alias: str, name: str) -> None:
+    r = edgekit("devices", "show", alias, "--json")
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(r.stdout)
+    assert shown["name"] == name and shown["candidates"] and shown["tvm_target"]["kind"] == "llvm"
+
+
+def test_devices_show_table() -> None:
+    r = edgekit("devices", "show", "jetson")
+    assert r.returncode == 0 and "tensorrt" in r.stdout and "candidates" in r.stdout
+
+
+def test_user_mistake_is_an_error_without_traceback() -> None:
+    r = edgekit("devices", "show", "jetsn")
+    assert r.returncode == 2
+    assert "error:" in r.stderr and "did you mean 'jetson'" in r.stderr and "hint:" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_debug_shows_the_traceback() -> None:
+    r = edgekit("--debug", "devices", "show", "jetsn")
+    assert r.returncode == 2 and "Traceback" in r.stderr and "ProfileError" in r.stderr
+
+
+def test_usage_error_exit_code() -> None:
+    r = edgekit("devices", "frobnicate")
+    assert r.returncode != 0 and "Traceback" not in r.stderr

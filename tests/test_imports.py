@@ -1,0 +1,46 @@
+"""``import edgekit`` must stay cheap on a device: no runtime, no numpy, until one is used."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+RUNTIMES = [
+    "onnxruntime",
+    "openvino",
+    "ai_edge_litert",
+    "tflite_runtime",
+    "tvm",
+    "tensorrt",
+    "numpy",
+    "cv2",
+    "torch",
+    "paho",
+]
+
+
+def loaded_after(code: str) -> set[str]:
+    probe = f"import sys, json\n{code}\nprint(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def test_import_edgekit_pulls_in_no_runtime() -> None:
+    assert loaded_after("import edgekit").isdisjoint(RUNTIMES)
+
+
+def test_profiles_registry_and_selection_pull_in_no_runtime() -> None:
+    code = (
+        "import edgekit.selection, edgekit.cli\n"
+        "from edgekit.profiles import all_profiles\n"
+        "from edgekit.backends import registry\n"
+        "all_profiles(); [registry.get(n) for n in registry.names()]"
+    )
+    assert loaded_after(code).isdisjoint(RUNTIMES)
+
+
+def test_probing_one_backend_imports_only_its_runtime() -> None:
+    loaded = loaded_after("from edgekit.backends import registry; registry.get('onnxruntime').available()")
+    assert "onnxruntime" in loaded
+    assert loaded.isdisjoint(set(RUNTIMES) - {"onnxruntime", "numpy"})

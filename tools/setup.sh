@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up a development machine: system packages (when run as root on Debian/Ubuntu),
+# a virtual environment in .venv, and edgekit with every extra.  Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages the tests and builds use: a cross compiler for ARM64 TVM libraries.
+APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    echo "setup: please install these system packages (as root): ${missing[*]}" >&2
+  fi
+fi
+
+PYTHON=${PYTHON:-python3}
+[[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# torch==2.13.0 (pinned in the build extra) is a CPU build; an unpinned torch pulls CUDA.
+.venv/bin/python -m pip install -q -e ".[all,dev]"
+echo "setup: done — .venv/bin/edgekit is ready"
