@@ -13,11 +13,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from conftest import TinyArtifacts
 
 from edgekit.backends import registry
 from edgekit.backends.base import Session
 from edgekit.errors import InputError, ModelLoadError
+
+from conftest import TinyArtifacts
 
 
 class BackendContract:

@@ -6,12 +6,13 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import TinyArtifacts
 
 from edgekit.backends.base import Availability
 from edgekit.errors import ModelLoadError, NoUsableBackendError
 from edgekit.profiles import Candidate, get_profile
 from edgekit.selection import load_first, plan, select
+
+from conftest import TinyArtifacts
 
 TRT = Candidate("tensorrt", "fp16")
 ORT_GPU = Candidate("onnxruntime", "fp16", name="onnxruntime-gpu")

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TinyArtifacts
 
 from edgekit.backends import open_session
 from edgekit.elf import elf_arch, host_arch
 from edgekit.errors import ModelLoadError
+
+from conftest import TinyArtifacts
 
 pytest.importorskip("tvm", reason="apache-tvm is not installed (pip install -e '.[tvm]')")
 
