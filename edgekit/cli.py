@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from edgekit._version import __version__
+from edgekit.commands import register_all
+from edgekit.commands.common import JsonOpt, console, err_console
+from edgekit.commands.common import print_json as _print_json
 from edgekit.errors import EdgekitError
 
 app = typer.Typer(
@@ -33,11 +35,7 @@ devices_app = typer.Typer(
 )
 app.add_typer(devices_app, name="devices")
 
-console = Console()
-err_console = Console(stderr=True)
 _state = {"debug": False}
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 
 
 def _version(value: bool) -> None:
@@ -59,10 +57,6 @@ def _root(
     _state["debug"] = debug
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def doctor_report() -> dict[str, Any]:
@@ -222,6 +216,9 @@ def devices_show(
     for i, c in enumerate(data["candidates"], 1):
         table.add_row(str(i), c["name"], c["backend"], c["precision"], json.dumps(c["options"]))
     console.print(table)
+
+
+register_all(app)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

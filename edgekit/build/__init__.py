@@ -1,0 +1,1 @@
+"""Build-host side: conversion, quantization and compilation (needs the ``build`` extra)."""

@@ -1,0 +1,16 @@
+"""Subcommands of ``edgekit``, one module per area; each module has ``register(app)``."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+# Add a module here to add its commands to `edgekit`.
+MODULES: tuple[str, ...] = ()
+
+
+def register_all(app: typer.Typer) -> None:
+    """Add every area's commands to ``app`` (importing them imports no runtime)."""
+    for name in MODULES:
+        importlib.import_module(name).register(app)
