@@ -115,3 +115,86 @@ def read_card(location: Path) -> ModelCard:
         labels=labels,
         path=path,
     )
+
+
+def _onnx_input(path: Path) -> tuple[str, list[int | None]]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+    inp = next(i for i in model.graph.input if i.name not in init)
+    dims = [
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+        for d in inp.type.tensor_type.shape.dim
+    ]
+    return inp.name, dims
+
+
+def card_for_file(
+    model: Path,
+    *,
+    name: str | None = None,
+    input_size: tuple[int, int] | None = None,
+    mean: tuple[float, float, float] | None = None,
+    std: tuple[float, float, float] | None = None,
+    layout: str | None = None,
+    labels: Path | None = None,
+    resize: str = "center-crop",
+) -> ModelCard:
+    """A model card for a user's ``.onnx`` or ``.tflite`` file, from what the file says and the flags.
+
+    Shape and layout are read from an ONNX file's input when it has static dimensions;
+    normalization cannot be read from a file, so ``mean``/``std`` must be given: a silent
+    default would give a model that runs and answers wrongly.
+    """
+    if not model.is_file():
+        raise BuildError(f"model file {model} does not exist", "check the path")
+    input_name, output_name = "input", "logits"
+    if model.suffix == ".onnx":
+        from edgekit.build.onnx_export import check_onnx
+
+        check_onnx(model)
+        input_name, dims = _onnx_input(model)
+        if len(dims) == 4:
+            if layout is None and dims[1] in (1, 3):
+                layout = "NCHW"
+            elif layout is None and dims[3] in (1, 3):
+                layout = "NHWC"
+            if input_size is None and layout is not None:
+                hw = dims[2:4] if layout == "NCHW" else dims[1:3]
+                if hw[0] and hw[1]:
+                    input_size = (hw[0], hw[1])
+    elif model.suffix == ".tflite":
+        from edgekit.backends import open_session
+
+        with open_session(model, "litert") as s:
+            shape = s.inputs[0].shape
+            input_name = s.inputs[0].name
+        if len(shape) == 4 and shape[3] in (1, 3) and shape[1] and shape[2]:
+            layout = layout or "NHWC"
+            input_size = input_size or (int(shape[1]), int(shape[2]))
+    if input_size is None:
+        raise BuildError(
+            f"{model.name}: the input size cannot be read from the file",
+            "pass --input-size H,W (e.g. 224,224)",
+        )
+    if mean is None or std is None:
+        raise BuildError(
+            f"{model.name}: the model's normalization is not known",
+            "pass --mean and --std in pixel units, e.g. ImageNet: --mean 123.675,116.28,103.53 --std 58.395,57.12,57.375; "
+            "for (x - 127.5) / 127.5: --mean 127.5 --std 127.5",
+        )
+    spec = PreprocessSpec(size=input_size, mean=mean, std=std, layout=layout or "NCHW", resize=resize)
+    return ModelCard(
+        name=name or model.stem,
+        version="0",
+        description=f"user model {model.name}",
+        license="unknown",
+        attribution="",
+        source={"kind": "file", "file": model.name},
+        input_name=input_name,
+        output_name=output_name,
+        preprocess=spec,
+        labels=read_labels(labels) if labels else (),
+        path=None,
+    )

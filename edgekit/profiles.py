@@ -34,7 +34,11 @@ _HINT = "see devices/README.md for the profile format"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run a model on a device: a backend, the precision of its artifact, and options."""
+    """One way to run a model on a device: a backend, the precision of the artifact it loads, and options.
+
+    ``precision`` names the artifact (an fp32 ONNX run by the TensorRT execution provider
+    in fp16 is still ``fp32``), so a bundle can be matched to candidates by backend and precision.
+    """
 
     backend: str
     precision: str = "fp32"

@@ -47,7 +47,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyArtifacts:
         from edgekit.build.tvm import compile_onnx
         from edgekit.profiles import get_profile
 
-        tvm_lib = compile_onnx(onnx_path, out / "tiny-x86_64.so", get_profile("x86_64-cpu").tvm_target)
+        tvm_lib = compile_onnx(onnx_path, out / "tiny-x86_64.so", get_profile("x86_64-cpu").tvm_target).path
     x = tiny_model.sample_input()
     return TinyArtifacts(onnx_path, ir, tflite_path, tvm_lib, x, tiny_model.reference(x, weights))
 

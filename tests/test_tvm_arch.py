@@ -21,7 +21,7 @@ def aarch64_lib(tiny: TinyArtifacts, aarch64_cc: str, tmp_path_factory: pytest.T
     from edgekit.profiles import get_profile
 
     out = tmp_path_factory.mktemp("a64") / "tiny-rpi5.so"
-    return compile_onnx(tiny.onnx, out, get_profile("rpi5").tvm_target)
+    return compile_onnx(tiny.onnx, out, get_profile("rpi5").tvm_target).path
 
 
 def test_cross_compiled_library_is_aarch64(aarch64_lib: Path) -> None:

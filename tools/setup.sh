@@ -26,4 +26,9 @@ PYTHON=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 (pinned in the build extra) is a CPU build; an unpinned torch pulls CUDA.
 .venv/bin/python -m pip install -q -e ".[all,dev]"
+# The PyTorch -> LiteRT converter is a second step: through ai-edge-litert[model-utils] it pins
+# xdsl==0.28.0, whose stale typing-extensions<4.13 pin would break `import tvm` if pip resolved
+# them together.  Install it, then put typing-extensions/pydantic back (checked: both work).
+.venv/bin/python -m pip install -q "litert-torch==0.10.0"
+.venv/bin/python -m pip install -q "typing-extensions>=4.14" "pydantic>=2.12"
 echo "setup: done — .venv/bin/edgekit is ready"

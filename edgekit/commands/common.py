@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +16,25 @@ console = Console()
 err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to stdout — by Python or by a runtime's C++ — to stderr.
+
+    Converters (NNCF, TVM, LiteRT) print progress on stdout; with ``--json`` stdout must
+    hold the JSON document and nothing else.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def print_json(data: Any) -> None:

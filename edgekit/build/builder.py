@@ -1,0 +1,470 @@
+"""``edgekit build``: a model and a device profile in, a checked and signed bundle out.
+
+The steps, each cached by the hash of what decides it:
+
+1. the clean fp32 ONNX (exported from the model card's PyTorch weights, or the user's file);
+2. one artifact per recipe the device profile's candidates need (ONNX int8, OpenVINO IR,
+   LiteRT, TVM, TensorRT config);
+3. every artifact that can run here is evaluated against the fp32 reference (the accuracy
+   gate) and timed;
+4. the bundle is written (and signed) only when every artifact passed the gate, or the
+   user allowed the drop — so a failed build leaves nothing that looks like a bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit.build.accuracy import DEFAULT_THRESHOLD, Accuracy, compare, run_batch
+from edgekit.build.artifact import Artifact
+from edgekit.build.cache import BuildCache, file_sha256, step_key
+from edgekit.build.images import ImageSet, load_dir, smoke_set
+from edgekit.build.latency import Latency, measure
+from edgekit.elf import host_arch
+from edgekit.errors import BuildError, EdgekitError
+from edgekit.modelcard import ModelCard
+from edgekit.profiles import Candidate, DeviceProfile, get_profile
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, str], None]  # (step, status) — status "start", "done", "cached", "skipped: why"
+
+
+def recipe_of(c: Candidate) -> str:
+    """Which artifact a candidate loads: ``backend-precision``, or ``litert-edgetpu`` for the Edge TPU."""
+    if c.backend == "litert" and c.options.get("delegate") == "edgetpu":
+        return "litert-edgetpu"
+    return f"{c.backend}-{c.precision}"
+
+
+KNOWN_RECIPES = (
+    "onnxruntime-fp32",
+    "onnxruntime-int8",
+    "openvino-fp32",
+    "openvino-fp16",
+    "openvino-int8",
+    "litert-fp32",
+    "litert-int8",
+    "litert-edgetpu",
+    "tvm-fp32",
+    "tensorrt-fp32",
+    "tensorrt-fp16",
+)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything ``edgekit build`` needs; the CLI fills it from flags, the Python API directly."""
+
+    card: ModelCard
+    device: str
+    out: Path
+    onnx: Path | None = None  # the user's ONNX instead of the card's PyTorch source
+    tflite: Path | None = None  # the user's .tflite: bundled as it is (no converter starts from .tflite)
+    pytorch_module: Any = None  # a torch.nn.Module given through the Python API
+    calibration: Path | None = None
+    eval: Path | None = None
+    backends: tuple[str, ...] = ()  # empty: every backend the profile names
+    precisions: tuple[str, ...] = ()
+    tune_trials: int = 0
+    sign_key: Path | None = None
+    threshold: float = DEFAULT_THRESHOLD
+    allow_accuracy_drop: bool = False
+    use_cache: bool = True
+    measure_latency: bool = True
+
+
+@dataclass
+class ArtifactReport:
+    """One artifact and what the build measured about it."""
+
+    recipe: str
+    artifact: Artifact | None
+    accuracy: Accuracy | None = None
+    latency: Latency | None = None
+    not_measured: str = ""
+    skipped: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.artifact
+        return {
+            "recipe": self.recipe,
+            "backend": a.backend if a else None,
+            "precision": a.precision if a else None,
+            "arch": a.arch if a else None,
+            "kind": a.kind if a else None,
+            "path": str(a.path.name) if a else None,
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
+            "latency_ms": {"p50": self.latency.p50_ms, "p99": self.latency.p99_ms, "runs": self.latency.runs}
+            if self.latency
+            else None,
+            "not_measured": self.not_measured or None,
+            "skipped": self.skipped or None,
+            "notes": dict(a.notes) if a else {},
+        }
+
+
+@dataclass
+class BuildResult:
+    """What a build produced."""
+
+    bundle: Path
+    profile: str
+    reports: list[ArtifactReport] = field(default_factory=list)
+    cache_hits: list[str] = field(default_factory=list)
+    smoke_set: bool = True
+    eval_images: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle),
+            "profile": self.profile,
+            "eval_images": self.eval_images,
+            "smoke_set": self.smoke_set,
+            "cache_hits": self.cache_hits,
+            "artifacts": [r.to_dict() for r in self.reports],
+        }
+
+
+def _nothing(step: str, status: str) -> None:
+    pass
+
+
+def plan_recipes(
+    profile: DeviceProfile, backends: Sequence[str] = (), precisions: Sequence[str] = ()
+) -> list[str]:
+    """The artifacts a profile's candidates need, in candidate order, without repeats."""
+    recipes: list[str] = []
+    for c in profile.candidates:
+        if (backends and c.backend not in backends) or (precisions and c.precision not in precisions):
+            continue
+        r = recipe_of(c)
+        if r not in recipes:
+            recipes.append(r)
+    if not recipes:
+        raise BuildError(
+            f"no artifact to build for {profile.name} with backends {list(backends) or 'any'} and precisions {list(precisions) or 'any'}",
+            f"{profile.name} runs: {', '.join(c.key for c in profile.candidates)}",
+        )
+    return recipes
+
+
+class _Build:
+    """One build in progress: the staging directory, the cache, and the shared inputs."""
+
+    def __init__(self, req: BuildRequest, progress: Progress) -> None:
+        self.req, self.progress = req, progress
+        self.profile = get_profile(req.device)
+        self.cache = BuildCache(enabled=req.use_cache)
+        self.stem = req.card.name
+        self.stage = Path(
+            tempfile.mkdtemp(
+                prefix=".edgekit-build-", dir=req.out.parent if req.out.parent.exists() else None
+            )
+        )
+
+    def step(self, name: str, key: str, produce: Callable[[Path], Sequence[Artifact]]) -> list[Artifact]:
+        self.progress(name, "start")
+        made = self.cache.run(name, key, self.stage, produce)
+        self.progress(name, "cached" if self.cache.hits and self.cache.hits[-1] == name else "done")
+        return made
+
+    # -- the fp32 reference ------------------------------------------------------------
+
+    def fp32_onnx(self) -> Path:
+        from edgekit.build import onnx_export
+
+        req, spec = self.req, self.req.card.preprocess
+        if req.onnx is not None:
+            source_hash, params = file_sha256(req.onnx), {"shape": spec.input_shape}
+
+            def produce(d: Path) -> list[Artifact]:
+                out = onnx_export.fold(req.onnx, d / f"{self.stem}-fp32.onnx", spec.input_shape)  # type: ignore[arg-type]
+                return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
+        else:
+            from edgekit.build.sources import load_pytorch
+
+            card_text = req.card.path.read_text() if req.card.path else req.card.name
+            source_hash = (
+                step_key("card", [card_text], {"source": dict(req.card.source)})
+                if req.pytorch_module is None
+                else "module"
+            )
+
+            def produce(d: Path) -> list[Artifact]:
+                module = req.pytorch_module if req.pytorch_module is not None else load_pytorch(req.card)
+                raw = onnx_export.export_pytorch(
+                    module, spec, d / "raw.onnx", req.card.input_name, req.card.output_name
+                )
+                out = onnx_export.fold(raw, d / f"{self.stem}-fp32.onnx", spec.input_shape)
+                raw.unlink()
+                return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
+
+            params = {"shape": spec.input_shape}
+        use_cache = req.pytorch_module is None
+        key = step_key("fp32-onnx", [source_hash], params)
+        if not use_cache:
+            self.progress("fp32-onnx", "start")
+            made = produce(self.stage)
+            self.progress("fp32-onnx", "done")
+        else:
+            made = self.step("fp32-onnx", key, produce)
+        return made[0].path
+
+    # -- images ----------------------------------------------------------------------
+
+    def images(self) -> tuple[ImageSet, ImageSet]:
+        smoke = smoke_set() if self.req.calibration is None or self.req.eval is None else None
+        calib = load_dir(self.req.calibration) if self.req.calibration else smoke
+        evals = load_dir(self.req.eval) if self.req.eval else smoke
+        assert calib is not None and evals is not None
+        return calib, evals
+
+
+def _recipe_artifacts(
+    b: _Build, recipe: str, fp32: Path, fp32_hash: str, calib: np.ndarray, calib_hash: str
+) -> list[Artifact]:
+    req, stem = b.req, b.stem
+    backend, _, precision = recipe.partition("-")
+    if recipe == "onnxruntime-fp32":
+        return [Artifact(fp32, "onnxruntime", "fp32", kind="onnx")]
+    if recipe == "onnxruntime-int8":
+        from edgekit.build.onnx_int8 import quantize_onnx_int8
+
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash, calib_hash], {}),
+            lambda d: [quantize_onnx_int8(fp32, d / f"{stem}-int8.onnx", calib, req.card.input_name)],
+        )
+    if backend == "openvino":
+        from edgekit.build import openvino_ir
+
+        if precision == "int8":
+            return b.step(
+                recipe,
+                step_key(recipe, [fp32_hash, calib_hash], {}),
+                lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib)],
+            )
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash], {}),
+            lambda d: [openvino_ir.convert_openvino(fp32, d, precision)],
+        )
+    if recipe == "tvm-fp32":
+        from edgekit.build import ops
+        from edgekit.build import tvm as tvm_build
+
+        target = dict(b.profile.tvm_target)
+        ops.require_supported(
+            fp32, "tvm", f"{b.profile.name} {target.get('mtriple', '')} {target.get('mcpu', '')}".strip()
+        )
+        params = {"target": target, "tune_trials": req.tune_trials}
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash], params),
+            lambda d: [
+                tvm_build.compile_onnx(
+                    fp32,
+                    d / f"{stem}-{b.profile.arch}.so",
+                    target,
+                    tune_trials=req.tune_trials,
+                    model_dir=req.card.path.parent if req.card.path else None,
+                )
+            ],
+        )
+    if backend == "tensorrt":
+        from edgekit.build.tensorrt import tensorrt_artifact
+
+        options = next((c.options for c in b.profile.candidates if recipe_of(c) == recipe), {})
+        return [tensorrt_artifact(fp32, b.stage, precision, options, stem)]
+    raise BuildError(
+        f"no recipe for {recipe} (device {b.profile.name})", f"known: {', '.join(KNOWN_RECIPES)}"
+    )
+
+
+def _litert(b: _Build, recipes: list[str], calib: np.ndarray, calib_hash: str) -> dict[str, Artifact]:
+    from edgekit.build.litert import convert_tflite
+    from edgekit.build.sources import load_pytorch
+
+    precisions = [r.split("-", 1)[1] for r in recipes]
+    card_hash = file_sha256(b.req.card.path) if b.req.card.path else b.req.card.name
+
+    def produce(d: Path) -> list[Artifact]:
+        module = b.req.pytorch_module if b.req.pytorch_module is not None else load_pytorch(b.req.card)
+        return convert_tflite(module, b.req.card.preprocess, d, calib, precisions, stem=b.stem)
+
+    made = b.step("litert", step_key("litert", [card_hash, calib_hash], {"precisions": precisions}), produce)
+    found: dict[str, Artifact] = {}
+    for a in made:
+        found["litert-edgetpu" if a.kind.startswith("tflite-edgetpu") else f"litert-{a.precision}"] = a
+    return found
+
+
+def _evaluate(
+    b: _Build, report: ArtifactReport, evals: ImageSet, eval_batch: np.ndarray, reference: np.ndarray
+) -> None:
+    from edgekit.backends import registry
+
+    a = report.artifact
+    assert a is not None
+    if a.arch not in ("any", host_arch()):
+        report.not_measured = f"built for {a.arch}, this host is {host_arch()}"
+        return
+    backend = registry.get(a.backend)
+    avail = backend.available()
+    if not avail.ok:
+        report.not_measured = f"{a.backend} cannot run here: {avail.reason}"
+        return
+    path = a.path
+    if a.kind == "tflite-edgetpu":  # compiled for the TPU: check its CPU source model instead
+        src = a.notes.get("source_model")
+        if not src:
+            report.not_measured = "an Edge TPU model runs only on an Edge TPU"
+            return
+        path = a.path.with_name(str(src))
+    try:
+        with backend.load(path, {}) as session:
+            logits = run_batch(session, eval_batch)
+            report.accuracy = compare(logits, reference, evals.names, evals.smoke, b.req.threshold)
+            if b.req.measure_latency:
+                report.latency = measure(session, eval_batch)
+    except EdgekitError as err:
+        raise BuildError(
+            f"the {report.recipe} artifact {path.name} was built but does not run: {err.message}",
+            "this is a converter problem: report it with the model and the build log",
+        ) from err
+
+
+def build(req: BuildRequest, progress: Progress = _nothing) -> BuildResult:
+    """Run a build; returns what it made.  Raises :class:`BuildError` and leaves no bundle on failure."""
+    b = _Build(req, progress)
+    try:
+        return _build(b)
+    finally:
+        shutil.rmtree(b.stage, ignore_errors=True)
+
+
+def _build_tflite(b: _Build) -> BuildResult:
+    """A user's .tflite goes into the bundle as it is: checked to load and run, and timed."""
+    import numpy as np
+
+    from edgekit.backends import open_session
+
+    req = b.req
+    assert req.tflite is not None
+    src_hash = file_sha256(req.tflite)
+    dest = b.stage / f"{b.stem}{req.tflite.suffix}"
+    shutil.copyfile(req.tflite, dest)
+    _, evals = b.images()
+    batch = evals.batch(req.card.preprocess)
+    with open_session(dest, "litert") as s:
+        dtype = s.inputs[0].dtype
+        precision = "fp32" if dtype == "float32" else "fp16" if dtype == "float16" else "int8"
+        run_batch(s, batch[:2])  # it must run on the preprocessing it was given
+        latency = measure(s, batch) if req.measure_latency else None
+    recipe = f"litert-{precision}"
+    if req.backends and "litert" not in req.backends:
+        raise BuildError(
+            "a .tflite model builds only the litert artifact",
+            "drop --backends, or build from ONNX for other backends",
+        )
+    report = ArtifactReport(
+        recipe,
+        Artifact(dest, "litert", precision, kind="tflite", notes={"source": req.tflite.name}),
+        latency=latency,
+        not_measured="the given .tflite is its own reference",
+    )
+    others = [
+        ArtifactReport(r, None, skipped="no converter starts from .tflite: build from ONNX or a model card")
+        for r in plan_recipes(b.profile)
+        if not r.startswith("litert-")
+    ]
+    del np
+    from edgekit.build.bundling import write
+
+    bundle = write(b, dest, src_hash, [report], evals)
+    return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names))
+
+
+def _build(b: _Build) -> BuildResult:
+    import numpy as np
+
+    req = b.req
+    if req.tflite is not None:
+        return _build_tflite(b)
+    recipes = plan_recipes(b.profile, req.backends, req.precisions)
+    fp32 = b.fp32_onnx()
+    fp32_hash = file_sha256(fp32)
+    calib_set, evals = b.images()
+    spec = req.card.preprocess
+    calib = calib_set.batch(spec)
+    calib_hash = step_key("images", [], {"names": list(calib_set.names), "sum": float(calib.sum())})
+    eval_batch = calib if evals is calib_set else evals.batch(spec)
+
+    reports: dict[str, ArtifactReport] = {}
+    litert_recipes = [r for r in recipes if r.startswith("litert-")]
+    if litert_recipes:
+        if req.onnx is not None and req.pytorch_module is None:
+            for r in litert_recipes:
+                reports[r] = ArtifactReport(
+                    r,
+                    None,
+                    skipped="LiteRT artifacts are converted from the PyTorch model; an ONNX file has none (pass --tflite, or build from a model card)",
+                )
+        else:
+            for r, a in _litert(b, litert_recipes, calib, calib_hash).items():
+                reports[r] = ArtifactReport(r, a)
+    for r in recipes:
+        if r not in reports:
+            reports[r] = ArtifactReport(r, _recipe_artifacts(b, r, fp32, fp32_hash, calib, calib_hash)[0])
+
+    progress = b.progress
+    progress("fp32 reference", "start")
+    from edgekit.backends import open_session
+
+    with open_session(fp32, "onnxruntime") as ref_session:
+        reference = run_batch(ref_session, eval_batch)
+    progress("fp32 reference", "done")
+    ordered = [reports[r] for r in recipes]
+    for rep in ordered:
+        if rep.artifact is None:
+            continue
+        progress(f"evaluate {rep.recipe}", "start")
+        _evaluate(b, rep, evals, eval_batch, reference)
+        progress(f"evaluate {rep.recipe}", "done" if rep.accuracy else f"skipped: {rep.not_measured}")
+
+    failed = [r for r in ordered if r.accuracy and not r.accuracy.passed]
+    if failed and not req.allow_accuracy_drop:
+        rows = "\n".join(
+            f"  {r.recipe:18} top-1 agreement {r.accuracy.top1_agreement:.1%} < {req.threshold:.0%}"
+            f" (flipped: {', '.join(r.accuracy.flipped) or '-'}; max logit diff {r.accuracy.max_abs_logit_diff:.3f})"
+            for r in failed
+            if r.accuracy
+        )
+        raise BuildError(
+            f"accuracy gate failed for {len(failed)} artifact(s) on {evals.names and len(evals.names)} "
+            f"{'smoke-set' if evals.smoke else 'evaluation'} images:\n{rows}",
+            "give more representative --calibration images, leave that precision out with --precisions, "
+            "or accept the drop with --allow-accuracy-drop (it is recorded in the manifest)",
+        )
+    del np
+    progress("bundle", "start")
+    from edgekit.build.bundling import write
+
+    bundle = write(b, fp32, fp32_hash, ordered, evals)
+    progress("bundle", "done")
+    return BuildResult(bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names))
+
+
+def with_out(req: BuildRequest, out: Path) -> BuildRequest:
+    """The same request writing elsewhere."""
+    return replace(req, out=out)

@@ -1,0 +1,232 @@
+"""A bundle as one ``.tar.gz`` file, and the only way edgekit opens one: a checked, capped unpack.
+
+``unpack`` trusts nothing in an archive: it extracts regular files and folders only, each
+checked before a byte is written (no absolute names, no ``..``, no links of any kind, no
+device files, no duplicates), caps the total size and the member count against tar bombs,
+and writes into a temp folder that is renamed into place only when everything is out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import re
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from edgekit.bundle._fs import CHUNK, check_replaceable, remove_tree, replace_dir, temp_beside
+from edgekit.bundle.errors import BundleError, UnsafeArchiveError
+from edgekit.bundle.manifest import MANIFEST_FILE, read_manifest
+
+MAX_UNPACKED_BYTES = 2 << 30  # 2 GiB: far above any edge model bundle, far below a full disk
+MAX_MEMBERS = 10_000
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def is_archive_name(path: Path) -> bool:
+    """True when ``path`` is named like a bundle archive (``.tar.gz`` or ``.tgz``)."""
+    return path.name.endswith(ARCHIVE_SUFFIXES)
+
+
+def _members(bundle_dir: Path) -> list[tuple[str, Path]]:
+    out = []
+    for root, dirs, files in os.walk(bundle_dir):
+        dirs.sort()
+        for name in [*sorted(files), *(d for d in dirs if Path(root, d).is_symlink())]:
+            path = Path(root, name)
+            rel = path.relative_to(bundle_dir).as_posix()
+            mode = path.lstat().st_mode
+            if not stat.S_ISREG(mode):
+                raise BundleError(
+                    f"{path} is not a regular file (a link or a device); a bundle holds plain files only",
+                    "rebuild the bundle with edgekit build",
+                )
+            out.append((rel, path))
+    return out
+
+
+def pack(bundle_dir: Path, out_tar: Path) -> Path:
+    """Write the bundle folder ``bundle_dir`` as the gzip'd tar ``out_tar`` (atomically); return it.
+
+    Members sit at the archive's top level (``manifest.json``, ``artifacts/...``) with
+    owner, permissions and times normalised, so one bundle always packs to the same bytes.
+    """
+    manifest = read_manifest(bundle_dir)  # refuse to pack something that is not a bundle
+    out_tar = out_tar.absolute()
+    if out_tar.is_relative_to(bundle_dir.absolute()):
+        raise BundleError(f"{out_tar} is inside the bundle {bundle_dir}", "write the archive somewhere else")
+    mtime = int(manifest.build.created.timestamp())
+    members = _members(bundle_dir)
+    out_tar.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_tar.name}.", suffix=".tmp", dir=out_tar.parent)
+    tmp = Path(tmp_name)
+    try:
+        with (
+            os.fdopen(fd, "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz,
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            for rel, path in members:
+                info = tarfile.TarInfo(rel)
+                info.size = path.stat().st_size
+                info.mode = 0o644
+                info.mtime = mtime
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+        tmp.chmod(0o644)
+        os.replace(tmp, out_tar)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_tar
+
+
+def _safe_name(member: tarfile.TarInfo, archive: Path) -> str:
+    """The member's name, normalised, or ``UnsafeArchiveError`` if it could land outside the folder."""
+    name = member.name
+
+    def unsafe(why: str) -> UnsafeArchiveError:
+        return UnsafeArchiveError(
+            f"{archive}: member {name!r} {why}; nothing was unpacked",
+            "do not use this archive: a bundle written by edgekit never holds such a member",
+        )
+
+    if "\x00" in name or "\\" in name:
+        raise unsafe("has a NUL or backslash in its name")
+    if name.startswith("/") or _DRIVE.match(name):
+        raise unsafe("has an absolute path")
+    parts = [p for p in PurePosixPath(name).parts if p != "."]
+    if ".." in parts:
+        raise unsafe("has a '..' component (it would land outside the folder)")
+    if member.issym() or member.islnk():
+        kind = "symlink" if member.issym() else "hard link"
+        raise unsafe(f"is a {kind} (to {member.linkname!r}); bundles hold plain files only")
+    if not (member.isreg() or member.isdir()):
+        raise unsafe("is a device file, FIFO or other special file")
+    return "/".join(parts)
+
+
+def unpack(
+    archive: Path,
+    dest: Path,
+    *,
+    max_bytes: int = MAX_UNPACKED_BYTES,
+    max_members: int = MAX_MEMBERS,
+) -> Path:
+    """Unpack the bundle archive ``archive`` into the folder ``dest``, safely and all or nothing.
+
+    ``dest`` must be new, empty, or an existing bundle (which is replaced once the new one
+    is complete).  Raises ``UnsafeArchiveError`` for any member that is a link, a device
+    file, absolute, has ``..``, or appears twice, and when the members add up to more than
+    ``max_bytes`` bytes or ``max_members`` entries.  Nothing is left behind on failure.
+    """
+    if not archive.is_file():
+        raise BundleError(f"{archive} is not a file", "pass a bundle .tar.gz made by edgekit build or pack")
+    dest = dest.absolute()
+    check_replaceable(dest)
+    tmp = temp_beside(dest, "unpack")
+    try:
+        _extract(archive, tmp, max_bytes, max_members)
+        if not (tmp / MANIFEST_FILE).is_file():
+            raise BundleError(
+                f"{archive} holds no top-level {MANIFEST_FILE}: it is not a bundle",
+                "pass a bundle archive made by edgekit build or edgekit.bundle.pack",
+            )
+        replace_dir(tmp, dest)
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    return dest
+
+
+def _extract(archive: Path, into: Path, max_bytes: int, max_members: int) -> None:
+    # Streaming mode ("r|*") reads each header once, in order, so the caps stop a tar bomb
+    # before its bulk is even decompressed.
+    data_filter = getattr(tarfile, "data_filter", None)  # Python 3.12, 3.11.4+, 3.10.12+
+    files: set[str] = set()
+    dirs: set[str] = set()
+    total = 0
+    try:
+        with tarfile.open(archive, mode="r|*") as tar:
+            for count, member in enumerate(tar, 1):
+                name = _safe_name(member, archive)
+                if count > max_members:
+                    raise UnsafeArchiveError(
+                        f"{archive} holds more than {max_members} members; nothing was unpacked",
+                        "a bundle holds a handful of files: do not use this archive",
+                    )
+                total += member.size
+                if total > max_bytes:
+                    raise UnsafeArchiveError(
+                        f"{archive} unpacks to more than {max_bytes:,} bytes; nothing was unpacked",
+                        "a bundle this large is not one edgekit wrote: do not use this archive",
+                    )
+                if data_filter is not None:
+                    try:  # the standard library's own rules, as a second opinion
+                        data_filter(member, str(into))
+                    except tarfile.FilterError as err:
+                        raise UnsafeArchiveError(
+                            f"{archive}: member {member.name!r} refused: {err}; nothing was unpacked",
+                            "do not use this archive",
+                        ) from err
+                if not name:
+                    continue  # the archive's own "." entry
+                parents = {"/".join(name.split("/")[:i]) for i in range(1, name.count("/") + 1)}
+                if name in files or (member.isreg() and name in dirs) or parents & files:
+                    raise UnsafeArchiveError(
+                        f"{archive}: member {name!r} appears twice or clashes with another; nothing was unpacked",
+                        "do not use this archive",
+                    )
+                target = into / name
+                if not target.resolve().is_relative_to(into.resolve()):
+                    raise UnsafeArchiveError(
+                        f"{archive}: member {name!r} leaves the folder", "do not use this archive"
+                    )
+                if member.isdir():
+                    dirs.add(name)
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                files.add(name)
+                dirs.update(parents)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                if source is None:  # pragma: no cover - isreg() members always have data
+                    raise UnsafeArchiveError(
+                        f"{archive}: member {name!r} has no data", "do not use this archive"
+                    )
+                _copy(source, target, member.size)
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise BundleError(
+            f"{archive} is not a readable bundle archive ({err})", "pass a .tar.gz written by edgekit"
+        ) from err
+
+
+def _copy(source: IO[bytes], target: Path, size: int) -> None:
+    written = 0
+    with target.open("xb") as out:
+        while chunk := source.read(min(CHUNK, size - written)):
+            out.write(chunk)
+            written += len(chunk)
+    target.chmod(0o644)  # never keep an archive's modes (setuid, world-writable)
+
+
+@contextlib.contextmanager
+def open_bundle(bundle: Path) -> Iterator[Path]:
+    """Yield a bundle folder for ``bundle``: the folder itself, or an archive unpacked to a temp folder."""
+    if bundle.is_dir():
+        yield bundle
+        return
+    if not bundle.exists():
+        raise BundleError(
+            f"{bundle} does not exist", "pass a bundle folder or .tar.gz written by edgekit build"
+        )
+    with tempfile.TemporaryDirectory(prefix="edgekit-bundle-") as tmp:
+        yield unpack(bundle, Path(tmp) / "bundle")

@@ -1,0 +1,213 @@
+"""Ed25519 signing keys: make a pair, load either half with a clear error, sign and check bytes.
+
+Keys are PEM files: the private key PKCS#8 (unencrypted, mode 0600), the public key
+SubjectPublicKeyInfo.  A key's id is the first 16 hex digits of SHA-256 over its raw
+32-byte public key, so a manifest can say who signed it without carrying the key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import os
+import secrets
+import stat
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from edgekit.bundle.errors import KeyFileError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+log = logging.getLogger(__name__)
+
+PUBLIC_SUFFIX = ".pub.pem"
+PRIVATE_SUFFIX = ".pem"
+_INSTALL = 'pip install "edgekit[build]" (it brings cryptography)'
+
+
+def default_key_stem() -> Path:
+    """Where ``edgekit keys generate`` writes by default: outside any project, so a key is not committed."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "edgekit" / "keys" / "edgekit"
+
+
+def key_paths(stem: Path) -> tuple[Path, Path]:
+    """``(private, public)`` file names for ``stem``: ``STEM.pem`` and ``STEM.pub.pem``."""
+    name = stem.name.removesuffix(PUBLIC_SUFFIX).removesuffix(PRIVATE_SUFFIX)
+    return stem.with_name(name + PRIVATE_SUFFIX), stem.with_name(name + PUBLIC_SUFFIX)
+
+
+def _serialization() -> ModuleType:
+    """``cryptography``'s serialization module, or a ``KeyFileError`` saying how to install it."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+    except ImportError as err:
+        raise KeyFileError(f"signing and verifying need the cryptography package ({err})", _INSTALL) from err
+    return serialization
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """The key's id: 16 hex digits of SHA-256 over the raw public key."""
+    s = _serialization()
+    raw = public.public_bytes(s.Encoding.Raw, s.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Write ``path`` whole or not at all, and never over an existing file."""
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.chmod(mode)  # the umask may have taken bits away from O_CREAT's mode
+        os.link(tmp, path)  # fails if path exists: no check-then-write race
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def generate_keypair(out_stem: Path) -> tuple[Path, Path]:
+    """Make an Ed25519 key pair as ``STEM.pem`` (private, 0600) and ``STEM.pub.pem``; return both paths.
+
+    Refuses to overwrite either file: a replaced signing key would orphan every bundle
+    and device that trusts the old one.
+    """
+    s = _serialization()
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private_path, public_path = key_paths(out_stem)
+    for p in (private_path, public_path):
+        if p.exists() or p.is_symlink():
+            raise KeyFileError(
+                f"{p} already exists; edgekit never overwrites a key",
+                "pick another --out, or move the old key away first if you mean to replace it",
+            )
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())
+    public_pem = key.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo)
+    written: list[Path] = []
+    try:
+        for path, data, mode in ((private_path, private_pem, 0o600), (public_path, public_pem, 0o644)):
+            _write_new(path, data, mode)
+            written.append(path)
+    except OSError as err:
+        for path in written:  # only what this call made: never a key that was there before
+            path.unlink(missing_ok=True)
+        if isinstance(err, FileExistsError):
+            raise KeyFileError(
+                f"a key appeared at {out_stem} while writing; nothing was overwritten", "pick another --out"
+            ) from err
+        raise KeyFileError(
+            f"cannot write the key pair at {out_stem}: {err}", "pick a writable --out"
+        ) from err
+    return private_path, public_path
+
+
+def _kind(key: object) -> str:
+    return (
+        type(key).__name__.removeprefix("_").replace("PrivateKey", "").replace("PublicKey", "") or "unknown"
+    )
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError as err:
+        raise KeyFileError(
+            f"{what} {path} does not exist", "make a key pair with: edgekit keys generate"
+        ) from err
+    except OSError as err:
+        raise KeyFileError(
+            f"{what} {path} cannot be read: {err.strerror}", "check the path and its permissions"
+        ) from err
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    """The Ed25519 private key in PEM file ``path``; ``KeyFileError`` saying what is wrong otherwise."""
+    s = _serialization()
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    data = _read(path, "signing key")
+    if b"PUBLIC KEY-----" in data:
+        raise KeyFileError(
+            f"{path} is a public key; signing needs the private key",
+            f"pass the private half ({key_paths(path)[0].name}) to --sign-key",
+        )
+    try:
+        key = s.load_pem_private_key(data, password=None)
+    except TypeError as err:  # the key is encrypted and no password was given
+        raise KeyFileError(
+            f"{path} is encrypted with a passphrase; edgekit reads unencrypted keys only",
+            "keep the key in a protected place instead (it is written 0600), or make one with edgekit keys generate",
+        ) from err
+    except (ValueError, binascii.Error, UnsupportedAlgorithm) as err:
+        raise KeyFileError(
+            f"{path} is not a PEM private key ({err})", "make a key pair with: edgekit keys generate"
+        ) from err
+    if not isinstance(key, Ed25519PrivateKey):
+        raise KeyFileError(
+            f"{path} is not an Ed25519 key (it is {_kind(key)}); bundles are signed with Ed25519",
+            "make an Ed25519 pair with: edgekit keys generate",
+        )
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("signing key %s can be read by other users (mode %o); chmod 600 it", path, mode & 0o777)
+    return key
+
+
+def load_public_key(path: Path) -> Ed25519PublicKey:
+    """The Ed25519 public key in PEM file ``path``; ``KeyFileError`` saying what is wrong otherwise."""
+    s = _serialization()
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    data = _read(path, "public key")
+    if b"PRIVATE KEY-----" in data:
+        raise KeyFileError(
+            f"{path} is a private key; verifying takes the public key",
+            f"pass {key_paths(path)[1].name} instead, and keep the private key on the build machine",
+        )
+    try:
+        key = s.load_pem_public_key(data)
+    except (ValueError, binascii.Error, UnsupportedAlgorithm) as err:
+        raise KeyFileError(
+            f"{path} is not a PEM public key ({err})",
+            "pass the .pub.pem file that edgekit keys generate wrote",
+        ) from err
+    if not isinstance(key, Ed25519PublicKey):
+        raise KeyFileError(
+            f"{path} is not an Ed25519 key (it is {_kind(key)}); bundles are signed with Ed25519",
+            "pass the .pub.pem file that edgekit keys generate wrote",
+        )
+    return key
+
+
+def sign(key: Ed25519PrivateKey, data: bytes) -> bytes:
+    """The signature file's content for ``data``: base64 of the 64-byte signature and a newline."""
+    return base64.b64encode(key.sign(data)) + b"\n"
+
+
+def signature_valid(public: Ed25519PublicKey, data: bytes, signature_file: bytes) -> bool:
+    """True when ``signature_file`` (as ``sign`` writes it) is ``public``'s signature over ``data``."""
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        raw = base64.b64decode(signature_file.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    if len(raw) != 64:
+        return False
+    try:
+        public.verify(raw, data)
+    except InvalidSignature:
+        return False
+    return True

@@ -1,0 +1,293 @@
+"""The bundle manifest: what a bundle holds, as a validated, versioned, frozen schema.
+
+``manifest.json`` is the one file a device reads first.  Every model is ``extra="forbid"``
+and strict, so a typo or a wrong type in a hand-edited or forged manifest is an error that
+names the field instead of being silently ignored or coerced.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from edgekit.bundle.errors import BundleError
+
+if TYPE_CHECKING:
+    from edgekit.preprocessing import PreprocessSpec
+
+SCHEMA_VERSION: Literal[1] = 1
+MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"
+ARTIFACTS_DIR = "artifacts"
+
+_SHA256 = r"^[0-9a-f]{64}$"
+_KEY_ID = r"^[0-9a-f]{16}$"
+
+
+def check_relpath(path: str) -> str:
+    """``path`` if it is a plain relative POSIX path under ``artifacts/``; else ``ValueError``.
+
+    A manifest names files a device will open, so a name that could leave the bundle
+    (``..``, absolute, a backslash that Windows reads as a separator) is refused outright.
+    """
+    parts = path.split("/")
+    if (
+        not path
+        or "\\" in path
+        or "\x00" in path
+        or path.startswith("/")
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ValueError(f"{path!r} is not a plain relative path (no '..', '.', '//', '\\' or leading '/')")
+    if len(parts) < 2 or parts[0] != ARTIFACTS_DIR:
+        raise ValueError(f"{path!r} is not under {ARTIFACTS_DIR}/")
+    return path
+
+
+RelPath = Annotated[str, AfterValidator(check_relpath)]
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelInfo(_Schema):
+    """Which model this is, where it came from, and the fp32 model every artifact derives from."""
+
+    name: str = Field(min_length=1)
+    version: str
+    description: str = ""
+    license: str = ""
+    attribution: str = ""
+    source: dict[str, Any] = Field(default_factory=dict)
+    source_sha256: str = Field(pattern=_SHA256, description="SHA-256 of the fp32 source model (ONNX)")
+    input: str = ""
+    output: str = ""
+
+
+class Preprocess(_Schema):
+    """How a frame becomes the model input; the same fields as ``PreprocessSpec.to_dict()``."""
+
+    size: tuple[int, int]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    color: Literal["RGB", "BGR"] = "RGB"
+    resize: Literal["squash", "center-crop", "letterbox"] = "center-crop"
+
+    def to_spec(self) -> PreprocessSpec:
+        """This as the ``PreprocessSpec`` that ``edgekit.preprocessing.preprocess`` takes."""
+        from edgekit.preprocessing import PreprocessSpec
+
+        return PreprocessSpec.from_dict(self.model_dump())
+
+    @classmethod
+    def from_spec(cls, spec: PreprocessSpec) -> Preprocess:
+        """The manifest form of ``spec``."""
+        return cls.model_validate_json(json.dumps(spec.to_dict()))
+
+
+class DeviceInfo(_Schema):
+    """The device profile the bundle was built for."""
+
+    profile: str = Field(min_length=1)
+    arch: str
+    budget_ms: float = Field(gt=0)
+
+
+class FileEntry(_Schema):
+    """One file of the bundle: where it is, its SHA-256 and its size in bytes."""
+
+    path: RelPath
+    sha256: str = Field(pattern=_SHA256)
+    size: int = Field(ge=0)
+
+
+class Latency(_Schema):
+    """Latency measured on the build host (not the device), in milliseconds, batch 1."""
+
+    p50_ms: float = Field(ge=0)
+    p99_ms: float = Field(ge=0)
+    runs: int | None = Field(default=None, ge=1)
+
+
+class Accuracy(_Schema):
+    """How closely an artifact agrees with the fp32 reference on the evaluation images."""
+
+    top1_agreement: float = Field(ge=0, le=1, description="on the decisive images (fp32 not a near-tie)")
+    max_abs_logit_diff: float = Field(ge=0)
+    eval_images: int = Field(ge=0)
+    smoke_set: bool = Field(description="True: the built-in smoke set, a sanity check, not an accuracy claim")
+    passed: bool
+    allowed_drop: bool = Field(description="True: below the threshold, shipped under --allow-accuracy-drop")
+    top1_agreement_all: float | None = Field(
+        default=None, ge=0, le=1, description="on every image, near-ties included"
+    )
+    decisive_images: int | None = Field(default=None, ge=0)
+    flipped: tuple[str, ...] = Field(
+        default=(), description="images whose top-1 changed; '~' marks an fp32 near-tie"
+    )
+    threshold: float | None = Field(default=None, ge=0, le=1)
+
+
+class ArtifactEntry(_Schema):
+    """One model artifact: how to load it, its files, and what was measured on the build host."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    backend: str = Field(min_length=1)
+    precision: str = Field(min_length=1)
+    kind: str = ""
+    arch: str = "any"
+    path: RelPath
+    files: tuple[FileEntry, ...] = Field(min_length=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+    latency: Latency | None = None
+    accuracy: Accuracy | None = None
+    notes: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _path_is_one_of_files(self) -> ArtifactEntry:
+        if self.path not in {f.path for f in self.files}:
+            raise ValueError(f"artifact {self.name!r}: path {self.path!r} is not one of its files")
+        return self
+
+    @property
+    def size(self) -> int:
+        """Bytes in all of this artifact's files."""
+        return sum(f.size for f in self.files)
+
+
+class BuildHost(_Schema):
+    """The machine the bundle was built on."""
+
+    arch: str
+    cpu: str = ""
+
+
+class BuildInfo(_Schema):
+    """When, where and with what the bundle was built, and the accuracy rule it was built under."""
+
+    edgekit: str
+    created: AwareDatetime
+    host: BuildHost
+    tools: dict[str, str] = Field(default_factory=dict)
+    accuracy_threshold: float = Field(ge=0, le=1)
+    allow_accuracy_drop: bool = False
+
+
+class SignatureInfo(_Schema):
+    """Who signed ``manifest.json`` (the signature itself is in ``manifest.sig``)."""
+
+    key_id: str = Field(pattern=_KEY_ID, description="first 16 hex digits of SHA-256 of the raw public key")
+    algorithm: Literal["ed25519"] = "ed25519"
+
+
+class Manifest(_Schema):
+    """Everything a device needs to know about a bundle, and the hash of every file in it."""
+
+    schema_version: Literal[1]
+    model: ModelInfo
+    preprocess: Preprocess
+    labels: tuple[str, ...] = ()
+    device: DeviceInfo
+    artifacts: tuple[ArtifactEntry, ...]
+    build: BuildInfo
+    signature: SignatureInfo | None = None
+
+    @model_validator(mode="after")
+    def _names_and_files_unique(self) -> Manifest:
+        names = [a.name for a in self.artifacts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"artifact names appear twice: {', '.join(dup)}")
+        paths = [f.path for a in self.artifacts for f in a.files]
+        dup = sorted({p for p in paths if paths.count(p) > 1})
+        if dup:
+            raise ValueError(f"files listed twice: {', '.join(dup)}")
+        return self
+
+    def artifact(self, name: str) -> ArtifactEntry:
+        """The artifact called ``name``; ``BundleError`` naming the ones there are otherwise."""
+        for a in self.artifacts:
+            if a.name == name:
+                return a
+        raise BundleError(
+            f"the bundle has no artifact {name!r}",
+            f"its artifacts: {', '.join(a.name for a in self.artifacts) or 'none'}",
+        )
+
+    def files(self) -> dict[str, FileEntry]:
+        """Every artifact file by its path in the bundle."""
+        return {f.path: f for a in self.artifacts for f in a.files}
+
+    def to_bytes(self) -> bytes:
+        """The exact bytes written as ``manifest.json`` (and signed)."""
+        return (self.model_dump_json(indent=2) + "\n").encode("utf-8")
+
+
+def describe(err: ValidationError) -> str:
+    """One line per bad field (at most ten): where it is, what is wrong, what was there."""
+    lines = []
+    for e in err.errors()[:10]:
+        where = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing",) or isinstance(got, dict | list) else f" (got {got!r:.60})"
+        lines.append(f"  {where}: {e['msg']}{shown}")
+    more = err.error_count() - len(lines)
+    return "\n".join(lines) + (f"\n  ... and {more} more" if more > 0 else "")
+
+
+def parse_manifest(data: bytes, where: str = MANIFEST_FILE) -> Manifest:
+    """Validate ``manifest.json`` bytes; ``BundleError`` listing each bad field otherwise."""
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BundleError(
+            f"{where} is not valid JSON: {err}", "rebuild the bundle with edgekit build"
+        ) from err
+    if (
+        isinstance(raw, dict)
+        and isinstance(raw.get("schema_version"), int)
+        and raw["schema_version"] > SCHEMA_VERSION
+    ):
+        raise BundleError(
+            f"{where} has schema_version {raw['schema_version']}; this edgekit reads version {SCHEMA_VERSION}",
+            "upgrade edgekit on this machine (pip install -U edgekit)",
+        )
+    try:
+        return Manifest.model_validate_json(data)
+    except ValidationError as err:
+        raise BundleError(
+            f"{where} is not a valid bundle manifest:\n{describe(err)}",
+            "a manifest is written by edgekit build; if it was edited by hand, rebuild the bundle",
+        ) from err
+
+
+def read_manifest(bundle: Path) -> Manifest:
+    """The validated manifest of the bundle folder ``bundle`` (checks no hashes: see ``verify``)."""
+    path = bundle / MANIFEST_FILE
+    if not bundle.is_dir():
+        raise BundleError(
+            f"{bundle} is not a bundle folder" + ("" if bundle.exists() else ": it does not exist"),
+            "pass the folder edgekit build wrote (or a .tar.gz of it to edgekit verify / inspect)",
+        )
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as err:
+        raise BundleError(
+            f"{bundle} has no {MANIFEST_FILE}: it is not a bundle", "pass the folder edgekit build wrote"
+        ) from err
+    except OSError as err:
+        raise BundleError(f"{path} cannot be read: {err.strerror}", "check the file's permissions") from err
+    return parse_manifest(data, str(path))

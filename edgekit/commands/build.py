@@ -1,0 +1,198 @@
+"""``edgekit build``: a model to a device's bundle, with progress and a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from edgekit.commands.common import JsonOpt, console, err_console, print_json, stdout_to_stderr
+from edgekit.errors import BuildError
+
+
+def _floats(text: str | None, what: str, n: int) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        vals = tuple(float(v) for v in text.replace(" ", "").split(","))
+    except ValueError as err:
+        raise BuildError(
+            f"{what} must be numbers separated by commas, got {text!r}", f"for example {what} 127.5"
+        ) from err
+    if len(vals) == 1:
+        vals = vals * n
+    if len(vals) != n:
+        raise BuildError(
+            f"{what} needs 1 or {n} values, got {len(vals)}", f"for example {what} 123.675,116.28,103.53"
+        )
+    return vals
+
+
+def _list(text: str | None) -> tuple[str, ...]:
+    return tuple(v for v in (text or "").replace(" ", "").split(",") if v)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build_command)
+
+
+def build_command(
+    device: Annotated[
+        str, typer.Option("--device", "-d", help="Device profile or alias (edgekit devices list).")
+    ],
+    model: Annotated[
+        Path | None, typer.Option("--model", "-m", help="A model card directory (models/NAME).")
+    ] = None,
+    onnx: Annotated[
+        Path | None, typer.Option("--onnx", help="Build from an ONNX file instead of a model card.")
+    ] = None,
+    tflite: Annotated[
+        Path | None, typer.Option("--tflite", help="Bundle a .tflite file as it is (LiteRT only).")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Bundle directory, or a path ending in .tar.gz.")
+    ] = None,
+    input_size: Annotated[
+        str | None, typer.Option(help="H,W of the model input, when the file does not say.")
+    ] = None,
+    mean: Annotated[
+        str | None, typer.Option(help="Per-channel mean in pixel units (one value or three).")
+    ] = None,
+    std: Annotated[
+        str | None, typer.Option(help="Per-channel std in pixel units (one value or three).")
+    ] = None,
+    layout: Annotated[str | None, typer.Option(help="NCHW or NHWC, when the file does not say.")] = None,
+    labels: Annotated[Path | None, typer.Option(help="Class names, one per line (line N = class N).")] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="Directory of calibration images (default: smoke set).")
+    ] = None,
+    eval_dir: Annotated[
+        Path | None, typer.Option("--eval", help="Directory of evaluation images (default: smoke set).")
+    ] = None,
+    backends: Annotated[str | None, typer.Option(help="Only these backends, comma-separated.")] = None,
+    precisions: Annotated[
+        str | None, typer.Option(help="Only these precisions, comma-separated (fp32,fp16,int8).")
+    ] = None,
+    tune_trials: Annotated[
+        int, typer.Option(help="MetaSchedule trials for TVM (0: apply a cached/shipped database).")
+    ] = 0,
+    sign_key: Annotated[
+        Path | None, typer.Option(help="Ed25519 private key to sign the bundle (edgekit keys generate).")
+    ] = None,
+    threshold: Annotated[
+        float, typer.Option(help="Minimum top-1 agreement with fp32 for derived artifacts.")
+    ] = 0.98,
+    allow_accuracy_drop: Annotated[
+        bool, typer.Option(help="Write the bundle even if an artifact fails the gate (recorded).")
+    ] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every step.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
+    from edgekit.build.builder import BuildRequest, build
+    from edgekit.modelcard import card_for_file, read_card
+    from edgekit.profiles import get_profile
+
+    if sum(x is not None for x in (model, onnx, tflite)) != 1:
+        raise BuildError(
+            "give exactly one model: --model DIR, --onnx FILE or --tflite FILE",
+            "for the reference model: --model models/efficientnet-lite0",
+        )
+    profile = get_profile(device)
+    if model is not None:
+        card = read_card(model)
+    else:
+        file = onnx or tflite
+        assert file is not None
+        size = _floats(input_size, "--input-size", 2)
+        card = card_for_file(
+            file,
+            input_size=(int(size[0]), int(size[1])) if size else None,
+            mean=_floats(mean, "--mean", 3),  # type: ignore[arg-type]
+            std=_floats(std, "--std", 3),  # type: ignore[arg-type]
+            layout=layout,
+            labels=labels,
+        )
+    target = out or Path("bundles") / f"{card.name}-{profile.name}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    req = BuildRequest(
+        card=card,
+        device=profile.name,
+        out=target,
+        onnx=onnx,
+        tflite=tflite,
+        calibration=calibration,
+        eval=eval_dir,
+        backends=_list(backends),
+        precisions=_list(precisions),
+        tune_trials=tune_trials,
+        sign_key=sign_key,
+        threshold=threshold,
+        allow_accuracy_drop=allow_accuracy_drop,
+        use_cache=not no_cache,
+    )
+    if as_json:
+        with stdout_to_stderr():
+            result = build(req)
+        print_json(result.to_dict())
+        return
+    result = _with_progress(req, build)
+    _summary(result.to_dict())
+
+
+def _with_progress(req: Any, run: Any) -> Any:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(step: str, status: str) -> None:
+            if status == "start":
+                tasks[step] = bar.add_task(f"{step} …", total=1)
+            else:
+                mark = {"done": "[green]✓[/]", "cached": "[cyan]✓ cached[/]"}.get(
+                    status, f"[yellow]– {status}[/]"
+                )
+                bar.update(tasks[step], completed=1, description=f"{step} {mark}")
+
+        return run(req, progress)
+
+
+def _summary(result: dict[str, Any]) -> None:
+    table = Table(title=f"bundle {result['bundle']} for {result['profile']}", title_justify="left")
+    table.add_column("artifact", no_wrap=True)
+    for col in ("arch", "top-1 vs fp32", "max Δlogit", "p50 ms", "p99 ms", "note"):
+        table.add_column(col)
+    for a in result["artifacts"]:
+        acc, lat = a["accuracy"], a["latency_ms"]
+        agree = "-"
+        if acc:
+            colour = "green" if acc["passed"] else "red"
+            agree = f"[{colour}]{acc['top1_agreement']:.0%}[/] of {acc['decisive_images']}"
+        table.add_row(
+            a["recipe"],
+            a["arch"] or "-",
+            agree,
+            f"{acc['max_abs_logit_diff']:.3f}" if acc else "-",
+            f"{lat['p50']:.2f}" if lat else "-",
+            f"{lat['p99']:.2f}" if lat else "-",
+            a["skipped"] or a["not_measured"] or a["notes"].get("edgetpu", "") or "",
+        )
+    console.print(table)
+    console.print(
+        "[dim]top-1 vs fp32: agreement on the images where fp32 is decisive (its two best classes at least "
+        "10 points of probability apart); near-ties are listed in the manifest, not gated.[/]"
+    )
+    if result["smoke_set"]:
+        console.print(
+            f"[dim]accuracy measured on the built-in smoke set ({result['eval_images']} images from scikit-image): "
+            "a check that the numerics survived conversion, not an accuracy claim; pass --eval DIR for that.[/]"
+        )

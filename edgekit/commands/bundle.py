@@ -1,0 +1,188 @@
+"""``edgekit keys generate``, ``edgekit verify BUNDLE`` and ``edgekit inspect BUNDLE``.
+
+The bundle code (pydantic, cryptography) is imported inside each command, so ``edgekit
+--help`` and the other commands work on a device that has neither.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from edgekit.commands.common import JsonOpt, console, err_console, print_json
+
+if TYPE_CHECKING:
+    from edgekit.bundle import Manifest, VerifyReport
+
+keys_app = typer.Typer(help="Signing keys for bundles (Ed25519).", no_args_is_help=True)
+
+BundleArg = Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz written by edgekit build.")]
+
+_STATUS = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+
+
+@keys_app.command("generate")
+def keys_generate(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Path stem: writes STEM.pem (private, 0600) and STEM.pub.pem. "
+            "Default: ~/.config/edgekit/keys/edgekit (outside any project, so it is never committed).",
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make an Ed25519 key pair: sign bundles with the .pem, give devices the .pub.pem."""
+    from edgekit.bundle import default_key_stem, generate_keypair, key_id, load_public_key
+
+    private, public = generate_keypair(out or default_key_stem())
+    kid = key_id(load_public_key(public))
+    if as_json:
+        print_json({"private_key": str(private), "public_key": str(public), "key_id": kid})
+        return
+    console.print(f"key [bold]{kid}[/]", highlight=False)
+    console.print(
+        f"  private: {private}  (keep it secret; sign with: edgekit build ... --sign-key {private})",
+        highlight=False,
+    )
+    console.print(
+        f"  public:  {public}  (give it to devices; check with: edgekit verify BUNDLE --key {public})",
+        highlight=False,
+    )
+
+
+def verify_command(
+    bundle: BundleArg,
+    key: Annotated[
+        list[Path] | None,
+        typer.Option("--key", "-k", help="A trusted public key (.pub.pem); repeat for several."),
+    ] = None,
+    require_signature: Annotated[
+        bool,
+        typer.Option("--require-signature", help="Fail unless a trusted key's valid signature is there."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a bundle: manifest, every file's SHA-256 and size, no missing or extra file, signature."""
+    from edgekit.bundle import verify
+
+    report = verify(bundle, key or (), require_signature=require_signature)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        _print_report(report)
+    report.raise_if_failed()  # prints error: and exits 2 through the CLI's one error boundary
+
+
+def _print_report(report: VerifyReport) -> None:
+    table = Table(title=f"verify {report.bundle}", title_justify="left")
+    for col in ("check", "result", "detail"):
+        table.add_column(col, overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, _STATUS[c.status], c.detail)
+    console.print(table)
+    if report.ok:
+        sig = {
+            "verified": f"signed by trusted key {report.key_id}",
+            "unchecked": f"signed by key {report.key_id}, signature NOT checked (pass --key)",
+            "unsigned": "unsigned",
+        }.get(report.signature or "", report.signature or "")
+        console.print(f"[green]ok[/]: every file matches the manifest; {sig}", highlight=False)
+
+
+def inspect_command(bundle: BundleArg, as_json: JsonOpt = False) -> None:
+    """Show what a bundle holds: model, device, artifacts (size, latency, accuracy), signer. Checks nothing."""
+    from edgekit.bundle import SIGNATURE_FILE, open_bundle, read_manifest
+
+    with open_bundle(bundle) as folder:
+        manifest = read_manifest(folder)
+        has_sig = (folder / SIGNATURE_FILE).is_file()
+    signature = {
+        "signed": manifest.signature is not None,
+        "key_id": manifest.signature.key_id if manifest.signature else None,
+        "signature_file": has_sig,
+        "checked": False,
+    }
+    if as_json:
+        print_json(
+            {"bundle": str(bundle), "manifest": manifest.model_dump(mode="json"), "signature": signature}
+        )
+        return
+    _print_manifest(bundle, manifest, signature)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> None:
+    console.print(f"[bold]{m.model.name}[/] {m.model.version} — {m.model.description}", highlight=False)
+    info = Table(show_header=False, box=None, pad_edge=False)
+    b = m.build
+    rows = [
+        ("bundle", str(bundle)),
+        ("license", f"{m.model.license}" + (f" ({m.model.attribution})" if m.model.attribution else "")),
+        ("source sha256", m.model.source_sha256),
+        ("device", f"{m.device.profile} ({m.device.arch}), budget {m.device.budget_ms:g} ms"),
+        (
+            "preprocess",
+            f"{m.preprocess.size[0]}x{m.preprocess.size[1]} {m.preprocess.color} {m.preprocess.layout}, "
+            f"{m.preprocess.resize}, mean {list(m.preprocess.mean)}, std {list(m.preprocess.std)}",
+        ),
+        ("labels", f"{len(m.labels)}" + (f" ({', '.join(m.labels[:3])}, ...)" if m.labels else "")),
+        ("built", f"{b.created.isoformat()} on {b.host.arch} ({b.host.cpu or '?'}) by edgekit {b.edgekit}"),
+        (
+            "accuracy rule",
+            f"top-1 agreement >= {b.accuracy_threshold:.0%}"
+            + (", drop allowed" if b.allow_accuracy_drop else ""),
+        ),
+        (
+            "signature",
+            f"key {signature['key_id']} (not checked here: edgekit verify BUNDLE --key KEY.pub.pem)"
+            if signature["signed"]
+            else "unsigned",
+        ),
+    ]
+    for k, v in rows:
+        info.add_row(f"[dim]{k}[/]", v)
+    console.print(info, highlight=False)
+    table = Table(title="artifacts (latency measured on the build host)", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    for col in ("arch", "size", "p50/p99 ms", "top-1 agree", "max |Δ logit|", "gate"):
+        table.add_column(col)
+    for a in m.artifacts:
+        acc = a.accuracy
+        gate = "-"
+        if acc is not None:
+            gate = (
+                "[green]pass[/]"
+                if acc.passed
+                else "[yellow]drop allowed[/]"
+                if acc.allowed_drop
+                else "[red]fail[/]"
+            )
+            gate += " (smoke)" if acc.smoke_set else ""
+        table.add_row(
+            a.name,
+            a.arch,
+            _size(a.size),
+            f"{a.latency.p50_ms:.2f} / {a.latency.p99_ms:.2f}" if a.latency else "-",
+            f"{acc.top1_agreement:.1%}" if acc else "-",
+            f"{acc.max_abs_logit_diff:.3f}" if acc else "-",
+            gate,
+        )
+    console.print(table)
+    if any(a.accuracy and a.accuracy.smoke_set for a in m.artifacts):
+        err_console.print("[dim]smoke set: a sanity check on a few built-in images, not an accuracy claim[/]")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``keys``, ``verify`` and ``inspect`` to ``app``."""
+    app.add_typer(keys_app, name="keys")
+    app.command("verify")(verify_command)
+    app.command("inspect")(inspect_command)

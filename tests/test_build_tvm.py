@@ -1,0 +1,213 @@
+"""TVM builds: tuning databases are tuned, cached, found, applied, and said where they came from."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgekit.build import tvm_tuning as tt
+from edgekit.build.artifact import Artifact
+from edgekit.build.cache import file_sha256
+from edgekit.elf import elf_arch, host_arch
+from edgekit.errors import BuildError
+from edgekit.profiles import get_profile
+
+from conftest import TinyArtifacts
+
+MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "efficientnet-lite0"
+X86 = dict(get_profile("x86_64-cpu").tvm_target)
+RPI5 = dict(get_profile("rpi5").tvm_target)
+CHELSEA, COFFEE = 0, 3  # indices in the smoke set
+EGYPTIAN_CAT, ESPRESSO = 285, 967
+
+
+def _fake_db(path: Path, key: str, trials: int, sha: str = "0" * 64) -> Path:
+    path.mkdir(parents=True)
+    for name in (tt.WORKLOAD_FILE, tt.RECORD_FILE):
+        (path / name).write_text("", encoding="utf-8")
+    meta = {"target_key": key, "trials": trials, "onnx_sha256": sha}
+    (path / tt.META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    return path
+
+
+def test_target_keys_name_the_cpu_family() -> None:
+    assert tt.target_key(X86) == "x86_64-haswell"
+    assert tt.target_key(RPI5) == "aarch64-cortex-a76"
+    assert tt.target_key(get_profile("arm64-cpu").tvm_target) == "aarch64-generic"
+    assert tt.target_arch(RPI5) == "aarch64"
+
+
+def test_lookup_prefers_cache_then_exact_cpu_then_same_arch_then_declared_foreign(tmp_path: Path) -> None:
+    sha = "ab" * 32
+    models, cache = tmp_path / "model", tmp_path / "cache"
+    _fake_db(models / tt.TUNING_DIR / "x86_64-haswell", "x86_64-haswell", 900, sha)
+    a78 = _fake_db(models / tt.TUNING_DIR / "aarch64-cortex-a78", "aarch64-cortex-a78", 50)
+
+    found = tt.find_database(sha, X86, cache_dir=cache, model_dir=models)
+    assert found is not None and (found.source, found.tuned_on) == ("shipped", "x86_64-haswell")
+    assert tt.schedule_note(found, X86) is None
+
+    # Another aarch64 CPU's schedules beat x86_64 ones for a Raspberry Pi 5, and say so.
+    found = tt.find_database(sha, RPI5, cache_dir=cache, model_dir=models)
+    assert found is not None and found.path == a78
+    assert "tuned on aarch64-cortex-a78, not on aarch64-cortex-a76" in (tt.schedule_note(found, RPI5) or "")
+
+    # Only x86_64 schedules: used as a declared fallback, or refused when foreign=False.
+    shutil.rmtree(a78)
+    found = tt.find_database(sha, RPI5, cache_dir=cache, model_dir=models)
+    assert found is not None and found.arch == "x86_64"
+    assert "not on this CPU" in (tt.schedule_note(found, RPI5) or "")
+    assert tt.find_database(sha, RPI5, cache_dir=cache, model_dir=models, foreign=False) is None
+
+    # This model's cache entry wins over anything shipped.
+    cached = _fake_db(tt.cache_location(sha, X86, cache), "x86_64-haswell", 8, sha)
+    found = tt.find_database(sha, X86, cache_dir=cache, model_dir=models)
+    assert found is not None and (found.source, found.path) == ("cache", cached)
+
+
+def test_a_directory_without_tables_is_not_a_database(tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="not a TVM tuning database"):
+        tt.read_database(tmp_path)
+
+
+def test_trial_rounds_cover_every_task() -> None:
+    assert tt.trials_per_iter(8, 6) == 8
+    assert tt.trials_per_iter(900, 35) == 12
+    assert tt.trials_per_iter(100_000, 35) == 64
+
+
+@pytest.mark.skipif(host_arch() == "aarch64", reason="this host is aarch64: it can tune for aarch64")
+def test_tuning_for_a_cpu_not_here_is_refused_clearly(tiny: TinyArtifacts, tmp_path: Path) -> None:
+    pytest.importorskip("tvm")
+    from edgekit.build.tvm import compile_onnx
+
+    with pytest.raises(BuildError) as err:
+        compile_onnx(tiny.onnx, tmp_path / "t.so", RPI5, tune_trials=8, cache_dir=tmp_path)
+    assert f"cannot tune TVM schedules for aarch64 on this {host_arch()} host" in err.value.message
+    assert "without --tune-trials" in err.value.hint
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture(scope="module")
+def tiny_tuned(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Artifact]:
+    """The tiny model tuned with 8 trials into a fresh cache: (cache directory, artifact)."""
+    pytest.importorskip("tvm")
+    pytest.importorskip("xgboost")
+    from edgekit.build.tvm import compile_onnx
+
+    cache, out = tmp_path_factory.mktemp("tvm-cache"), tmp_path_factory.mktemp("tuned") / "tuned.so"
+    return cache, compile_onnx(tiny.onnx, out, X86, tune_trials=8, cache_dir=cache)
+
+
+@pytest.mark.slow
+def test_tuning_writes_a_database_into_the_cache(
+    tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact]
+) -> None:
+    cache, first = tiny_tuned
+    entry = tt.cache_location(file_sha256(tiny.onnx), X86, cache)
+    meta = json.loads((entry / tt.META_FILE).read_text())
+    assert first.notes["tuning_database"] == f"tuned:{entry}"
+    assert meta["trials"] == 8 and meta["trials_failed"] < 8 and meta["target_key"] == "x86_64-haswell"
+    # 8 trials tune the first task of six: the notes say how much is left as plain loops.
+    assert 1 <= first.notes["tuned_functions"] < first.notes["functions"]
+    assert "untuned_functions" in first.notes
+    assert (first.backend, first.kind, first.arch) == ("tvm", "tvm-so", host_arch())
+    assert first.files == (first.path, first.path.with_name("tuned.io.json"))
+
+
+@pytest.mark.slow
+def test_a_second_build_reuses_the_cached_tuning(
+    tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgekit.backends import open_session
+    from edgekit.build.tvm import compile_onnx
+
+    cache, first = tiny_tuned
+
+    def no_tuning(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("tuned again although the cache holds enough trials")
+
+    monkeypatch.setattr(tt, "tune", no_tuning)
+    again = compile_onnx(tiny.onnx, tmp_path / "b.so", X86, tune_trials=8, cache_dir=cache)
+    assert again.notes["tuning_database"] == first.notes["tuning_database"].replace("tuned:", "cache:")
+    assert again.notes["tuned_functions"] == first.notes["tuned_functions"]
+    with open_session(again.path) as session:
+        np.testing.assert_allclose(session.run(tiny.input_nchw)[0], tiny.expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_aarch64_build_uses_x86_64_schedules_only_as_a_declared_fallback(
+    tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact], tmp_path: Path, aarch64_cc: str
+) -> None:
+    from edgekit.build.tvm import compile_onnx
+
+    cache, _ = tiny_tuned
+    tuned = tt.read_database(tt.cache_location(file_sha256(tiny.onnx), X86, cache), "cache")
+    shipped = tt.ship(tuned, tmp_path / "model")
+    assert shipped.name == "x86_64-haswell" and (shipped / f"{tt.RECORD_FILE}.gz").is_file()
+
+    art = compile_onnx(tiny.onnx, tmp_path / "a64.so", RPI5, cache_dir=cache, model_dir=tmp_path / "model")
+    assert elf_arch(art.path) == "aarch64" and art.arch == "aarch64"
+    assert art.notes["tuning_database"] == f"shipped:{shipped}"
+    assert art.notes["schedules_tuned_on"] == "x86_64-haswell" and art.notes["tuned_functions"] >= 1
+    assert "not on this CPU (aarch64-cortex-a76)" in art.notes["schedules"]
+
+    plain = compile_onnx(
+        tiny.onnx,
+        tmp_path / "p.so",
+        RPI5,
+        cache_dir=cache,
+        model_dir=tmp_path / "model",
+        foreign_schedules=False,
+    )
+    assert plain.notes["tuning_database"] is None and plain.notes["schedules"].startswith("untuned")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """The reference model's folded fp32 ONNX (as edgekit's export makes it) and its smoke batch."""
+    pytest.importorskip("tvm")
+    pytest.importorskip("torch")
+    pytest.importorskip("efficientnet_lite_pytorch")
+    pytest.importorskip("skimage")
+    from edgekit.build.images import smoke_set
+    from edgekit.build.onnx_export import export_pytorch, fold
+    from edgekit.build.sources import load_pytorch
+    from edgekit.modelcard import read_card
+
+    card = read_card(MODEL_DIR)
+    d = tmp_path_factory.mktemp("ref")
+    raw = export_pytorch(load_pytorch(card), card.preprocess, d / "raw.onnx")
+    fp32 = fold(raw, d / "efficientnet-lite0-fp32.onnx", card.preprocess.input_shape)
+    return fp32, smoke_set().batch(card.preprocess)
+
+
+@pytest.mark.slow
+def test_default_x86_64_build_applies_the_shipped_database(
+    reference: tuple[Path, np.ndarray], tmp_path: Path
+) -> None:
+    from edgekit.backends import open_session
+    from edgekit.build.tvm import compile_onnx
+
+    onnx_path, batch = reference
+    shipped = tt.read_database(MODEL_DIR / tt.TUNING_DIR / "x86_64-haswell", "shipped")
+    art = compile_onnx(onnx_path, tmp_path / "m.so", X86, cache_dir=tmp_path / "empty", model_dir=MODEL_DIR)
+    notes = art.notes
+    assert notes["tuning_database"] == f"shipped:{shipped.path}"
+    assert notes["schedules_tuned_on"] == "x86_64-haswell" and "schedules" not in notes
+    assert notes["tuning_trials"] == shipped.trials > 0
+    # Every fused convolution has a tuned schedule (at most the odd reshape is left as it is).
+    assert notes["tuned_functions"] >= notes["functions"] - 2 > 30
+    assert notes["database_model_matches"] == (shipped.meta["onnx_sha256"] == file_sha256(onnx_path))
+
+    x = batch[[CHELSEA, COFFEE]]
+    with open_session(art.path, num_threads=2) as tvm_s, open_session(onnx_path) as ort_s:
+        got = np.concatenate([tvm_s.run(x[i : i + 1])[0] for i in range(2)])
+        want = np.concatenate([ort_s.run(x[i : i + 1])[0] for i in range(2)])
+    assert EGYPTIAN_CAT in np.argsort(-got[0])[:3]
+    assert int(np.argmax(got[1])) == ESPRESSO
+    assert float(np.abs(got - want).max()) < 1e-3
