@@ -267,3 +267,83 @@ def test_user_onnx_needs_its_normalisation(cache_env: dict[str, str], tmp_path: 
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     r = edgekit(cache_env, "build", "--onnx", str(path), "--device", "x86_64-cpu", "-o", str(tmp_path / "b"))
     assert r.returncode == 2 and "--mean" in r.stderr and "normalization" in r.stderr
+
+
+def test_a_user_tflite_is_bundled_as_it_is(
+    x86_bundle: tuple[Path, dict[str, Any]], cache_env: dict[str, str], tmp_path: Path
+) -> None:
+    bundle, _ = x86_bundle
+    fp32 = next(a for a in read_manifest(bundle).artifacts if a.backend == "litert" and a.precision == "fp32")
+    out = tmp_path / "from-tflite"
+    r = edgekit(
+        cache_env,
+        "build",
+        "--tflite",
+        str(bundle / fp32.path),
+        "--device",
+        "pi",
+        "-o",
+        str(out),
+        "--mean",
+        "127",
+        "--std",
+        "128",
+        "--labels",
+        str(ROOT / "models/labels/imagenet-1k.txt"),
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest = read_manifest(out)
+    assert [(a.backend, a.precision) for a in manifest.artifacts] == [("litert", "fp32")]
+    assert manifest.preprocess.layout == "NHWC" and tuple(manifest.preprocess.size) == (224, 224)
+    assert len(manifest.labels) == 1000 and manifest.device.profile == "rpi5"
+    skipped = {a["recipe"]: a["skipped"] for a in json.loads(r.stdout)["artifacts"] if a["skipped"]}
+    assert "tvm-fp32" in skipped and "no converter starts from .tflite" in skipped["tvm-fp32"]
+
+
+def test_a_pytorch_module_builds_through_onnx_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from edgekit.build.builder import BuildRequest, build
+    from edgekit.modelcard import ModelCard
+    from edgekit.preprocessing import PreprocessSpec
+
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 5),
+    ).eval()
+    spec = PreprocessSpec(size=(32, 32), mean=(127.5,) * 3, std=(127.5,) * 3)
+    card = ModelCard(
+        "tiny-torch",
+        "0.1",
+        "a test net",
+        "MIT",
+        "",
+        {"kind": "pytorch"},
+        "input",
+        "logits",
+        spec,
+        tuple(f"class {i}" for i in range(5)),
+    )
+    result = build(
+        BuildRequest(
+            card=card,
+            device="x86_64-cpu",
+            out=tmp_path / "b",
+            pytorch_module=module,
+            backends=("onnxruntime", "openvino"),
+            precisions=("fp32",),
+        )
+    )
+    manifest = read_manifest(result.bundle)
+    assert {a.name for a in manifest.artifacts} == {"onnxruntime-fp32", "openvino-fp32"}
+    x = torch.rand(1, 3, 32, 32)
+    expected = module(x).detach().numpy()
+    for a in manifest.artifacts:
+        with open_session(result.bundle / a.path, a.backend) as s:
+            np.testing.assert_allclose(s.run(x.numpy())[0], expected, atol=1e-4)

@@ -267,7 +267,18 @@ def _recipe_artifacts(
         ops.require_supported(
             fp32, "tvm", f"{b.profile.name} {target.get('mtriple', '')} {target.get('mcpu', '')}".strip()
         )
-        params = {"target": target, "tune_trials": req.tune_trials}
+        from edgekit.build import tvm_tuning
+
+        model_dir = req.card.path.parent if req.card.path else None
+        # The schedules applied decide the library: a new shipped or cached database is a new build.
+        database = (
+            None if req.tune_trials else tvm_tuning.find_database(fp32_hash, target, model_dir=model_dir)
+        )
+        params = {
+            "target": target,
+            "tune_trials": req.tune_trials,
+            "database": tvm_tuning.fingerprint(database),
+        }
         return b.step(
             recipe,
             step_key(recipe, [fp32_hash], params),
@@ -277,7 +288,7 @@ def _recipe_artifacts(
                     d / f"{stem}-{b.profile.arch}.so",
                     target,
                     tune_trials=req.tune_trials,
-                    model_dir=req.card.path.parent if req.card.path else None,
+                    model_dir=model_dir,
                 )
             ],
         )

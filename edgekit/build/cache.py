@@ -21,6 +21,7 @@ from typing import Any
 
 from edgekit._version import __version__
 from edgekit.build.artifact import Artifact
+from edgekit.bundle._fs import sha256_file
 
 ENTRY = "entry.json"
 
@@ -32,11 +33,8 @@ def cache_root() -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The hex SHA-256 of a file (the same hash the bundle manifest records)."""
+    return sha256_file(path)[0]
 
 
 def step_key(step: str, inputs: Iterable[str], params: Mapping[str, Any]) -> str:

@@ -533,7 +533,10 @@ def tune(
             "tasks": len(tasks),
             "trials_per_iter": per_iter,
             "population": population,
-            "seconds": round(time.monotonic() - started, 1),
+            "seconds": round(
+                time.monotonic() - started + float(seed.meta.get("seconds", 0) if seed else 0), 1
+            ),
+            "runs": 1 + (int(seed.meta.get("runs", 1)) if seed else 0),
             "stopped_at_time_limit": tally.stopped_early,
             "tvm": tvm.__version__,
             "host": {"machine": platform.machine(), "cpu": _cpu_name()},
