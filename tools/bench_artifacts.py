@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Time every artifact of a bundle side by side and print p50/p99 and the ratio to the fastest.
 
-The artifacts are run round-robin (one inference of each, then again) so that a noisy,
-shared machine slows all of them alike; the ratios are what to read, not the absolute
-milliseconds.  Usage:
+Each artifact runs in its own process (as on a device, one runtime per process: runtimes
+keep worker threads spinning after a run, and sessions sharing a process slow each other
+down), and the artifacts take turns, round after round, so that a noisy shared machine
+slows all of them alike.  Read the ratios, not the absolute milliseconds.  Usage:
 
-    .venv/bin/python tools/bench_artifacts.py BUNDLE [--seconds 20] [--threads 2] [--json]
+    .venv/bin/python tools/bench_artifacts.py BUNDLE [--rounds 3] [--runs 60] [--threads 2] [--json]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +25,6 @@ from edgekit.backends import registry
 from edgekit.build.images import smoke_set
 from edgekit.bundle import open_bundle, read_manifest
 from edgekit.elf import host_arch
-from edgekit.errors import EdgekitError
 from edgekit.tensors import to_input
 
 log = logging.getLogger("bench_artifacts")
@@ -35,46 +36,74 @@ THREAD_OPTION = {
 }
 
 
+def time_one(root: Path, name: str, runs: int, warmup: int, threads: int) -> list[float]:
+    """Load one artifact and time ``runs`` single-image inferences after ``warmup``."""
+    manifest = read_manifest(root)
+    a = next(x for x in manifest.artifacts if x.name == name)
+    opts = {THREAD_OPTION[a.backend]: threads} if a.backend in THREAD_OPTION else {}
+    x = smoke_set().batch(manifest.preprocess.to_spec())[:1]
+    with registry.get(a.backend).load(root / a.path, opts) as s:
+        inp = to_input(x, s.inputs[0])
+        for _ in range(warmup):
+            s.run(inp)
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            s.run(inp)
+            times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def runnable(root: Path) -> list[str]:
+    names = []
+    for a in read_manifest(root).artifacts:
+        if (
+            a.arch not in ("any", host_arch())
+            or a.kind == "tflite-edgetpu"
+            or not registry.get(a.backend).available().ok
+        ):
+            log.info("skip %s: cannot run on this host", a.name)
+            continue
+        names.append(a.name)
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("bundle", type=Path)
-    parser.add_argument(
-        "--seconds", type=float, default=20.0, help="total measuring time (all artifacts together)"
-    )
+    parser.add_argument("--rounds", type=int, default=3, help="turns each artifact takes")
+    parser.add_argument("--runs", type=int, default=60, help="timed runs per artifact per turn")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed runs before each turn")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: time one artifact, print JSON
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
+    if args.one:
+        print(json.dumps(time_one(args.bundle, args.one, args.runs, args.warmup, args.threads)))
+        return 0
     with open_bundle(args.bundle) as root:
-        manifest = read_manifest(root)
-        x = smoke_set().batch(manifest.preprocess.to_spec())[:1]
-        sessions = {}
-        for a in manifest.artifacts:
-            backend = registry.get(a.backend)
-            if a.arch not in ("any", host_arch()) or not backend.available().ok or a.kind == "tflite-edgetpu":
-                log.info("skip %s: cannot run on this host", a.name)
-                continue
-            opts = {THREAD_OPTION[a.backend]: args.threads} if a.backend in THREAD_OPTION else {}
-            try:
-                s = backend.load(root / a.path, opts)
-            except EdgekitError as err:
-                log.info("skip %s: %s", a.name, err.message)
-                continue
-            sessions[a.name] = (s, to_input(x, s.inputs[0]))
-        for s, inp in sessions.values():
-            for _ in range(args.warmup):
-                s.run(inp)
-        times: dict[str, list[float]] = {name: [] for name in sessions}
-        deadline = time.perf_counter() + args.seconds
-        while time.perf_counter() < deadline:
-            for name, (s, inp) in sessions.items():
-                t0 = time.perf_counter()
-                s.run(inp)
-                times[name].append((time.perf_counter() - t0) * 1000)
-        for s, _ in sessions.values():
-            s.close()
+        names = runnable(root)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(args.rounds):
+            for name in names:
+                log.info("round %d/%d: %s", r + 1, args.rounds, name)
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    str(root),
+                    "--one",
+                    name,
+                    "--runs",
+                    str(args.runs),
+                    "--warmup",
+                    str(args.warmup),
+                    "--threads",
+                    str(args.threads),
+                ]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                times[name] += json.loads(out.strip().splitlines()[-1])
 
     rows = []
     for name, t in times.items():
@@ -88,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
     fastest = min(r["p50_ms"] for r in rows)
-    for r in rows:
-        r["ratio_to_fastest"] = r["p50_ms"] / fastest
-    rows.sort(key=lambda r: r["p50_ms"])
+    for row in rows:
+        row["ratio_to_fastest"] = row["p50_ms"] / fastest
+    rows.sort(key=lambda row: row["p50_ms"])
     if args.json:
         print(json.dumps({"bundle": str(args.bundle), "threads": args.threads, "artifacts": rows}, indent=2))
     else:
         print(f"{'artifact':24} {'runs':>6} {'p50 ms':>8} {'p99 ms':>8} {'x fastest':>9}")
-        for r in rows:
+        for row in rows:
             print(
-                f"{r['artifact']:24} {r['runs']:6d} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['ratio_to_fastest']:9.2f}"
+                f"{row['artifact']:24} {row['runs']:6d} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} {row['ratio_to_fastest']:9.2f}"
             )
     return 0
 
