@@ -17,7 +17,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -366,8 +366,6 @@ def build(req: BuildRequest, progress: Progress = _nothing) -> BuildResult:
 
 def _build_tflite(b: _Build) -> BuildResult:
     """A user's .tflite goes into the bundle as it is: checked to load and run, and timed."""
-    import numpy as np
-
     from edgekit.backends import open_session
 
     req = b.req
@@ -399,7 +397,6 @@ def _build_tflite(b: _Build) -> BuildResult:
         for r in plan_recipes(b.profile)
         if not r.startswith("litert-")
     ]
-    del np
     from edgekit.build.bundling import write
 
     bundle = write(b, dest, src_hash, [report], evals)
@@ -407,8 +404,6 @@ def _build_tflite(b: _Build) -> BuildResult:
 
 
 def _build(b: _Build) -> BuildResult:
-    import numpy as np
-
     req = b.req
     if req.tflite is not None:
         return _build_tflite(b)
@@ -467,15 +462,9 @@ def _build(b: _Build) -> BuildResult:
             "give more representative --calibration images, leave that precision out with --precisions, "
             "or accept the drop with --allow-accuracy-drop (it is recorded in the manifest)",
         )
-    del np
     progress("bundle", "start")
     from edgekit.build.bundling import write
 
     bundle = write(b, fp32, fp32_hash, ordered, evals)
     progress("bundle", "done")
     return BuildResult(bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names))
-
-
-def with_out(req: BuildRequest, out: Path) -> BuildRequest:
-    """The same request writing elsewhere."""
-    return replace(req, out=out)
