@@ -6,7 +6,24 @@ when a backend is probed or loads a model.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from edgekit._version import __version__
 from edgekit.errors import EdgekitError
 
-__all__ = ["EdgekitError", "__version__"]
+if TYPE_CHECKING:
+    from edgekit.model import Model, load
+    from edgekit.postprocess import Label
+
+__all__ = ["EdgekitError", "Label", "Model", "__version__", "load"]
+
+_LAZY = {"load": "edgekit.model", "Model": "edgekit.model", "Label": "edgekit.postprocess"}
+
+
+def __getattr__(name: str) -> Any:
+    # The embedding API is imported on first use, so `import edgekit` stays cheap on a device.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'edgekit' has no attribute {name!r}")

@@ -67,10 +67,23 @@ def backend_availability(cand: Candidate) -> Availability:
         return Availability(False, err.message, hint=err.hint)
 
 
-def load_first(found: Plan, load: Callable[[Candidate], Session]) -> Session:
-    """Load the first candidate of ``found`` that succeeds; raise one error listing every cause if none does."""
+def load_first(
+    found: Plan,
+    load: Callable[[Candidate], Session],
+    availability: Callable[[Candidate], Availability] | None = None,
+) -> Session:
+    """Load the first candidate of ``found`` that succeeds; raise one error listing every cause if none does.
+
+    With ``availability``, each candidate is probed only when its turn comes: probing a
+    runtime imports it (``import tvm`` takes seconds), and the first candidate usually runs.
+    """
     causes = [(c.key, why) for c, why in found.skipped]
     for i, cand in enumerate(found.ordered):
+        if availability is not None:
+            avail = availability(cand)
+            if not avail.ok:
+                causes.append((cand.key, avail.reason + (f" ({avail.hint})" if avail.hint else "")))
+                continue
         try:
             session = load(cand)
         except EdgekitError as err:
@@ -101,7 +114,7 @@ def select(
 
     def availability(cand: Candidate) -> Availability:
         if artifact_for(cand) is None:
-            return Availability(False, f"no {cand.backend} {cand.precision} artifact for this model")
+            return Availability(False, f"no {cand.backend} {cand.precision} artifact for this host")
         return backend_availability(cand)
 
     def load(cand: Candidate) -> Session:
@@ -109,4 +122,5 @@ def select(
         assert path is not None  # plan() dropped candidates without an artifact
         return registry.get(cand.backend).load(path, cand.options)
 
-    return load_first(plan(candidates, availability, latency_ms), load)
+    ranked = plan(candidates, lambda c: Availability(True), latency_ms)  # order only; probe lazily below
+    return load_first(ranked, load, availability)

@@ -1,0 +1,166 @@
+"""``edgekit.load(bundle)``: a bundle as a model that classifies frames on the best backend here.
+
+Loading verifies the bundle (every file's hash; the signature too when trusted keys are
+given), picks the device profile (``device="auto"`` detects this host), matches the
+profile's candidates to the bundle's artifacts and loads the first that runs here, with
+one logged fallback per failure.  Artifacts the profile does not mention are tried last,
+with their default options, so a bundle built for another device still runs if anything
+in it can.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING
+
+from edgekit.backends.base import Session
+from edgekit.elf import host_arch
+from edgekit.postprocess import Label, top_k
+from edgekit.profiles import Candidate, DeviceProfile
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.bundle.manifest import ArtifactEntry, Manifest
+
+log = logging.getLogger(__name__)
+
+
+def artifact_for(candidate: Candidate, artifacts: Sequence[ArtifactEntry]) -> ArtifactEntry | None:
+    """The bundle artifact a candidate loads: same backend and precision, runnable on this CPU.
+
+    An Edge TPU candidate takes only a compiled ``*_edgetpu.tflite``; every other LiteRT
+    candidate takes only a CPU model.
+    """
+    wants_tpu = candidate.backend == "litert" and candidate.options.get("delegate") == "edgetpu"
+    for a in artifacts:
+        if (
+            a.backend != candidate.backend
+            or a.precision != candidate.precision
+            or a.arch not in ("any", host_arch())
+        ):
+            continue
+        if (a.kind == "tflite-edgetpu") == wants_tpu and a.kind != "tflite-edgetpu-src":
+            return a
+    return None
+
+
+def candidates_for(profile: DeviceProfile, artifacts: Sequence[ArtifactEntry]) -> list[Candidate]:
+    """The profile's candidates, then one default candidate per artifact none of them takes."""
+    found = list(profile.candidates)
+    taken = {id(a) for c in found if (a := artifact_for(c, artifacts)) is not None}
+    for a in artifacts:
+        if id(a) not in taken and a.kind not in ("tflite-edgetpu", "tflite-edgetpu-src"):
+            found.append(
+                Candidate(a.backend, a.precision, MappingProxyType({}), name=f"{a.name} (bundle default)")
+            )
+    return found
+
+
+class Model:
+    """A loaded bundle: ``classify(frame)`` returns the top labels.  Close it (or use ``with``)."""
+
+    def __init__(self, manifest: Manifest, session: Session, root: Path, cleanup: Path | None = None) -> None:
+        self.manifest = manifest
+        self.session = session
+        self.root = root
+        self._cleanup = cleanup
+        self.preprocess = manifest.preprocess.to_spec()
+        self.labels: tuple[str, ...] = tuple(manifest.labels)
+
+    @property
+    def name(self) -> str:
+        return self.manifest.model.name
+
+    @property
+    def backend(self) -> str:
+        """The backend really used (after any fallback)."""
+        return self.session.backend
+
+    @property
+    def candidate(self) -> str:
+        return self.session.candidate
+
+    def infer(self, frame: np.ndarray, color: str = "BGR") -> np.ndarray:
+        """One HxWx3 uint8 frame (OpenCV's BGR by default) -> the model's float output row."""
+        from edgekit.preprocessing import preprocess
+        from edgekit.tensors import from_output, to_input
+
+        x = preprocess(frame, self.preprocess, image_color=color)
+        y = self.session.run(to_input(x, self.session.inputs[0]))[0]
+        return from_output(y, self.session.outputs[0]).reshape(-1)
+
+    def classify(self, frame: np.ndarray, k: int = 5, color: str = "BGR") -> tuple[Label, ...]:
+        """The ``k`` most likely labels for one frame, best first."""
+        return top_k(
+            self.infer(frame, color), self.labels, k, logits=self.manifest.model.output != "probabilities"
+        )
+
+    def close(self) -> None:
+        self.session.close()
+        if self._cleanup is not None:
+            shutil.rmtree(self._cleanup, ignore_errors=True)
+            self._cleanup = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Model {self.name} on {self.session.backend}/{self.session.device} ({self.candidate})>"
+
+
+def load(
+    bundle: str | Path,
+    device: str = "auto",
+    *,
+    trusted_keys: Sequence[Path] | None = None,
+    require_signature: bool = False,
+) -> Model:
+    """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``."""
+    from edgekit.bundle import read_manifest, unpack, verify
+    from edgekit.host import match_profile
+    from edgekit.profiles import get_profile
+    from edgekit.selection import select
+
+    path = Path(bundle)
+    cleanup: Path | None = None
+    if not path.is_dir():
+        cleanup = Path(tempfile.mkdtemp(prefix="edgekit-model-"))
+        try:
+            path = unpack(path, cleanup / "bundle")
+        except BaseException:
+            shutil.rmtree(cleanup, ignore_errors=True)
+            raise
+    try:
+        verify(path, trusted_keys, require_signature=require_signature).raise_if_failed()
+        manifest = read_manifest(path)
+        profile = match_profile() if device == "auto" else get_profile(device)
+        artifacts = manifest.artifacts
+
+        def resolve(c: Candidate) -> Path | None:
+            a = artifact_for(c, artifacts)
+            return path / a.path if a is not None else None
+
+        session = select(candidates_for(profile, artifacts), resolve)
+    except BaseException:
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise
+    if session.fallbacks:
+        log.warning(
+            "%s runs on %s after: %s",
+            manifest.model.name,
+            session.candidate,
+            "; ".join(f"{who}: {why}" for who, why in session.fallbacks),
+        )
+    return Model(manifest, session, path, cleanup)
