@@ -11,6 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def first_line(err: BaseException) -> str:
+    """The line of a runtime's error message that says what went wrong (not where in its C++ source)."""
+    lines = [
+        ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from src")
+    ]
+    return lines[0][:300] if lines else type(err).__name__
+
+
 class EdgekitError(Exception):
     """Base class: a message saying what was wrong and where, and a hint saying what to do."""
 

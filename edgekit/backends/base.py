@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-from edgekit.errors import InputError, ModelLoadError
+from edgekit.errors import InputError, ModelLoadError, first_line
 
 if TYPE_CHECKING:
     import numpy as np
@@ -198,10 +198,8 @@ def check_artifact(backend: str, artifact: Path, suffixes: Sequence[str]) -> Pat
 
 def load_failed(backend: str, artifact: Path, err: BaseException, expected: str) -> ModelLoadError:
     """Turn a runtime's own exception into one error that names the backend, the file and what was expected."""
-    detail = str(err).strip().splitlines()
-    first = detail[0] if detail else type(err).__name__
     return ModelLoadError(
-        f"{backend} could not load {artifact}: {first[:300]}",
+        f"{backend} could not load {artifact}: {first_line(err)}",
         f"expected {expected}; the file may be corrupt or truncated: rebuild or re-download it",
     )
 

@@ -54,12 +54,10 @@ def runtime() -> tuple[ModuleType, str]:
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from edgekit.packages import installed_version
 
-    try:
-        return f"{version(package)} ({package})"
-    except PackageNotFoundError:
-        return package
+    found = installed_version(package)
+    return f"{found} ({package})" if found else package
 
 
 def _edgetpu_library(opts: Options) -> str:

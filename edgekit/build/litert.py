@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.build.artifact import Artifact
 from edgekit.errors import BuildError, EdgekitError
+from edgekit.packages import installed_versions
 from edgekit.preprocessing import PreprocessSpec
 
 if TYPE_CHECKING:
@@ -469,10 +470,4 @@ def _quiet_converter() -> Iterator[None]:
 
 
 def _versions(*packages: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = []
-    for package in packages:
-        with contextlib.suppress(PackageNotFoundError):
-            found.append(f"{package} {version(package)}")
-    return ", ".join(found)
+    return ", ".join(f"{p} {v}" for p, v in installed_versions(packages).items())

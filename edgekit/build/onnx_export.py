@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from edgekit.errors import BuildError
+from edgekit.errors import BuildError, first_line
 from edgekit.preprocessing import PreprocessSpec
 
 OPSET = 17
@@ -58,7 +58,7 @@ def check_onnx(path: Path) -> Any:
         onnx.checker.check_model(model)
     except Exception as err:
         raise BuildError(
-            f"{path} is not a valid ONNX model: {str(err).splitlines()[0][:300]}",
+            f"{path} is not a valid ONNX model: {first_line(err)}",
             "re-export the model (torch.onnx.export, opset >= 13) or check the file was copied whole",
         ) from err
     return model
@@ -101,7 +101,7 @@ def fold(raw: Path, out: Path, input_shape: Iterable[int] | None = None) -> Path
         ort.InferenceSession(str(fixed), so, providers=["CPUExecutionProvider"])
     except Exception as err:
         raise BuildError(
-            f"ONNX Runtime cannot load {raw}: {str(err).splitlines()[0][:300]}",
+            f"ONNX Runtime cannot load {raw}: {first_line(err)}",
             "the model uses an operator or type ONNX Runtime does not support",
         ) from err
     finally:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.build.artifact import Artifact
 from edgekit.build.onnx_export import check_onnx
-from edgekit.errors import BuildError
+from edgekit.errors import BuildError, first_line
 
 if TYPE_CHECKING:
     import numpy as np
@@ -166,14 +166,6 @@ def check_calibration(path: Path, model: Any, calibration: np.ndarray, input_nam
             f"[N, {', '.join('?' if d is None else str(d) for d in dims[1:])}]",
             "pass images preprocessed with the model's own preprocessing (ImageSet.batch(spec))",
         )
-
-
-def first_line(err: Exception) -> str:
-    """The line of a runtime's error message that says what went wrong (not where in its C++ source)."""
-    lines = [
-        ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from src")
-    ]
-    return lines[0][:300] if lines else type(err).__name__
 
 
 def _name_nodes(model: Any) -> None:

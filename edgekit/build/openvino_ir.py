@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.build.artifact import Artifact
 from edgekit.build.onnx_export import check_onnx
-from edgekit.build.onnx_int8 import check_calibration, first_line
-from edgekit.errors import BuildError
+from edgekit.build.onnx_int8 import check_calibration
+from edgekit.errors import BuildError, first_line
 
 if TYPE_CHECKING:
     import numpy as np
