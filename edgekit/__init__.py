@@ -13,11 +13,31 @@ from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
     from edgekit.model import Model, load
+    from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Policy, Summary, open_source
     from edgekit.postprocess import Label
 
-__all__ = ["EdgekitError", "Label", "Model", "__version__", "load"]
+__all__ = [
+    "EdgekitError",
+    "FrameRecord",
+    "FrameResult",
+    "Label",
+    "Model",
+    "Pipeline",
+    "Policy",
+    "Summary",
+    "__version__",
+    "load",
+    "open_source",
+]
 
-_LAZY = {"load": "edgekit.model", "Model": "edgekit.model", "Label": "edgekit.postprocess"}
+_LAZY = {
+    "load": "edgekit.model",
+    "Model": "edgekit.model",
+    "Label": "edgekit.postprocess",
+    **dict.fromkeys(
+        ("Pipeline", "Policy", "FrameRecord", "FrameResult", "Summary", "open_source"), "edgekit.pipeline"
+    ),
+}
 
 
 def __getattr__(name: str) -> Any:

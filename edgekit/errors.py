@@ -55,6 +55,14 @@ class RunError(EdgekitError):
     """A runtime failed while running a model."""
 
 
+class SourceError(EdgekitError):
+    """A frame source could not be opened or read (no such camera, unreadable file, no GStreamer)."""
+
+
+class PipelineError(EdgekitError):
+    """The frame pipeline was misconfigured (unknown policy, bad budget, nothing to stop it)."""
+
+
 class BuildError(EdgekitError):
     """Converting, compiling or quantizing a model failed."""
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from edgekit.backends.base import Session
 from edgekit.elf import host_arch
+from edgekit.errors import EdgekitError
 from edgekit.postprocess import Label, top_k
 from edgekit.profiles import Candidate, DeviceProfile
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.manifest import ArtifactEntry, Manifest
+    from edgekit.preprocessing import Preprocessor
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +67,22 @@ def candidates_for(profile: DeviceProfile, artifacts: Sequence[ArtifactEntry]) -
 class Model:
     """A loaded bundle: ``classify(frame)`` returns the top labels.  Close it (or use ``with``)."""
 
-    def __init__(self, manifest: Manifest, session: Session, root: Path, cleanup: Path | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        session: Session,
+        root: Path,
+        cleanup: Path | None = None,
+        candidates: Sequence[Candidate] = (),
+    ) -> None:
         self.manifest = manifest
         self.session = session
         self.root = root
         self._cleanup = cleanup
         self.preprocess = manifest.preprocess.to_spec()
         self.labels: tuple[str, ...] = tuple(manifest.labels)
+        self._candidates = tuple(candidates)
+        self._preps: dict[tuple[int, str], Preprocessor] = {}
 
     @property
     def name(self) -> str:
@@ -86,20 +97,59 @@ class Model:
     def candidate(self) -> str:
         return self.session.candidate
 
-    def infer(self, frame: np.ndarray, color: str = "BGR") -> np.ndarray:
-        """One HxWx3 uint8 frame (OpenCV's BGR by default) -> the model's float output row."""
-        from edgekit.preprocessing import preprocess
-        from edgekit.tensors import from_output, to_input
+    @property
+    def logits(self) -> bool:
+        """Whether the output still needs a softmax."""
+        return self.manifest.model.output != "probabilities"
 
-        x = preprocess(frame, self.preprocess, image_color=color)
-        y = self.session.run(to_input(x, self.session.inputs[0]))[0]
+    def preprocessor(self, session: Session | None = None, color: str = "BGR") -> Preprocessor:
+        """The frame -> tensor function for ``session`` (this model's own by default), cached."""
+        from edgekit.preprocessing import Preprocessor
+
+        session = session or self.session
+        key = (id(session), color)
+        prep = self._preps.get(key)
+        if prep is None:
+            prep = self._preps[key] = Preprocessor(self.preprocess, session.inputs[0], image_color=color)
+        return prep
+
+    def infer(self, frame: np.ndarray, color: str = "BGR") -> np.ndarray:
+        """One frame (HxWx3 in ``color`` order; gray, BGRA and 16-bit converted) -> the float output row."""
+        from edgekit.pipeline.sources import as_bgr
+        from edgekit.tensors import from_output
+
+        image, _ = as_bgr(frame)
+        y = self.session.run(self.preprocessor(color=color)(image))[0]
         return from_output(y, self.session.outputs[0]).reshape(-1)
 
     def classify(self, frame: np.ndarray, k: int = 5, color: str = "BGR") -> tuple[Label, ...]:
         """The ``k`` most likely labels for one frame, best first."""
-        return top_k(
-            self.infer(frame, color), self.labels, k, logits=self.manifest.model.output != "probabilities"
-        )
+        return top_k(self.infer(frame, color), self.labels, k, logits=self.logits)
+
+    def load_alternatives(self) -> list[Session]:
+        """Every other artifact of the bundle that loads here, each as its own session (caller closes).
+
+        What the ``degrade`` policy measures and switches between; an artifact that does not
+        load here is skipped with a log line.
+        """
+        from edgekit.backends import registry
+        from edgekit.selection import backend_availability
+
+        sessions: list[Session] = []
+        for cand in self._candidates:
+            if cand.key == self.session.candidate:
+                continue
+            art = artifact_for(cand, self.manifest.artifacts)
+            if art is None or not backend_availability(cand).ok:
+                continue
+            try:
+                s = registry.get(cand.backend).load(self.root / art.path, cand.options)
+            except EdgekitError as err:
+                log.info("alternative %s does not load here: %s", cand.key, err.message)
+                continue
+            s.candidate = cand.key
+            sessions.append(s)
+        return sessions
 
     def close(self) -> None:
         self.session.close()
@@ -151,7 +201,8 @@ def load(
             a = artifact_for(c, artifacts)
             return path / a.path if a is not None else None
 
-        session = select(candidates_for(profile, artifacts), resolve)
+        candidates = candidates_for(profile, artifacts)
+        session = select(candidates, resolve)
     except BaseException:
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
@@ -163,4 +214,4 @@ def load(
             session.candidate,
             "; ".join(f"{who}: {why}" for who, why in session.fallbacks),
         )
-    return Model(manifest, session, path, cleanup)
+    return Model(manifest, session, path, cleanup, candidates)

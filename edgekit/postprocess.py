@@ -38,8 +38,22 @@ def top_k(scores: np.ndarray, labels: Sequence[str], k: int = 5, *, logits: bool
     import numpy as np
 
     row = np.asarray(scores).reshape(-1)
-    probs = softmax(row) if logits else row.astype(np.float64)
     k = max(0, min(k, row.size))
-    # argsort of the negated scores is stable: equal scores keep id order.
-    best = np.argsort(-probs, kind="stable")[:k]
-    return tuple(Label(int(i), labels[i] if i < len(labels) else f"class {i}", float(probs[i])) for i in best)
+    if k == 0:
+        return ()
+    # Only the k best need sorting: argpartition, then order those k by score (ties: lower id).
+    part = np.argpartition(-row, k - 1)[:k] if k < row.size else np.arange(row.size)
+    # Ties at the k-th place: take every class with that score, so the lowest ids win.
+    kth = row[part].min()
+    tied = np.flatnonzero(row >= kth)
+    best = tied[np.lexsort((tied, -row[tied]))][:k]
+    if logits:
+        z = row.astype(np.float64)
+        m = z.max()
+        probs = np.exp(z[best] - m) / np.exp(z - m).sum()
+    else:
+        probs = row[best].astype(np.float64)
+    return tuple(
+        Label(int(i), labels[i] if i < len(labels) else f"class {i}", float(p))
+        for i, p in zip(best, probs, strict=True)
+    )

@@ -1,12 +1,17 @@
-"""Shared fixtures: the tiny model written once per run as every backend's artifact."""
+"""Shared fixtures: the tiny model written once per run as every backend's artifact, and the
+reference bundle (EfficientNet-Lite0 for x86_64-cpu) built once per run through the real command."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,3 +65,50 @@ def aarch64_cc() -> str:
             "aarch64-linux-gnu-gcc is not installed (apt-get install gcc-aarch64-linux-gnu; .ci/run does)"
         )
     return cc
+
+
+ROOT = Path(__file__).resolve().parents[1]
+CARD = ROOT / "models" / "efficientnet-lite0"
+EDGEKIT = [shutil.which("edgekit")] if shutil.which("edgekit") else [sys.executable, "-m", "edgekit.cli"]
+
+
+@pytest.fixture(scope="session")
+def cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    # A fresh build cache per run, so the build is tested from scratch; EDGEKIT_TEST_CACHE
+    # names a cache to keep between runs while working on something else.
+    kept = os.environ.get("EDGEKIT_TEST_CACHE")
+    return {**os.environ, "EDGEKIT_CACHE": kept or str(tmp_path_factory.mktemp("cache"))}
+
+
+def edgekit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EDGEKIT, *args], capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT)  # type: ignore[list-item]
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str]) -> tuple[Path, Path]:
+    stem = tmp_path_factory.mktemp("keys") / "builder"
+    r = edgekit(cache_env, "keys", "generate", "--out", str(stem))
+    assert r.returncode == 0, r.stderr
+    return Path(f"{stem}.pem"), Path(f"{stem}.pub.pem")
+
+
+@pytest.fixture(scope="session")
+def x86_bundle(
+    tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
+) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bundles") / "enl0-x86"
+    r = edgekit(
+        cache_env,
+        "build",
+        "--model",
+        str(CARD),
+        "--device",
+        "x86_64-cpu",
+        "-o",
+        str(out),
+        "--sign-key",
+        str(keys[0]),
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.loads(r.stdout)

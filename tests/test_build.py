@@ -8,10 +8,7 @@ its backend and must still recognise the cat and the espresso.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,49 +22,9 @@ from edgekit.elf import elf_arch, host_arch
 from edgekit.modelcard import read_card
 from edgekit.tensors import from_output, to_input
 
+from conftest import CARD, ROOT, edgekit
+
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-CARD = ROOT / "models" / "efficientnet-lite0"
-EDGEKIT = [shutil.which("edgekit")] if shutil.which("edgekit") else [sys.executable, "-m", "edgekit.cli"]
-
-
-@pytest.fixture(scope="session")
-def cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {**os.environ, "EDGEKIT_CACHE": str(tmp_path_factory.mktemp("cache"))}
-
-
-def edgekit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*EDGEKIT, *args], capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT)  # type: ignore[list-item]
-
-
-@pytest.fixture(scope="session")
-def keys(tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str]) -> tuple[Path, Path]:
-    stem = tmp_path_factory.mktemp("keys") / "builder"
-    r = edgekit(cache_env, "keys", "generate", "--out", str(stem))
-    assert r.returncode == 0, r.stderr
-    return Path(f"{stem}.pem"), Path(f"{stem}.pub.pem")
-
-
-@pytest.fixture(scope="session")
-def x86_bundle(
-    tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
-) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("bundles") / "enl0-x86"
-    r = edgekit(
-        cache_env,
-        "build",
-        "--model",
-        str(CARD),
-        "--device",
-        "x86_64-cpu",
-        "-o",
-        str(out),
-        "--sign-key",
-        str(keys[0]),
-        "--json",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
 
 
 @pytest.fixture(scope="session")

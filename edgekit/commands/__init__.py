@@ -7,7 +7,7 @@ import importlib
 import typer
 
 # Add a module here to add its commands to `edgekit`.
-MODULES: tuple[str, ...] = ("edgekit.commands.build", "edgekit.commands.bundle")
+MODULES: tuple[str, ...] = ("edgekit.commands.build", "edgekit.commands.bundle", "edgekit.commands.run")
 
 
 def register_all(app: typer.Typer) -> None:

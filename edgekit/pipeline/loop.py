@@ -1,0 +1,374 @@
+"""``Pipeline``: frames from a source through a model, each within its budget, every miss and drop counted.
+
+::
+
+    with edgekit.load("bundles/enl0-x86") as model:
+        for result in edgekit.Pipeline(model, source="0", budget_ms=33):
+            print(result.top, result.record.latency_ms)
+
+or with a callback: ``Pipeline(model, source, on_result=show).run()`` returns the summary.
+
+The capture thread reads the source into a one-frame slot (see ``capture``); this loop
+takes a frame, prepares it straight into the session's input buffer, runs it, makes
+labels, and hands the result to your loop body or callback (the *sink* stage).  Each
+frame's deadline is its capture time plus the budget; the record says which stages took
+how long and whether the deadline was met.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgekit.errors import PipelineError
+from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
+from edgekit.pipeline.policy import DegradeController, Policy
+from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
+from edgekit.pipeline.sources import Source, open_source
+from edgekit.pipeline.stats import RunStats, Summary
+from edgekit.postprocess import top_k
+
+if TYPE_CHECKING:
+    from edgekit.backends.base import Session
+    from edgekit.model import Model
+    from edgekit.preprocessing import Preprocessor
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET_MS = 33.3
+# A degrade target must be at least this much faster than the level above it to be worth a switch.
+DEGRADE_MIN_GAIN = 0.9
+
+ResultCallback = Callable[[FrameResult], None]
+RecordObserver = Callable[[FrameRecord], None]
+
+
+@dataclass
+class _Level:
+    """One way to label a frame: a session and the preprocessing made for its input."""
+
+    name: str
+    session: Session
+    prep: Preprocessor
+    speed_ms: float = math.nan
+    owned: bool = False  # opened by the pipeline (degrade alternatives), closed with it
+
+
+def _ns_to_ms(ns: int) -> float:
+    return ns / 1e6
+
+
+class Pipeline:
+    """Label every frame of ``source`` with ``model`` inside ``budget_ms``; iterate it or ``run()`` it.
+
+    ``source`` is a source string (``"0"``, a file, a folder, a URL, ``"synthetic:640x480@30"``)
+    or an open ``Source``.  ``policy`` defaults to ``drop-oldest`` for live sources and
+    ``block`` for files (see ``Policy``).  ``realtime`` replays a file at its own frame rate
+    (``fps`` overrides it; folders default to 30).  ``frames`` / ``duration_s`` stop the run;
+    without them it runs until the source ends or ``stop()``.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        source: str | Source = "0",
+        *,
+        budget_ms: float | None = None,
+        policy: Policy | str | None = None,
+        realtime: bool = False,
+        fps: float | None = None,
+        frames: int | None = None,
+        duration_s: float | None = None,
+        top: int = 5,
+        on_result: ResultCallback | None = None,
+        degrade_after: int = 30,
+        window: int = 300,
+    ) -> None:
+        budget = float(budget_ms) if budget_ms is not None else float(model.manifest.device.budget_ms)
+        if not budget > 0 or math.isinf(budget):
+            raise PipelineError(
+                f"the budget must be a positive number of ms, got {budget_ms}", "e.g. --budget 33"
+            )
+        if frames is not None and frames < 1:
+            raise PipelineError(
+                f"frames must be at least 1, got {frames}", "leave it out to run until the end"
+            )
+        if duration_s is not None and not duration_s > 0:
+            raise PipelineError(f"duration must be positive, got {duration_s}", "e.g. --duration 10")
+        self.model = model
+        self.budget_ms = budget
+        self.max_frames = frames
+        self.duration_s = duration_s
+        self.top = top
+        self.on_result = on_result
+        self._observers: list[RecordObserver] = []
+        self.source = source if isinstance(source, Source) else open_source(source, fps=fps)
+        info = self.source.info
+        self.policy = Policy.parse(policy) if policy is not None else Policy.default_for(info.live)
+        self.pace_fps: float | None = None
+        if realtime and not info.live:
+            self.pace_fps = fps or info.fps or 30.0
+        self.counters = Counters()
+        self.stats = RunStats(window)
+        self.candidates_used: dict[str, int] = {}
+        self.last_record: FrameRecord | None = None
+        self._stop = threading.Event()
+        self._iterated = False
+        self._slot: FrameSlot | None = None
+        self._started_ns = 0
+        self._ended_ns = 0
+        self.ended_by = ""
+        self._levels = [_Level(model.candidate, model.session, model.preprocessor())]
+        self._level = 0
+        self._controller: DegradeController | None = None
+        if self.policy is Policy.DEGRADE:
+            self._prepare_degrade(degrade_after)
+
+    # -- degrade -------------------------------------------------------------------------
+
+    def _measure(self, level: _Level, runs: int = 15) -> float:
+        import numpy as np
+
+        frame = np.zeros((480, 640, 3), np.uint8)
+        times = []
+        for i in range(runs + 3):
+            x = level.prep(frame)
+            t0 = time.perf_counter_ns()
+            level.session.run(x)
+            if i >= 3:  # the first runs warm caches and thread pools
+                times.append(_ns_to_ms(time.perf_counter_ns() - t0))
+        return float(np.median(times))
+
+    def _prepare_degrade(self, after: int) -> None:
+        primary = self._levels[0]
+        primary.speed_ms = self._measure(primary)
+        found = []
+        for session in self.model.load_alternatives():
+            level = _Level(session.candidate, session, self.model.preprocessor(session), owned=True)
+            level.speed_ms = self._measure(level)
+            found.append(level)
+        measured = ", ".join(f"{lv.name} {lv.speed_ms:.1f} ms" for lv in [primary, *found])
+        # Each step down must be clearly faster than the one above it; slower ones are closed.
+        chain = [primary]
+        for level in sorted(found, key=lambda lv: -lv.speed_ms):
+            if level.speed_ms < DEGRADE_MIN_GAIN * chain[-1].speed_ms:
+                chain.append(level)
+            else:
+                level.session.close()
+        if len(chain) == 1:
+            log.warning(
+                "degrade: no artifact of this bundle is faster here than %s (measured: %s); "
+                "frames are dropped as with drop-oldest",
+                primary.name,
+                measured,
+            )
+        else:
+            log.info("degrade chain: %s (measured: %s)", " -> ".join(lv.name for lv in chain), measured)
+        self._levels = chain
+        self._controller = DegradeController(self.budget_ms, [lv.speed_ms for lv in chain], after=after)
+
+    @property
+    def degrade_chain(self) -> tuple[tuple[str, float], ...]:
+        """The levels the degrade policy may use, primary first, with their measured inference ms."""
+        return tuple((lv.name, lv.speed_ms) for lv in self._levels)
+
+    @property
+    def candidate(self) -> str:
+        """The artifact labelling frames now."""
+        return self._levels[self._level].name
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def add_observer(self, observer: RecordObserver) -> None:
+        """Call ``observer(record)`` on the loop thread with each frame's final record (keep it cheap)."""
+        self._observers.append(observer)
+
+    def __iter__(self) -> Iterator[FrameResult]:
+        if self._iterated:
+            raise PipelineError("a pipeline runs once: its source has been consumed", "make a new Pipeline")
+        self._iterated = True
+        return self._frames()
+
+    def _frames(self) -> Iterator[FrameResult]:
+        slot = self._slot = FrameSlot(self.policy)
+        capture = CaptureThread(self.source, slot, self.pace_fps)
+        budget_ns = round(self.budget_ms * 1e6)
+        last_shape: tuple[int, ...] | None = None
+        self._warm_up()
+        self._started_ns = time.perf_counter_ns()
+        end_ns = self._started_ns + int(self.duration_s * 1e9) if self.duration_s else None
+        capture.start()
+        try:
+            while not self._stop.is_set():
+                if self.max_frames is not None and self.counters.frames >= self.max_frames:
+                    self.ended_by = "frames"
+                    break
+                now = time.perf_counter_ns()
+                if end_ns is not None and now >= end_ns:
+                    self.ended_by = "duration"
+                    break
+                wait = 0.25 if end_ns is None else min(0.25, (end_ns - now) / 1e9)
+                frame = slot.take(timeout=wait)
+                if frame is None:
+                    if slot.finished:
+                        self.ended_by = "source ended"
+                        break
+                    continue  # no frame yet: check the stop conditions again
+                if frame.image.shape != last_shape:
+                    if last_shape is not None:
+                        self.counters.add("size_changes")
+                        log.warning(
+                            "frame %d: size changed from %s to %s; preprocessing follows it",
+                            frame.index,
+                            "x".join(map(str, last_shape[1::-1])),
+                            "x".join(map(str, frame.image.shape[1::-1])),
+                        )
+                    last_shape = frame.image.shape
+                result = self._label(frame, budget_ns)
+                handed = time.perf_counter_ns()
+                yield result
+                self._finish(result.record, time.perf_counter_ns() - handed)
+        finally:
+            self._ended_ns = time.perf_counter_ns()
+            if self._stop.is_set() and not self.ended_by:
+                self.ended_by = "stop"
+            capture.stop()
+            self._sync_counters(slot)
+
+    def _warm_up(self) -> None:
+        # The first runs of a session allocate and spin up thread pools: not a frame's cost.
+        import numpy as np
+
+        black = np.zeros((480, 640, 3), np.uint8)
+        for level in self._levels:
+            for _ in range(2):
+                level.session.run(level.prep(black))
+
+    def _label(self, frame: Frame, budget_ns: int) -> FrameResult:
+        from edgekit.tensors import from_output
+
+        level = self._levels[self._level]
+        t0 = time.perf_counter_ns()
+        x = level.prep(frame.image)
+        t1 = time.perf_counter_ns()
+        y = level.session.run(x)[0]
+        t2 = time.perf_counter_ns()
+        labels = top_k(
+            from_output(y, level.session.outputs[0]).reshape(-1),
+            self.model.labels,
+            self.top,
+            logits=self.model.logits,
+        )
+        t3 = time.perf_counter_ns()
+        record = FrameRecord(
+            index=frame.index,
+            captured_at=frame.captured_at,
+            captured_ns=frame.captured_ns,
+            deadline_ns=frame.captured_ns + budget_ns,
+            capture_wait_ms=_ns_to_ms(t0 - frame.captured_ns),
+            preprocess_ms=_ns_to_ms(t1 - t0),
+            inference_ms=_ns_to_ms(t2 - t1),
+            postprocess_ms=_ns_to_ms(t3 - t2),
+            sink_ms=0.0,
+            latency_ms=_ns_to_ms(t3 - frame.captured_ns),
+            met=t3 <= frame.captured_ns + budget_ns,
+            dropped_before=frame.dropped_before,
+            candidate=level.name,
+        )
+        return FrameResult(labels, record, frame.image)
+
+    def _finish(self, provisional: FrameRecord, sink_ns: int) -> None:
+        from dataclasses import replace
+
+        done_ns = provisional.captured_ns + int(provisional.latency_ms * 1e6) + sink_ns
+        record = replace(
+            provisional,
+            sink_ms=_ns_to_ms(sink_ns),
+            latency_ms=_ns_to_ms(done_ns - provisional.captured_ns),
+            met=done_ns <= provisional.deadline_ns,
+        )
+        c = self.counters
+        c.add("frames")
+        c.add("met" if record.met else "missed")
+        self.candidates_used[record.candidate] = self.candidates_used.get(record.candidate, 0) + 1
+        self.stats.add(record)
+        self.last_record = record
+        self._sync_counters(self._slot)
+        if self._controller is not None:
+            new = self._controller.observe(record.latency_ms)
+            if new is not None:
+                old = self._levels[self._level]
+                self._level = new
+                c.add("degrade_switches")
+                log.warning(
+                    "degrade: switched %s -> %s after frame %d (window p90 vs budget %.1f ms)",
+                    old.name,
+                    self._levels[new].name,
+                    record.index,
+                    self.budget_ms,
+                )
+        for observe in self._observers:
+            observe(record)
+
+    def _sync_counters(self, slot: FrameSlot | None = None) -> None:
+        c, s = self.counters, self.source.counters
+        if slot is not None:
+            c.raise_to("dropped", slot.dropped)
+        c.raise_to("source_outages", s.outages)
+        c.raise_to("source_reopens", s.reopens)
+        c.raise_to("converted", s.converted)
+        c.raise_to("unreadable", s.unreadable)
+
+    # -- driving it ----------------------------------------------------------------------
+
+    def run(self) -> Summary:
+        """Run to the end, calling ``on_result`` for each frame (its time is the sink stage)."""
+        for result in self:
+            if self.on_result is not None:
+                self.on_result(result)
+        return self.summary()
+
+    def stop(self) -> None:
+        """Ask the loop to end after the current frame (safe from any thread or a signal handler)."""
+        self._stop.set()
+
+    def summary(self) -> Summary:
+        """The run so far (or the finished run), LoadGen style."""
+        end = self._ended_ns or time.perf_counter_ns()
+        duration = (end - self._started_ns) / 1e9 if self._started_ns else 0.0
+        info = self.source.info
+        kind = (
+            info.kind + (f", {info.fps:g} fps" if info.fps else "") + (", realtime" if self.pace_fps else "")
+        )
+        return Summary.of(
+            self.stats,
+            self.counters,
+            duration,
+            model=self.model.name,
+            candidate=self._levels[0].name,
+            source=info.uri,
+            source_kind=kind,
+            policy=self.policy.value,
+            budget_ms=self.budget_ms,
+            candidates_used=dict(self.candidates_used),
+            ended_by=self.ended_by,
+        )
+
+    def close(self) -> None:
+        """Stop, close the source and any session the pipeline opened (not the model: it is yours)."""
+        self.stop()
+        self.source.close()
+        for level in self._levels:
+            if level.owned:
+                level.session.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

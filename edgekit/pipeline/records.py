@@ -1,0 +1,82 @@
+"""What the pipeline says about each frame, and the counters it keeps."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.postprocess import Label
+
+# The stages of a frame's latency, in order: the frame waits in the slot (capture_wait),
+# is prepared, run, turned into labels, and handed to the sink (your loop body or callback).
+STAGES: tuple[str, ...] = ("capture_wait", "preprocess", "inference", "postprocess", "sink")
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRecord:
+    """One frame's account: when it was captured, its deadline, each stage's time, met or missed."""
+
+    index: int  # position in the source (dropped frames included)
+    captured_at: float  # wall clock (time.time()) at capture
+    captured_ns: int  # time.perf_counter_ns() at capture
+    deadline_ns: int  # captured_ns + budget
+    capture_wait_ms: float
+    preprocess_ms: float
+    inference_ms: float
+    postprocess_ms: float
+    sink_ms: float
+    latency_ms: float  # capture -> sink done
+    met: bool  # finished by the deadline
+    dropped_before: int  # frames the slot dropped since the previous processed frame
+    candidate: str  # the artifact that labelled it (changes under the degrade policy)
+
+    def stage_ms(self) -> dict[str, float]:
+        return {s: getattr(self, f"{s}_ms") for s in STAGES}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    """What the pipeline yields per frame: the labels, the record, and the frame itself (BGR)."""
+
+    labels: tuple[Label, ...]
+    record: FrameRecord
+    frame: np.ndarray
+
+    @property
+    def top(self) -> Label | None:
+        return self.labels[0] if self.labels else None
+
+
+@dataclass
+class Counters:
+    """Totals since the pipeline started.  They only go up (``add`` refuses a negative step)."""
+
+    frames: int = 0  # frames labelled
+    met: int = 0
+    missed: int = 0
+    dropped: int = 0  # frames the slot dropped (drop-oldest / degrade)
+    source_outages: int = 0
+    source_reopens: int = 0
+    converted: int = 0  # grayscale / BGRA / 16-bit frames converted to BGR
+    unreadable: int = 0  # folder images skipped
+    size_changes: int = 0  # frame size changed mid-stream (followed, logged)
+    degrade_switches: int = 0
+
+    def add(self, name: str, n: int = 1) -> None:
+        if n < 0:
+            raise ValueError(f"counter {name} only goes up (asked to add {n})")
+        setattr(self, name, getattr(self, name) + n)
+
+    def raise_to(self, name: str, value: int) -> None:
+        """Follow a counter kept elsewhere (the slot's drops, the source's reopens)."""
+        if value > getattr(self, name):
+            setattr(self, name, value)
+
+    def to_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,401 @@
+"""Frame sources: one URI-like string opens a camera, a file, a stream, a folder or a test pattern.
+
+As in jetson-inference's ``videoSource``, the string says what it is:
+
+========================  ===========================================================
+``0``, ``/dev/video0``    a V4L2 camera (live)
+``clip.mp4``              a video file (ends; ``realtime`` replays it at its own rate)
+``http://…``, ``rtsp://…``  a network camera or stream through OpenCV's FFmpeg (live)
+``v4l2src ! … ! appsink``  a GStreamer pipeline (needs an OpenCV built with GStreamer)
+``photos/``               an image folder, in name order (ends)
+``synthetic:640x480@30``  a generated moving test pattern (live, paced at its rate)
+========================  ===========================================================
+
+Every source hands over BGR ``uint8`` HxWx3 frames: grayscale, BGRA and 16-bit frames are
+converted (and counted).  A live source that stops delivering is reopened with
+exponential backoff until it comes back or the source is closed; each outage and each
+reopen is counted.  A file or a folder ends cleanly: ``read()`` returns ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit.errors import SourceError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
+STREAM_SCHEMES = ("http://", "https://", "rtsp://", "rtsps://", "rtmp://", "udp://", "tcp://", "srt://")
+# How long OpenCV's FFmpeg may wait to open or read a network stream before giving up.
+NETWORK_TIMEOUT_MS = 5000
+# Backoff between reopen attempts of a live source: first wait, cap.
+BACKOFF_S = (0.1, 4.0)
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """What a source is: its URI, its kind, whether it is live, and its frame rate when known."""
+
+    uri: str
+    kind: str  # camera | file | stream | gstreamer | folder | synthetic
+    live: bool
+    fps: float | None = None
+
+
+@dataclass
+class SourceCounters:
+    """Counters kept by a source (they only go up)."""
+
+    frames: int = 0
+    outages: int = 0  # times a live source stopped delivering
+    reopens: int = 0  # times it was opened again successfully
+    converted: int = 0  # frames converted to BGR uint8 (grayscale, BGRA, 16-bit)
+    unreadable: int = 0  # folder images that could not be decoded (skipped)
+
+
+def as_bgr(image: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``image`` as BGR uint8 HxWx3, and whether it had to be converted."""
+    import cv2
+    import numpy as np
+
+    if image.dtype == np.uint16:
+        image = (image >> 8).astype(np.uint8)
+        converted = True
+    elif image.dtype != np.uint8:
+        raise SourceError(
+            f"frames must be 8- or 16-bit images, got dtype {image.dtype}",
+            "convert the frame to uint8 (0-255) before passing it",
+        )
+    else:
+        converted = False
+    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
+        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR), True
+    if image.ndim == 3 and image.shape[2] == 4:
+        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR), True
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise SourceError(
+            f"frames must be HxW (gray), HxWx3 (BGR) or HxWx4 (BGRA), got shape {tuple(image.shape)}",
+            "pass one image at a time, channels last",
+        )
+    return image, converted
+
+
+class Source(ABC):
+    """A stream of BGR frames.  ``read()`` blocks for the next one; ``None`` means the source ended."""
+
+    def __init__(self, info: SourceInfo) -> None:
+        self.info = info
+        self.counters = SourceCounters()
+        self._closed = threading.Event()
+
+    @abstractmethod
+    def _read(self) -> np.ndarray | None: ...
+
+    def read(self) -> np.ndarray | None:
+        """The next frame (BGR uint8 HxWx3), or ``None`` when the source has ended or was closed."""
+        if self._closed.is_set():
+            return None
+        image = self._read()
+        if image is None:
+            return None
+        image, converted = as_bgr(image)
+        self.counters.frames += 1
+        if converted:
+            self.counters.converted += 1
+        return image
+
+    def close(self) -> None:
+        """Stop: a ``read()`` waiting on a reconnect returns ``None``; resources are released."""
+        self._closed.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.uri!r}>"
+
+
+class _CaptureSource(Source):
+    """A source read through ``cv2.VideoCapture``; live ones reopen with backoff when they drop."""
+
+    def __init__(self, info: SourceInfo, target: str | int, api: int, params: tuple[int, ...] = ()) -> None:
+        super().__init__(info)
+        self._target = target
+        self._api = api
+        self._params = list(params)
+        self._lock = threading.Lock()
+        self._cap: Any = self._open()
+        if self._cap is None:
+            raise self._open_error()
+        if info.fps is None:
+            fps = float(self._cap.get(_cv2().CAP_PROP_FPS) or 0.0)
+            if 0 < fps < 1000:
+                self.info = SourceInfo(info.uri, info.kind, info.live, fps)
+
+    def _open(self) -> Any:
+        cv2 = _cv2()
+        cap = cv2.VideoCapture(self._target, self._api, self._params)
+        if not cap.isOpened():
+            cap.release()
+            return None
+        if self.info.kind == "camera":
+            # One driver buffer: a camera must hand over the newest frame, not a queued stale one.
+            cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
+        return cap
+
+    def _open_error(self) -> SourceError:
+        uri, kind = self.info.uri, self.info.kind
+        if kind == "camera":
+            return SourceError(
+                f"cannot open camera {uri!r} (V4L2)",
+                "check that the device exists (v4l2-ctl --list-devices) and that this user may read it "
+                "(the video group)",
+            )
+        if kind == "stream":
+            return SourceError(
+                f"cannot open stream {uri!r} (OpenCV FFmpeg, {NETWORK_TIMEOUT_MS // 1000} s timeout)",
+                "check the URL in a player (ffplay URL) and that the camera is reachable from this host",
+            )
+        if kind == "gstreamer":
+            return SourceError(
+                f"GStreamer could not start the pipeline {uri!r}",
+                "try it with gst-launch-1.0 first; the pipeline must end in appsink",
+            )
+        return SourceError(
+            f"cannot read video file {uri!r}: OpenCV's FFmpeg could not open it",
+            "check that it is a video (ffprobe FILE); convert it with ffmpeg -i FILE out.mp4",
+        )
+
+    def _read(self) -> np.ndarray | None:
+        while not self.closed:
+            with self._lock:
+                cap = self._cap
+                ok, image = cap.read() if cap is not None else (False, None)
+            if ok and image is not None:
+                frame: np.ndarray = image
+                return frame
+            if not self.info.live:
+                return None  # a file ends
+            self._reconnect()
+        return None
+
+    def _reconnect(self) -> None:
+        self.counters.outages += 1
+        log.warning("source %s stopped delivering frames; reopening", self.info.uri)
+        with self._lock:
+            if self._cap is not None:
+                self._cap.release()
+                self._cap = None
+        wait = BACKOFF_S[0]
+        while not self.closed:
+            cap = self._open()
+            if cap is not None:
+                with self._lock:
+                    self._cap = cap
+                self.counters.reopens += 1
+                log.warning("source %s reopened (outage %d)", self.info.uri, self.counters.outages)
+                return
+            # Wait on the close event: close() ends the backoff at once, never a hang.
+            self._closed.wait(wait)
+            wait = min(wait * 2, BACKOFF_S[1])
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            if self._cap is not None:
+                self._cap.release()
+                self._cap = None
+
+
+class FolderSource(Source):
+    """Images of a folder in name order; an image that cannot be decoded is skipped and counted."""
+
+    def __init__(self, info: SourceInfo, folder: Path) -> None:
+        super().__init__(info)
+        self.files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not self.files:
+            raise SourceError(
+                f"no images in {folder} (looked for {', '.join(sorted(IMAGE_SUFFIXES))})",
+                "give a folder of image files, a video file, a camera or a URL",
+            )
+        self._next = 0
+
+    def _read(self) -> np.ndarray | None:
+        cv2 = _cv2()
+        while self._next < len(self.files):
+            path = self.files[self._next]
+            self._next += 1
+            image: np.ndarray | None = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+            if image is not None:
+                return image
+            self.counters.unreadable += 1
+            log.warning("skipping %s: not a readable image", path)
+        return None
+
+
+class SyntheticSource(Source):
+    """A generated camera: colour bars and a gradient sliding sideways, paced at ``fps`` (0: unpaced)."""
+
+    def __init__(self, info: SourceInfo, width: int, height: int) -> None:
+        import numpy as np
+
+        super().__init__(info)
+        self.size = (width, height)
+        x = np.linspace(0, 255, 2 * width, dtype=np.float32)
+        y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
+        bars = np.array(
+            [
+                [255, 255, 255],
+                [0, 255, 255],
+                [255, 255, 0],
+                [0, 255, 0],
+                [255, 0, 255],
+                [0, 0, 255],
+                [255, 0, 0],
+            ],
+            np.float32,
+        )
+        stripe = bars[(np.arange(2 * width) * 14 // (2 * width)) % 7]
+        canvas = 0.6 * stripe[None, :, :] + 0.4 * ((x[None, :] + y) / 2)[:, :, None]
+        self._canvas = np.clip(canvas, 0, 255).astype(np.uint8)
+        self._index = 0
+        self._t0 = time.monotonic()
+
+    def _read(self) -> np.ndarray | None:
+        import numpy as np
+
+        fps = self.info.fps or 0.0
+        if fps > 0:
+            due = self._t0 + self._index / fps
+            delay = due - time.monotonic()
+            if delay > 0 and self._closed.wait(delay):
+                return None
+            if delay < -1 / fps:
+                self._t0 -= delay  # late by more than a frame (a slow reader): no catch-up burst
+        w = self.size[0]
+        offset = (self._index * 8) % w
+        self._index += 1
+        return np.ascontiguousarray(self._canvas[:, offset : offset + w])
+
+
+def _cv2() -> Any:
+    import cv2
+
+    return cv2
+
+
+def gstreamer_available() -> bool:
+    """Whether the installed OpenCV was built with GStreamer."""
+    info = _cv2().getBuildInformation()
+    match = re.search(r"GStreamer:\s*(\S+)", info)
+    return bool(match and match.group(1).upper() not in ("NO", "OFF"))
+
+
+_SYNTHETIC = re.compile(r"^synthetic:(?:(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?$")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A parsed source string (no I/O yet)."""
+
+    kind: str
+    target: str | int
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_source(uri: str) -> SourceSpec:
+    """Say what a source string names, without opening it."""
+    text = uri.strip()
+    if not text:
+        raise SourceError(
+            "the source is empty", "give a camera index (0), a file, a folder, a URL or synthetic:"
+        )
+    if text.startswith("synthetic:") or text == "synthetic":
+        m = _SYNTHETIC.match(text if text != "synthetic" else "synthetic:")
+        if m is None:
+            raise SourceError(
+                f"cannot read the synthetic source {uri!r}",
+                "write it as synthetic:WIDTHxHEIGHT@FPS, e.g. synthetic:640x480@30",
+            )
+        w, h, fps = m.groups()
+        return SourceSpec(
+            "synthetic", text, {"width": int(w or 640), "height": int(h or 480), "fps": float(fps or 30)}
+        )
+    if text.isdigit():
+        return SourceSpec("camera", int(text))
+    if text.startswith("/dev/video"):
+        return SourceSpec("camera", text)
+    if text.lower().startswith(STREAM_SCHEMES):
+        return SourceSpec("stream", text)
+    if text.startswith("gst:") or " ! " in text or text.rstrip().endswith("appsink"):
+        return SourceSpec("gstreamer", text.removeprefix("gst:").strip())
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return SourceSpec("folder", str(path))
+    if path.is_file():
+        return SourceSpec("file", str(path))
+    raise SourceError(
+        f"source {uri!r} is not a camera, a URL, a pipeline, or an existing file or folder",
+        "give a camera index (0), /dev/videoN, a video file, an image folder, an http(s)/rtsp URL "
+        "or synthetic:640x480@30",
+    )
+
+
+def open_source(uri: str, *, fps: float | None = None) -> Source:
+    """Open the source ``uri`` names (see the module docstring).  ``fps`` overrides its frame rate."""
+    spec = parse_source(uri)
+    cv2 = _cv2()
+    if spec.kind == "synthetic":
+        p = spec.params
+        rate = fps if fps is not None else p["fps"]
+        if p["width"] < 8 or p["height"] < 8:
+            raise SourceError(
+                f"synthetic frames of {p['width']}x{p['height']} are too small", "use at least 8x8"
+            )
+        return SyntheticSource(SourceInfo(uri, "synthetic", rate > 0, rate), p["width"], p["height"])
+    if spec.kind == "folder":
+        return FolderSource(SourceInfo(uri, "folder", False, fps), Path(str(spec.target)))
+    if spec.kind == "file":
+        path = Path(str(spec.target))
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            raise SourceError(
+                f"{path} is a single image, not a video",
+                "put it in a folder and give the folder, or use edgekit's Python API: model.classify(image)",
+            )
+        return _CaptureSource(SourceInfo(uri, "file", False, fps), str(path), cv2.CAP_FFMPEG)
+    if spec.kind == "stream":
+        params = (
+            cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
+            NETWORK_TIMEOUT_MS,
+            cv2.CAP_PROP_READ_TIMEOUT_MSEC,
+            NETWORK_TIMEOUT_MS,
+        )
+        return _CaptureSource(SourceInfo(uri, "stream", True, fps), str(spec.target), cv2.CAP_FFMPEG, params)
+    if spec.kind == "gstreamer":
+        if not gstreamer_available():
+            raise SourceError(
+                f"this OpenCV ({cv2.__version__}) was built without GStreamer, so it cannot run {uri!r}",
+                "opencv-python-headless from PyPI has no GStreamer: use the distribution's OpenCV "
+                "(apt install python3-opencv; on Jetson, JetPack's OpenCV) in a venv made with "
+                "--system-site-packages, or give the camera (/dev/video0) or stream URL directly",
+            )
+        return _CaptureSource(SourceInfo(uri, "gstreamer", True, fps), str(spec.target), cv2.CAP_GSTREAMER)
+    return _CaptureSource(SourceInfo(uri, "camera", True, fps), spec.target, cv2.CAP_V4L2)
