@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,19 +42,24 @@ def top_k(scores: np.ndarray, labels: Sequence[str], k: int = 5, *, logits: bool
     k = max(0, min(k, row.size))
     if k == 0:
         return ()
-    # Only the k best need sorting: argpartition, then order those k by score (ties: lower id).
-    part = np.argpartition(-row, k - 1)[:k] if k < row.size else np.arange(row.size)
-    # Ties at the k-th place: take every class with that score, so the lowest ids win.
-    kth = row[part].min()
-    tied = np.flatnonzero(row >= kth)
-    best = tied[np.lexsort((tied, -row[tied]))][:k]
-    if logits:
-        z = row.astype(np.float64)
-        m = z.max()
-        probs = np.exp(z[best] - m) / np.exp(z - m).sum()
+    # Few numpy calls on purpose: right after a model run the caches are cold and each call
+    # costs tens of microseconds.  Only the k best are sorted (ties: lower id first).
+    if k < row.size:
+        best = np.argpartition(row, row.size - k)[-k:].tolist()
+        kth = min(float(row[i]) for i in best)
+        if int(np.count_nonzero(row == kth)) > sum(float(row[i]) == kth for i in best):
+            # More classes share the k-th score than made the cut: the lowest ids among them win.
+            best = [i for i in best if row[i] > kth] + np.flatnonzero(row == kth).tolist()
     else:
-        probs = row[best].astype(np.float64)
+        best = list(range(row.size))
+    ranked = sorted(best, key=lambda i: (-float(row[i]), i))[:k]
+    if logits:
+        top = float(row[ranked[0]])
+        denom = float(np.exp(row.astype(np.float64) - top).sum())
+        probs = [math.exp(float(row[i]) - top) / denom for i in ranked]
+    else:
+        probs = [float(row[i]) for i in ranked]
     return tuple(
-        Label(int(i), labels[i] if i < len(labels) else f"class {i}", float(p))
-        for i, p in zip(best, probs, strict=True)
+        Label(int(i), labels[i] if i < len(labels) else f"class {i}", p)
+        for i, p in zip(ranked, probs, strict=True)
     )

@@ -103,9 +103,11 @@ def fit(image: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
         canvas[top : top + nh, left : left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_AREA)
         image = canvas
     if image.shape[:2] != (th, tw):
-        # INTER_AREA when shrinking: what the build calibrated and gated on.  It costs ~1.6 ms
-        # for 480x480 -> 224x224 here; a box-by-2-then-bilinear resize takes 0.25 ms but moved
-        # enough pixels to flip an int8 artifact's gate, so the numbers stay the build's.
+        # INTER_AREA when shrinking: what the build calibrated and gated on.  It is most of a
+        # frame's preprocessing (1.6 ms for 480x480 -> 224x224 here, one core).  Measured and
+        # not taken: box-by-2 then bilinear (0.25 ms) moved enough pixels to flip an int8
+        # artifact's gate; INTER_AREA in exact row bands on two cores was 1.6x faster alone
+        # but slower inside the frame loop (thread wake-ups on cold caches).
         shrinking = image.shape[0] > th or image.shape[1] > tw
         image = cv2.resize(image, (tw, th), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
     return image
