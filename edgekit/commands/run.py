@@ -71,7 +71,7 @@ def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sin
             for result in pipeline:
                 each(result)
         elif console.is_terminal:
-            with Live(view, console=console, refresh_per_second=4, transient=False):
+            with Live(view, console=console, refresh_per_second=2, transient=False):
                 for result in pipeline:
                     each(result)
         else:

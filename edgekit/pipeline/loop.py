@@ -70,7 +70,8 @@ class Pipeline:
     or an open ``Source``.  ``policy`` defaults to ``drop-oldest`` for live sources and
     ``block`` for files (see ``Policy``).  ``realtime`` replays a file at its own frame rate
     (``fps`` overrides it; folders default to 30).  ``frames`` / ``duration_s`` stop the run;
-    without them it runs until the source ends or ``stop()``.
+    without them it runs until the source ends or ``stop()``.  ``opencv_threads`` sets
+    OpenCV's (process-wide) thread count, 1 by default; ``None`` leaves it as it is.
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class Pipeline:
         on_result: ResultCallback | None = None,
         degrade_after: int = 30,
         window: int = 300,
+        opencv_threads: int | None = 1,
     ) -> None:
         budget = float(budget_ms) if budget_ms is not None else float(model.manifest.device.budget_ms)
         if not budget > 0 or math.isinf(budget):
@@ -107,9 +109,17 @@ class Pipeline:
         self.top = top
         self.on_result = on_result
         self._observers: list[RecordObserver] = []
+        if opencv_threads is not None:
+            # OpenCV's thread pool splits frame-sized work across cores: 480x480 -> 224x224 was
+            # no faster on two threads than on one, and a busy core stalls the split.  One
+            # thread (process-wide: OpenCV has no per-call setting); None leaves it alone.
+            import cv2
+
+            cv2.setNumThreads(opencv_threads)
+        chosen = Policy.parse(policy) if policy is not None else None
         self.source = source if isinstance(source, Source) else open_source(source, fps=fps)
         info = self.source.info
-        self.policy = Policy.parse(policy) if policy is not None else Policy.default_for(info.live)
+        self.policy = chosen or Policy.default_for(info.live)
         self.pace_fps: float | None = None
         if realtime and not info.live:
             self.pace_fps = fps or info.fps or 30.0
@@ -127,7 +137,11 @@ class Pipeline:
         self._level = 0
         self._controller: DegradeController | None = None
         if self.policy is Policy.DEGRADE:
-            self._prepare_degrade(degrade_after)
+            try:
+                self._prepare_degrade(degrade_after)
+            except BaseException:
+                self.close()  # the source is open: a camera must not stay claimed
+                raise
 
     # -- degrade -------------------------------------------------------------------------
 
