@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -41,8 +43,11 @@ def register(app: typer.Typer) -> None:
 
 
 def _quiet_opencv() -> None:
-    # OpenCV prints its own warnings (a camera that is not there, a stream that dropped) on
-    # stderr; edgekit says the same thing once, with a hint.
+    # OpenCV and its FFmpeg print their own warnings (a camera that is not there, a stream
+    # that dropped) on stderr; edgekit says the same thing once, with a hint.  --debug keeps them.
+    if logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+        return
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET, read when FFmpeg starts
     import cv2
 
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
