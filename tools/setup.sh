@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages the tests and builds use: a cross compiler for ARM64 TVM libraries.
-APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu)
+# System packages the tests and builds use: a cross compiler for ARM64 TVM libraries, and
+# Mosquitto (the broker the telemetry tests start on loopback, and its command-line clients).
+APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu mosquitto mosquitto-clients)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

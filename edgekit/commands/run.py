@@ -128,6 +128,26 @@ def run_command(
     records: Annotated[
         Path | None, typer.Option("--records", help="Write every frame's record to this file (JSON lines).")
     ] = None,
+    mqtt: Annotated[
+        str | None,
+        typer.Option("--mqtt", help="Report telemetry to this broker: mqtt[s]://[user@]host[:port]."),
+    ] = None,
+    fleet: Annotated[str, typer.Option("--fleet", help="Fleet name in the telemetry topics.")] = "default",
+    device_id: Annotated[
+        str | None, typer.Option("--device-id", help="Device id (MQTT client id); default: the host name.")
+    ] = None,
+    telemetry_interval: Annotated[
+        float, typer.Option("--telemetry-interval", help="Seconds between telemetry messages.")
+    ] = 5.0,
+    spool: Annotated[
+        Path | None, typer.Option("--spool", help="SQLite file holding telemetry until the broker has it.")
+    ] = None,
+    mqtt_ca: Annotated[
+        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
+    ] = None,
+    mqtt_cert: Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")] = None,
+    mqtt_key: Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")] = None,
+    mqtt_protocol: Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")] = "3.1.1",
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle, each within the frame budget; end with a LoadGen-style summary."""
@@ -148,6 +168,18 @@ def run_command(
             top=top,
         ) as pipeline,
     ):
+        if mqtt is not None:
+            pipeline.report(
+                mqtt,
+                device_id=device_id,
+                fleet=fleet,
+                interval_s=telemetry_interval,
+                spool=spool,
+                ca_file=mqtt_ca,
+                cert_file=mqtt_cert,
+                key_file=mqtt_key,
+                protocol=mqtt_protocol,
+            )
         summary = drive(pipeline, as_json=as_json, records=records)
     _report(summary, as_json)
 

@@ -23,7 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import PipelineError
 from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from edgekit.backends.base import Session
     from edgekit.model import Model
     from edgekit.preprocessing import Preprocessor
+    from edgekit.telemetry.publisher import TelemetryPublisher
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +132,7 @@ class Pipeline:
         self._stop = threading.Event()
         self._iterated = False
         self._slot: FrameSlot | None = None
+        self._publishers: list[TelemetryPublisher] = []
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
@@ -373,9 +376,77 @@ class Pipeline:
             ended_by=self.ended_by,
         )
 
+    def report(
+        self,
+        mqtt: str,
+        *,
+        device_id: str | None = None,
+        fleet: str = "default",
+        interval_s: float = 5.0,
+        spool: str | Path | None = None,
+        labels_interval_s: float | None = None,
+        ca_file: Path | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
+        protocol: str = "3.1.1",
+    ) -> TelemetryPublisher:
+        """Report this pipeline's measurements to the MQTT broker at ``mqtt`` (see ``edgekit.telemetry``).
+
+        Starts at once (connecting in the background); stops with the pipeline.  The frame
+        loop only adds each frame to a window; everything else happens on the publisher's thread.
+        """
+        import socket
+
+        from edgekit.telemetry.broker import BrokerConfig
+        from edgekit.telemetry.publisher import TelemetryPublisher
+        from edgekit.telemetry.window import MetricsWindow
+
+        broker = BrokerConfig.from_url(
+            mqtt, ca_file=ca_file, cert_file=cert_file, key_file=key_file, protocol=protocol
+        )
+        window = MetricsWindow()
+        self.add_observer(window.observe)
+        publisher = TelemetryPublisher(
+            broker,
+            device_id=device_id or socket.gethostname(),
+            fleet=fleet,
+            interval_s=interval_s,
+            window=window,
+            counters=self.counters.to_dict,
+            birth=self._birth(),
+            spool=spool,
+            labels_interval_s=labels_interval_s,
+        )
+        self._publishers.append(publisher)
+        return publisher.start()
+
+    def _birth(self) -> dict[str, Any]:
+        m = self.model.manifest
+        level = self._levels[0]
+        art = next((a for a in m.artifacts if level.name.startswith(f"{a.backend}-{a.precision}")), None)
+        return {
+            "model": {
+                "name": m.model.name,
+                "version": m.model.version,
+                "sha256": m.model.source_sha256,
+                "artifact": art.name if art else None,
+                "artifact_sha256": art.files[0].sha256 if art else None,
+            },
+            "candidate": level.name,
+            "backend": level.session.backend,
+            "precision": art.precision if art else None,
+            "budget_ms": self.budget_ms,
+            "profile": m.device.profile,
+            "source": self.source.info.uri,
+            "policy": self.policy.value,
+        }
+
     def close(self) -> None:
-        """Stop, close the source and any session the pipeline opened (not the model: it is yours)."""
+        """Stop, close the source, telemetry, and any session the pipeline opened (not the model: it is yours)."""
         self.stop()
+        for publisher in self._publishers:
+            publisher.stop()
+        self._publishers.clear()
         self.source.close()
         for level in self._levels:
             if level.owned:

@@ -1,0 +1,73 @@
+"""Where telemetry goes: an ``mqtt[s]://[user[:password]@]host[:port]`` URL, TLS files, protocol version."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from edgekit.errors import TelemetryError
+
+PROTOCOLS = ("3.1.1", "5")
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """An MQTT broker and how to talk to it.  The password may come from ``EDGEKIT_MQTT_PASSWORD``."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    protocol: str = "3.1.1"
+    keepalive_s: int = 30
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        ca_file: Path | None = None,
+        cert_file: Path | None = None,
+        key_file: Path | None = None,
+        protocol: str = "3.1.1",
+    ) -> BrokerConfig:
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise TelemetryError(
+                f"not an MQTT broker URL: {url!r}",
+                "write mqtt://host:1883 or mqtts://user@host:8883 (the password can come from EDGEKIT_MQTT_PASSWORD)",
+            )
+        if protocol not in PROTOCOLS:
+            raise TelemetryError(f"unknown MQTT protocol version {protocol!r}", "use 3.1.1 or 5")
+        tls = parts.scheme == "mqtts" or ca_file is not None
+        try:
+            port = parts.port or (8883 if tls else 1883)
+        except ValueError as err:
+            raise TelemetryError(f"bad port in {url!r}: {err}", "a port is a number, e.g. :1883") from err
+        for what, path in (("CA file", ca_file), ("client certificate", cert_file), ("client key", key_file)):
+            if path is not None and not Path(path).is_file():
+                raise TelemetryError(
+                    f"{what} {path} does not exist", "give the PEM file the broker's TLS setup uses"
+                )
+        password = unquote(parts.password) if parts.password else os.environ.get("EDGEKIT_MQTT_PASSWORD")
+        return cls(
+            host=parts.hostname,
+            port=port,
+            tls=tls,
+            username=unquote(parts.username) if parts.username else None,
+            password=password,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            protocol=protocol,
+        )
+
+    def describe(self) -> str:
+        who = f"{self.username}@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{who}{self.host}:{self.port} (MQTT {self.protocol})"

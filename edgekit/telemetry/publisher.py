@@ -1,0 +1,320 @@
+"""``TelemetryPublisher``: reports a device's measurements to an MQTT broker from its own thread.
+
+Topics (JSON payloads; the schemas are in ``edgekit/telemetry/schema/``)::
+
+    edgekit/v1/<fleet>/<device>/status     retained, QoS 1: "online" and the birth facts on every
+                                           connect; the Last Will sets it "offline"
+    edgekit/v1/<fleet>/<device>/telemetry  QoS 1, every interval: seq, window, sketches, counters, gauges
+    edgekit/v1/<fleet>/<device>/labels     QoS 0, optional, at most once per labels interval
+
+The frame loop never waits on any of this: it only adds each frame to a ``MetricsWindow``.
+On the timer this thread closes the window, writes the message to the spool, and
+publishes the spool in order while connected; a message leaves the spool only when
+the broker acknowledged it.  After an outage the spool is replayed in order.  A message
+may then arrive twice (sent, PUBACK lost); subscribers de-duplicate on ``(device, seq)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit._version import __version__
+from edgekit.errors import TelemetryError
+from edgekit.telemetry.broker import BrokerConfig
+from edgekit.telemetry.gauges import Gauges
+from edgekit.telemetry.spool import Spool
+from edgekit.telemetry.window import MetricsWindow
+
+if TYPE_CHECKING:
+    from edgekit.postprocess import Label
+
+log = logging.getLogger(__name__)
+
+TOPIC_ROOT = "edgekit/v1"
+SCHEMA_TELEMETRY = "edgekit/v1/telemetry"
+SCHEMA_STATUS = "edgekit/v1/status"
+SCHEMA_LABELS = "edgekit/v1/labels"
+MAX_INFLIGHT = 20
+
+
+def topic(fleet: str, device: str, leaf: str) -> str:
+    return f"{TOPIC_ROOT}/{fleet}/{device}/{leaf}"
+
+
+def _check_name(what: str, value: str) -> str:
+    if not value or any(c in value for c in "/+#\0") or len(value) > 128:
+        raise TelemetryError(
+            f"{what} {value!r} cannot be part of an MQTT topic",
+            f"use letters, digits, '-', '_' or '.' for the {what}",
+        )
+    return value
+
+
+class TelemetryPublisher:
+    """Publishes ``window`` and ``counters()`` every ``interval_s`` to the broker; start() / stop()."""
+
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        *,
+        device_id: str,
+        fleet: str = "default",
+        interval_s: float = 5.0,
+        window: MetricsWindow | None = None,
+        counters: Callable[[], Mapping[str, int]] = dict,
+        birth: Mapping[str, Any] | None = None,
+        spool: Spool | Path | str | None = None,
+        labels_interval_s: float | None = None,
+        gauges: Gauges | None = None,
+    ) -> None:
+        if not interval_s > 0:
+            raise TelemetryError(f"telemetry interval must be positive, got {interval_s}", "e.g. 5 (seconds)")
+        self.broker = broker
+        self.device_id = _check_name("device id", device_id)
+        self.fleet = _check_name("fleet", fleet)
+        self.interval_s = interval_s
+        self.window = window or MetricsWindow()
+        self.counters = counters
+        self.birth = dict(birth or {})
+        self.spool = spool if isinstance(spool, Spool) else Spool(spool or ":memory:")
+        self.labels_interval_s = labels_interval_s
+        self.gauges = gauges or Gauges()
+        self.session = uuid.uuid4().hex[:12]  # tells a restarted process from a replay
+        self.status_topic = topic(self.fleet, self.device_id, "status")
+        self.telemetry_topic = topic(self.fleet, self.device_id, "telemetry")
+        self.labels_topic = topic(self.fleet, self.device_id, "labels")
+        # Counters of the reporting itself (only go up).
+        self.connects = 0
+        self.disconnects = 0
+        self.published = 0
+        self.acked = 0
+        self.last_error = ""
+        self.last_seq = -1
+        self._connected = threading.Event()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._inflight: dict[int, int] = {}  # paho mid -> spool id (this thread only)
+        self._sent_upto = 0
+        self._labels: tuple[float, list[Label]] | None = None
+        self._labels_sent = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"edgekit-telemetry[{device_id}]", daemon=True)
+        self._client = self._make_client()
+
+    # -- MQTT ----------------------------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        b = self.broker
+        v5 = b.protocol == "5"
+        kwargs: dict[str, Any] = {
+            "callback_api_version": CallbackAPIVersion.VERSION2,
+            "client_id": self.device_id,
+        }
+        kwargs["protocol"] = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
+        if not v5:
+            kwargs["clean_session"] = True
+        client = mqtt.Client(**kwargs)
+        client.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
+        if b.username:
+            client.username_pw_set(b.username, b.password)
+        if b.tls:
+            try:
+                client.tls_set(
+                    ca_certs=str(b.ca_file) if b.ca_file else None,
+                    certfile=str(b.cert_file) if b.cert_file else None,
+                    keyfile=str(b.key_file) if b.key_file else None,
+                )
+            except (OSError, ValueError) as err:
+                raise TelemetryError(
+                    f"TLS setup for {b.describe()} failed: {err}", "check the CA/cert/key files"
+                ) from err
+        # Back off to at most 5 s: a device should be reporting again soon after its broker is.
+        client.reconnect_delay_set(min_delay=1, max_delay=5)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_publish = self._on_publish
+        return client
+
+    def _status(self, state: str) -> bytes:
+        body: dict[str, Any] = {
+            "schema": SCHEMA_STATUS,
+            "state": state,
+            "device": self.device_id,
+            "fleet": self.fleet,
+        }
+        if state == "online":
+            body |= {
+                "ts": round(time.time(), 3),
+                "session": self.session,
+                "edgekit": __version__,
+                **self.birth,
+            }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            self.last_error = f"{self.broker.describe()} refused the connection: {reason}"
+            log.error(
+                "telemetry: %s (check the user, password and ACL; frames keep running)", self.last_error
+            )
+            return
+        self.connects += 1
+        self.last_error = ""
+        log.info("telemetry: connected to %s as %s", self.broker.describe(), self.device_id)
+        # The birth message: retained, so a dashboard that subscribes later still sees it.
+        client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+        self._connected.set()
+        self._wake.set()
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if self._connected.is_set():
+            self.disconnects += 1
+            log.warning("telemetry: disconnected from %s (%s); spooling", self.broker.describe(), reason)
+        self._connected.clear()
+        self._wake.set()
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
+        # paho's network thread: only hand the ack over; the spool is touched by our thread.
+        self._acks.put(mid)
+        self._wake.set()
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def start(self) -> TelemetryPublisher:
+        """Connect (in the background: an unreachable broker does not block) and start reporting."""
+        b = self.broker
+        try:
+            self._client.connect_async(b.host, b.port, keepalive=b.keepalive_s)
+        except (OSError, ValueError) as err:
+            raise TelemetryError(
+                f"cannot reach {b.describe()}: {err}", "check the host name and port"
+            ) from err
+        self._client.loop_start()
+        self._thread.start()
+        return self
+
+    def offer_labels(self, labels: list[Label]) -> None:
+        """The newest labels (from the frame loop: a reference swap); sent at most every labels interval."""
+        if self.labels_interval_s is not None:
+            self._labels = (time.time(), labels)
+
+    def _run(self) -> None:
+        next_tick = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_tick - time.monotonic()))
+            self._wake.clear()
+            if time.monotonic() >= next_tick:
+                next_tick += self.interval_s
+                self._report()
+            self._take_acks()
+            if self._connected.is_set():
+                self._drain()
+                self._send_labels()
+            else:
+                self._inflight.clear()
+                self._sent_upto = 0
+
+    def _report(self) -> None:
+        try:
+            payload = self.telemetry_payload()
+            self.spool.push(self.telemetry_topic, json.dumps(payload, separators=(",", ":")).encode(), qos=1)
+        except Exception:  # a reporting failure must never reach the frame loop
+            log.exception("telemetry: could not write a report")
+
+    def telemetry_payload(self) -> dict[str, Any]:
+        """Close the current window and describe it (also what ``--json`` tools can print)."""
+        w = self.window.take()
+        counters = dict(self.counters())
+        counters |= {
+            "mqtt_connects": self.connects,
+            "mqtt_disconnects": self.disconnects,
+            "spool_dropped": self.spool.dropped,
+        }
+        self.last_seq = self.spool.next_sequence()
+        return {
+            "schema": SCHEMA_TELEMETRY,
+            "device": self.device_id,
+            "fleet": self.fleet,
+            "session": self.session,
+            "seq": self.last_seq,
+            "sent_at": round(time.time(), 3),
+            "window": w.to_dict(),
+            "counters": counters,
+            "gauges": self.gauges.read(),
+            "spool": {"pending": len(self.spool), "bytes": self.spool.bytes},
+        }
+
+    def _take_acks(self) -> None:
+        while True:
+            try:
+                mid = self._acks.get_nowait()
+            except queue.Empty:
+                return
+            sid = self._inflight.pop(mid, None)
+            if sid is not None:
+                self.spool.ack(sid)
+                self.acked += 1
+
+    def _drain(self) -> None:
+        room = MAX_INFLIGHT - len(self._inflight)
+        if room <= 0:
+            return
+        for msg in self.spool.pending(limit=room, after=self._sent_upto):
+            info = self._client.publish(msg.topic, msg.payload, qos=msg.qos, retain=msg.retain)
+            if info.rc != 0:  # not connected after all: resend from the spool next time
+                break
+            self._inflight[info.mid] = msg.id
+            self._sent_upto = msg.id
+            self.published += 1
+
+    def _send_labels(self) -> None:
+        if self._labels is None or self.labels_interval_s is None:
+            return
+        at, labels = self._labels
+        if at - self._labels_sent < self.labels_interval_s:
+            return
+        self._labels_sent = at
+        body = {
+            "schema": SCHEMA_LABELS,
+            "device": self.device_id,
+            "ts": round(at, 3),
+            "labels": [{"id": lab.id, "name": lab.name, "score": round(lab.score, 5)} for lab in labels],
+        }
+        self._client.publish(self.labels_topic, json.dumps(body, separators=(",", ":")).encode(), qos=0)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Send the last window, wait up to ``timeout`` s for acks, say offline, disconnect."""
+        if not self._thread.is_alive():
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        self._report()
+        deadline = time.monotonic() + timeout
+        while len(self.spool) and self._connected.is_set() and time.monotonic() < deadline:
+            self._take_acks()
+            self._drain()
+            time.sleep(0.02)
+        if self._connected.is_set():
+            # A clean disconnect sends no Will: say offline ourselves.
+            self._client.publish(
+                self.status_topic, self._status("offline"), qos=1, retain=True
+            ).wait_for_publish(1.0)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self.spool.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
