@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ def free_port() -> int:
 class Mosquitto:
     """``mosquitto -c <tmp>/mosquitto.conf`` on 127.0.0.1; persistence on, so sessions survive a kill."""
 
-    def __init__(self, workdir: Path, extra: str = "") -> None:
+    def __init__(self, workdir: Path, extra: str = "", listener: str = "") -> None:
         exe = shutil.which("mosquitto") or (
             "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
         )
@@ -33,8 +34,11 @@ class Mosquitto:
         self.port = free_port()
         self.conf = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
+        # As root, mosquitto would drop to the "mosquitto" user, who cannot read pytest's files.
+        as_root = "user root\n" if os.geteuid() == 0 else ""
         self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\n"
+            as_root
+            + f"listener {self.port} 127.0.0.1\n{listener}"
             + ("allow_anonymous true\n" if "allow_anonymous" not in extra else "")
             + f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
             f"log_dest file {self.log}\nlog_type all\n" + extra

@@ -7,7 +7,12 @@ import importlib
 import typer
 
 # Add a module here to add its commands to `edgekit`.
-MODULES: tuple[str, ...] = ("edgekit.commands.build", "edgekit.commands.bundle", "edgekit.commands.run")
+MODULES: tuple[str, ...] = (
+    "edgekit.commands.build",
+    "edgekit.commands.bundle",
+    "edgekit.commands.run",
+    "edgekit.commands.telemetry",
+)
 
 
 def register_all(app: typer.Typer) -> None:

@@ -178,7 +178,7 @@ class TelemetryPublisher:
         self._wake.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        if self._connected.is_set():
+        if self._connected.is_set() and not self._stop.is_set():
             self.disconnects += 1
             log.warning("telemetry: disconnected from %s (%s); spooling", self.broker.describe(), reason)
         self._connected.clear()
