@@ -37,6 +37,7 @@ from edgekit.postprocess import top_k
 if TYPE_CHECKING:
     from edgekit.backends.base import Session
     from edgekit.model import Model
+    from edgekit.postprocess import Label
     from edgekit.preprocessing import Preprocessor
     from edgekit.telemetry.publisher import TelemetryPublisher
 
@@ -133,6 +134,7 @@ class Pipeline:
         self._iterated = False
         self._slot: FrameSlot | None = None
         self._publishers: list[TelemetryPublisher] = []
+        self._label_sinks: list[Callable[[tuple[Label, ...]], None]] = []
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
@@ -247,6 +249,8 @@ class Pipeline:
                         )
                     last_shape = frame.image.shape
                 result = self._label(frame, budget_ns)
+                for offer in self._label_sinks:
+                    offer(result.labels)
                 handed = time.perf_counter_ns()
                 yield result
                 self._finish(result.record, time.perf_counter_ns() - handed)
@@ -418,6 +422,8 @@ class Pipeline:
             labels_interval_s=labels_interval_s,
         )
         self._publishers.append(publisher)
+        if labels_interval_s is not None:
+            self._label_sinks.append(publisher.offer_labels)
         return publisher.start()
 
     def _birth(self) -> dict[str, Any]:

@@ -104,7 +104,7 @@ class TelemetryPublisher:
         self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._inflight: dict[int, int] = {}  # paho mid -> spool id (this thread only)
         self._sent_upto = 0
-        self._labels: tuple[float, list[Label]] | None = None
+        self._labels: tuple[float, tuple[Label, ...]] | None = None
         self._labels_sent = 0.0
         self._thread = threading.Thread(target=self._run, name=f"edgekit-telemetry[{device_id}]", daemon=True)
         self._client = self._make_client()
@@ -204,7 +204,7 @@ class TelemetryPublisher:
         self._thread.start()
         return self
 
-    def offer_labels(self, labels: list[Label]) -> None:
+    def offer_labels(self, labels: tuple[Label, ...]) -> None:
         """The newest labels (from the frame loop: a reference swap); sent at most every labels interval."""
         if self.labels_interval_s is not None:
             self._labels = (time.time(), labels)
