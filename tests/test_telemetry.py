@@ -359,3 +359,94 @@ def test_telemetry_tail_shows_devices_and_skips_garbage(
         timeout=30,
     )
     assert bad.returncode == 2 and "not an MQTT broker URL" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class RawSubscriber(Subscriber):
+    """Keeps payload bytes (Sparkplug payloads are protobuf)."""
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        with self.lock:
+            self.messages.append((msg.topic, {"raw": bytes(msg.payload)}, bool(msg.retain)))
+
+    def sparkplug(self) -> list[tuple[str, dict[str, Any]]]:
+        from edgekit.telemetry.sparkplug import decode
+
+        with self.lock:
+            # What the node published (the commands sent to it are on NCMD).
+            return [(t.split("/")[2], decode(m["raw"])) for t, m, _ in self.messages if "/NCMD/" not in t]
+
+
+def test_sparkplug_births_data_rebirth_and_death(model: Any, broker: Mosquitto) -> None:
+    from edgekit.telemetry import sparkplug as sp
+
+    sub = RawSubscriber(broker.port, "spBv1.0/#", client_id="scada")
+    try:
+        with edgekit.Pipeline(model, "synthetic:160x120@30", duration_s=4.0) as p:
+            p.report(broker.url, device_id="cam-s", fleet="plant", interval_s=0.4, format="sparkplug")
+            assert sub.wait_for(lambda: any(k == "DDATA" for k, _ in sub.sparkplug()), 10)
+            # The host application asks for a rebirth.
+            cmd = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
+            cmd.connect("127.0.0.1", broker.port)
+            cmd.loop_start()
+            cmd.publish(
+                "spBv1.0/plant/NCMD/cam-s", sp.encode({sp.REBIRTH: True}, None), qos=0
+            ).wait_for_publish(5)
+            cmd.publish("spBv1.0/plant/NCMD/cam-s", b"\xff\xff not protobuf", qos=0).wait_for_publish(5)
+            cmd.disconnect()
+            cmd.loop_stop()
+            p.run()
+        assert sub.wait_for(lambda: sub.sparkplug()[-1][0] == "NDEATH", 10)
+    finally:
+        sub.close()
+    msgs = sub.sparkplug()
+    kinds = [k for k, _ in msgs]
+    assert kinds[:2] == ["NBIRTH", "DBIRTH"] and kinds.count("NBIRTH") == 2 and kinds[-1] == "NDEATH"
+    births = [m for k, m in msgs if k == "NBIRTH"]
+    bdseq = births[0]["metrics"]["bdSeq"]
+    assert all(
+        b["seq"] == 0 and b["metrics"]["bdSeq"] == bdseq for b in births
+    )  # a rebirth keeps the session
+    assert births[0]["metrics"][sp.REBIRTH] is False
+    assert msgs[-1][1]["metrics"] == {"bdSeq": bdseq} and msgs[-1][1]["seq"] is None
+    # seq runs on over every message after each NBIRTH.
+    expected = 0
+    for kind, m in msgs[:-1]:
+        expected = 0 if kind == "NBIRTH" else (expected + 1) % 256
+        assert m["seq"] == expected, (kind, m["seq"], expected)
+    dbirth = next(m for k, m in msgs if k == "DBIRTH")["metrics"]
+    assert (
+        dbirth["Properties/model/name"] == "efficientnet-lite0"
+        and dbirth["Properties/backend"] == "onnxruntime"
+    )
+    ddata = [m for k, m in msgs if k == "DDATA"]
+    assert len(ddata) >= 5
+    for d in ddata:
+        assert set(d["metrics"]) <= set(dbirth)  # every DDATA metric was declared at birth
+    frames = sum(d["metrics"]["window/frames"] for d in ddata)
+    assert (
+        frames == ddata[-1]["metrics"]["counters/frames"] > 0 and ddata[-1]["metrics"]["latency/p50_ms"] > 0
+    )
+
+
+def test_a_killed_sparkplug_node_dies_through_its_will(
+    x86_bundle: tuple[Path, dict[str, Any]], broker: Mosquitto, cache_env: dict[str, str]
+) -> None:
+    sub = RawSubscriber(broker.port, "spBv1.0/plant/+/cam-k/#", client_id="scada-k")
+    device = subprocess.Popen(
+        [*EDGEKIT, "run", str(x86_bundle[0]), "--source", "synthetic:160x120@30", "--device", "x86_64-cpu",
+         "--mqtt", broker.url, "--fleet", "plant", "--device-id", "cam-k", "--telemetry-interval", "0.5",
+         "--telemetry-format", "sparkplug"],
+        env=cache_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert sub.wait_for(lambda: any(k == "DDATA" for k, _ in sub.sparkplug()), 60)
+        device.send_signal(signal.SIGKILL)
+        device.wait(10)
+        assert sub.wait_for(lambda: sub.sparkplug()[-1][0] == "NDEATH", 20)
+    finally:
+        if device.poll() is None:
+            device.kill()
+        sub.close()
+    msgs = sub.sparkplug()
+    birth = next(m for k, m in msgs if k == "NBIRTH")
+    assert msgs[-1][1]["metrics"]["bdSeq"] == birth["metrics"]["bdSeq"]  # the Will of the session that died

@@ -148,6 +148,10 @@ def run_command(
     mqtt_cert: Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")] = None,
     mqtt_key: Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")] = None,
     mqtt_protocol: Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")] = "3.1.1",
+    telemetry_format: Annotated[
+        str,
+        typer.Option("--telemetry-format", help="json (edgekit/v1/... topics) or sparkplug (Sparkplug B)."),
+    ] = "json",
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle, each within the frame budget; end with a LoadGen-style summary."""
@@ -179,6 +183,7 @@ def run_command(
                 cert_file=mqtt_cert,
                 key_file=mqtt_key,
                 protocol=mqtt_protocol,
+                format=telemetry_format,
             )
         summary = drive(pipeline, as_json=as_json, records=records)
     _report(summary, as_json)

@@ -393,8 +393,11 @@ class Pipeline:
         cert_file: Path | None = None,
         key_file: Path | None = None,
         protocol: str = "3.1.1",
+        format: str = "json",
     ) -> TelemetryPublisher:
         """Report this pipeline's measurements to the MQTT broker at ``mqtt`` (see ``edgekit.telemetry``).
+
+        ``format`` is ``json`` (edgekit's topics) or ``sparkplug`` (Sparkplug B 3.0).
 
         Starts at once (connecting in the background); stops with the pipeline.  The frame
         loop only adds each frame to a window; everything else happens on the publisher's thread.
@@ -420,6 +423,7 @@ class Pipeline:
             birth=self._birth(),
             spool=spool,
             labels_interval_s=labels_interval_s,
+            format=format,
         )
         self._publishers.append(publisher)
         if labels_interval_s is not None:

@@ -31,7 +31,7 @@ from edgekit.errors import TelemetryError
 from edgekit.telemetry.broker import BrokerConfig
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.spool import Spool
-from edgekit.telemetry.window import MetricsWindow
+from edgekit.telemetry.window import MetricsWindow, Window
 
 if TYPE_CHECKING:
     from edgekit.postprocess import Label
@@ -43,6 +43,7 @@ SCHEMA_TELEMETRY = "edgekit/v1/telemetry"
 SCHEMA_STATUS = "edgekit/v1/status"
 SCHEMA_LABELS = "edgekit/v1/labels"
 MAX_INFLIGHT = 20
+FORMATS = ("json", "sparkplug")
 
 
 def topic(fleet: str, device: str, leaf: str) -> str:
@@ -74,7 +75,10 @@ class TelemetryPublisher:
         spool: Spool | Path | str | None = None,
         labels_interval_s: float | None = None,
         gauges: Gauges | None = None,
+        format: str = "json",
     ) -> None:
+        if format not in FORMATS:
+            raise TelemetryError(f"unknown telemetry format {format!r}", "use json or sparkplug")
         if not interval_s > 0:
             raise TelemetryError(f"telemetry interval must be positive, got {interval_s}", "e.g. 5 (seconds)")
         self.broker = broker
@@ -91,6 +95,13 @@ class TelemetryPublisher:
         self.status_topic = topic(self.fleet, self.device_id, "status")
         self.telemetry_topic = topic(self.fleet, self.device_id, "telemetry")
         self.labels_topic = topic(self.fleet, self.device_id, "labels")
+        self.format = format
+        self.sparkplug = format == "sparkplug"
+        # Sparkplug: bdSeq numbers MQTT sessions (kept in the spool), seq every message 0..255.
+        self._bdseq = self.spool.next_sequence("bdseq") if self.sparkplug else 0
+        self._sp_seq = 0
+        self._rebirth = threading.Event()
+        self._connected_at = 0.0
         # Counters of the reporting itself (only go up).
         self.connects = 0
         self.disconnects = 0
@@ -125,7 +136,7 @@ class TelemetryPublisher:
         if not v5:
             kwargs["clean_session"] = True
         client = mqtt.Client(**kwargs)
-        client.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
+        self._set_will(client)
         if b.username:
             client.username_pw_set(b.username, b.password)
         if b.tls:
@@ -144,7 +155,62 @@ class TelemetryPublisher:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
+        client.on_message = self._on_message
         return client
+
+    def _set_will(self, client: Any) -> None:
+        if self.sparkplug:
+            from edgekit.telemetry import sparkplug as sp
+
+            death = sp.encode({"bdSeq": self._bdseq}, None)
+            client.will_set(sp.topic(self.fleet, "NDEATH", self.device_id), death, qos=1, retain=False)
+        else:
+            client.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
+
+    def _next_sp_seq(self) -> int:
+        seq = self._sp_seq
+        self._sp_seq = (seq + 1) % 256
+        return seq
+
+    def _births(self, client: Any) -> None:
+        """NBIRTH (seq 0, this session's bdSeq) then DBIRTH declaring every metric DDATA carries."""
+        from edgekit.telemetry import sparkplug as sp
+
+        self._sp_seq = 0
+        node = {"bdSeq": self._bdseq, sp.REBIRTH: False, "Properties/edgekit": __version__}
+        node["Properties/session"] = self.session
+        client.publish(
+            sp.topic(self.fleet, "NBIRTH", self.device_id), sp.encode(node, self._next_sp_seq()), qos=0
+        )
+        now = time.time()
+        template = sp.window_metrics(self._payload(Window(start=now, end=now), seq=max(self.last_seq, 0)))
+        facts: dict[str, Any] = {}
+        for key, value in self.birth.items():
+            if isinstance(value, dict):
+                facts |= {f"Properties/{key}/{k}": v for k, v in value.items() if v is not None}
+            elif value is not None:
+                facts[f"Properties/{key}"] = value
+        client.publish(
+            sp.topic(self.fleet, "DBIRTH", self.device_id, sp.DEVICE),
+            sp.encode(facts | template, self._next_sp_seq()),
+            qos=0,
+        )
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        # Commands from the network: parsed as protobuf, acted on only if they are the Rebirth metric.
+        from google.protobuf.message import DecodeError
+
+        from edgekit.telemetry import sparkplug as sp
+
+        try:
+            command = sp.decode(msg.payload)
+        except DecodeError:
+            log.warning("telemetry: ignoring an unreadable command on %s", msg.topic)
+            return
+        if command["metrics"].get(sp.REBIRTH) is True:
+            log.info("telemetry: rebirth requested")
+            self._rebirth.set()
+            self._wake.set()
 
     def _status(self, state: str) -> bytes:
         body: dict[str, Any] = {
@@ -172,8 +238,15 @@ class TelemetryPublisher:
         self.connects += 1
         self.last_error = ""
         log.info("telemetry: connected to %s as %s", self.broker.describe(), self.device_id)
-        # The birth message: retained, so a dashboard that subscribes later still sees it.
-        client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+        self._connected_at = time.time()
+        if self.sparkplug:
+            from edgekit.telemetry import sparkplug as sp
+
+            client.subscribe(sp.topic(self.fleet, "NCMD", self.device_id), qos=0)
+            self._births(client)
+        else:
+            # The birth message: retained, so a dashboard that subscribes later still sees it.
+            client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
         self._connected.set()
         self._wake.set()
 
@@ -181,6 +254,9 @@ class TelemetryPublisher:
         if self._connected.is_set() and not self._stop.is_set():
             self.disconnects += 1
             log.warning("telemetry: disconnected from %s (%s); spooling", self.broker.describe(), reason)
+        if self.sparkplug and self._connected.is_set() and not self._stop.is_set():
+            self._bdseq = self.spool.next_sequence("bdseq")
+            self._set_will(client)  # the next session's death certificate
         self._connected.clear()
         self._wake.set()
 
@@ -218,6 +294,9 @@ class TelemetryPublisher:
                 next_tick += self.interval_s
                 self._report()
             self._take_acks()
+            if self._rebirth.is_set() and self._connected.is_set():
+                self._rebirth.clear()
+                self._births(self._client)
             if self._connected.is_set():
                 self._drain()
                 self._send_labels()
@@ -228,6 +307,15 @@ class TelemetryPublisher:
     def _report(self) -> None:
         try:
             payload = self.telemetry_payload()
+            if self.sparkplug:
+                from edgekit.telemetry import sparkplug as sp
+
+                # Kept as JSON until sent: seq is assigned at publish time, and what waited out an
+                # outage goes out marked historical.
+                row = {"ts": int(payload["sent_at"] * 1000), "metrics": sp.window_metrics(payload)}
+                ddata = sp.topic(self.fleet, "DDATA", self.device_id, sp.DEVICE)
+                self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=0)
+                return
             self.spool.push(self.telemetry_topic, json.dumps(payload, separators=(",", ":")).encode(), qos=1)
         except Exception:  # a reporting failure must never reach the frame loop
             log.exception("telemetry: could not write a report")
@@ -235,19 +323,22 @@ class TelemetryPublisher:
     def telemetry_payload(self) -> dict[str, Any]:
         """Close the current window and describe it (also what ``--json`` tools can print)."""
         w = self.window.take()
+        self.last_seq = self.spool.next_sequence()
+        return self._payload(w, self.last_seq)
+
+    def _payload(self, w: Window, seq: int) -> dict[str, Any]:
         counters = dict(self.counters())
         counters |= {
             "mqtt_connects": self.connects,
             "mqtt_disconnects": self.disconnects,
             "spool_dropped": self.spool.dropped,
         }
-        self.last_seq = self.spool.next_sequence()
         return {
             "schema": SCHEMA_TELEMETRY,
             "device": self.device_id,
             "fleet": self.fleet,
             "session": self.session,
-            "seq": self.last_seq,
+            "seq": seq,
             "sent_at": round(time.time(), 3),
             "window": w.to_dict(),
             "counters": counters,
@@ -271,7 +362,14 @@ class TelemetryPublisher:
         if room <= 0:
             return
         for msg in self.spool.pending(limit=room, after=self._sent_upto):
-            info = self._client.publish(msg.topic, msg.payload, qos=msg.qos, retain=msg.retain)
+            body = msg.payload
+            if self.sparkplug:
+                from edgekit.telemetry import sparkplug as sp
+
+                row = json.loads(body)
+                historical = row["ts"] < self._connected_at * 1000
+                body = sp.encode(row["metrics"], self._next_sp_seq(), ts_ms=row["ts"], historical=historical)
+            info = self._client.publish(msg.topic, body, qos=msg.qos, retain=msg.retain)
             if info.rc != 0:  # not connected after all: resend from the spool next time
                 break
             self._inflight[info.mid] = msg.id
@@ -308,9 +406,14 @@ class TelemetryPublisher:
             time.sleep(0.02)
         if self._connected.is_set():
             # A clean disconnect sends no Will: say offline ourselves.
-            self._client.publish(
-                self.status_topic, self._status("offline"), qos=1, retain=True
-            ).wait_for_publish(1.0)
+            if self.sparkplug:
+                from edgekit.telemetry import sparkplug as sp
+
+                death = sp.encode({"bdSeq": self._bdseq}, None)
+                info = self._client.publish(sp.topic(self.fleet, "NDEATH", self.device_id), death, qos=1)
+            else:
+                info = self._client.publish(self.status_topic, self._status("offline"), qos=1, retain=True)
+            info.wait_for_publish(1.0)
         self._client.disconnect()
         self._client.loop_stop()
         self.spool.close()

@@ -106,14 +106,17 @@ class Spool:
                 self._db.execute("DELETE FROM queue WHERE id = ?", (message_id,))
                 self._bytes -= int(row[0])
 
-    def next_sequence(self) -> int:
-        """The next telemetry sequence number, kept in the spool so it keeps rising across restarts."""
+    def next_sequence(self, key: str = "seq") -> int:
+        """The next number of a counter kept in the spool (0 first), so it keeps rising across restarts.
+
+        ``seq`` numbers telemetry messages; the Sparkplug flavour keeps ``bdseq`` here too.
+        """
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'seq'").fetchone()
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
             seq = int(row[0]) + 1 if row else 0
             self._db.execute(
-                "INSERT INTO meta (key, value) VALUES ('seq', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (seq,),
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, seq),
             )
             return seq
 
