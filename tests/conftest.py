@@ -72,6 +72,12 @@ CARD = ROOT / "models" / "efficientnet-lite0"
 EDGEKIT = [shutil.which("edgekit")] if shutil.which("edgekit") else [sys.executable, "-m", "edgekit.cli"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """In-process code (telemetry spools, build steps) writes under a cache of this run, not ~/.cache."""
+    os.environ["EDGEKIT_CACHE"] = str(tmp_path_factory.mktemp("run-cache"))
+
+
 @pytest.fixture(scope="session")
 def cache_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     # A fresh build cache per run, so the build is tested from scratch; EDGEKIT_TEST_CACHE

@@ -450,3 +450,40 @@ def test_a_killed_sparkplug_node_dies_through_its_will(
     msgs = sub.sparkplug()
     birth = next(m for k, m in msgs if k == "NBIRTH")
     assert msgs[-1][1]["metrics"]["bdSeq"] == birth["metrics"]["bdSeq"]  # the Will of the session that died
+
+
+def put(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_gauges_read_what_raspberry_pi_and_jetson_expose(tmp_path: Path) -> None:
+    from edgekit.telemetry.gauges import Gauges
+
+    # The files as a Raspberry Pi 5 and a Jetson Orin expose them (this host has neither).
+    pi, jetson, proc = tmp_path / "pi", tmp_path / "jetson", tmp_path / "proc"
+    put(proc, "stat", "cpu  100 0 100 800 0 0 0 0 0 0\n")
+    put(proc, "meminfo", "MemTotal:        8000000 kB\nMemFree: 1 kB\nMemAvailable:    6000000 kB\n")
+    put(pi, "class/thermal/thermal_zone0/type", "cpu-thermal\n")
+    put(pi, "class/thermal/thermal_zone0/temp", "61250\n")
+    put(pi, "devices/platform/soc/soc:firmware/get_throttled", "0x50005\n")
+    put(pi, "devices/system/cpu/cpu0/cpufreq/scaling_cur_freq", "1500000\n")
+    put(pi, "devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "2400000\n")
+    g = Gauges(sys_root=pi, proc_root=proc)
+    put(proc, "stat", "cpu  200 0 200 900 0 0 0 0 0 0\n")  # 200 busy of 300 since the first read
+    got = g.read()
+    assert got["cpu_percent"] == pytest.approx(66.7, abs=0.1)
+    assert got["memory_total_mb"] == 7812 and got["memory_available_mb"] == 5859
+    assert got["temperature_c"] == {"cpu-thermal": pytest.approx(61.25, abs=0.05)}
+    assert got["throttled"] == {"now": True, "since_boot": True, "under_voltage": True, "raw": 0x50005}
+    assert got["cpu_freq_ratio"] == 0.625
+    for i, (kind, milli) in enumerate(
+        (("CPU-therm", "48500"), ("GPU-therm", "47000"), ("tj-therm", "49000"))
+    ):
+        put(jetson, f"class/thermal/thermal_zone{i}/type", kind)
+        put(jetson, f"class/thermal/thermal_zone{i}/temp", milli)
+    put(jetson, "devices/platform/17000000.ga10b/load", "734\n")
+    got = Gauges(sys_root=jetson, proc_root=proc).read()
+    assert got["temperature_c"] == {"CPU-therm": 48.5, "GPU-therm": 47.0, "tj-therm": 49.0}
+    assert got["gpu_percent"] == 73.4 and "throttled" not in got  # absent paths leave their gauge out

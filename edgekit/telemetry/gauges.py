@@ -18,6 +18,13 @@ PROC = Path("/proc")
 # Raspberry Pi firmware: bit 0 under-voltage, 1 frequency capped, 2 throttled, 3 soft temp limit
 # (now); bits 16-19 the same "has occurred since boot".
 RPI_THROTTLED = "devices/platform/soc/soc:firmware/get_throttled"
+# Jetson GPU load in tenths of a percent: Nano/TX2/Xavier, then Orin's GA10B.
+JETSON_GPU_LOAD = (
+    "devices/gpu.0/load",
+    "devices/platform/gpu.0/load",
+    "devices/platform/17000000.ga10b/load",
+    "devices/platform/17000000.gv11b/load",
+)
 
 
 def _read(path: Path) -> str | None:
@@ -85,6 +92,11 @@ class Gauges:
                 "under_voltage": bool(value & 0x1),
                 "raw": value,
             }
+        for gpu in JETSON_GPU_LOAD:
+            load = _read(self.sys / gpu)
+            if load and load.isdigit():
+                out["gpu_percent"] = round(int(load) / 10, 1)  # tenths of a percent
+                break
         cur = _read(self.sys / "devices/system/cpu/cpu0/cpufreq/scaling_cur_freq")
         top = _read(self.sys / "devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
         if cur and top and cur.isdigit() and top.isdigit() and int(top) > 0:

@@ -50,6 +50,13 @@ def topic(fleet: str, device: str, leaf: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/{device}/{leaf}"
 
 
+def default_spool(fleet: str, device_id: str) -> Path:
+    """``$EDGEKIT_CACHE/telemetry/<fleet>-<device>.db``: on disk, so a restart replays what was not sent."""
+    from edgekit.build.cache import cache_root
+
+    return cache_root() / "telemetry" / f"{fleet}-{device_id}.db"
+
+
 def _check_name(what: str, value: str) -> str:
     if not value or any(c in value for c in "/+#\0") or len(value) > 128:
         raise TelemetryError(
@@ -88,7 +95,9 @@ class TelemetryPublisher:
         self.window = window or MetricsWindow()
         self.counters = counters
         self.birth = dict(birth or {})
-        self.spool = spool if isinstance(spool, Spool) else Spool(spool or ":memory:")
+        self.spool = (
+            spool if isinstance(spool, Spool) else Spool(spool or default_spool(self.fleet, self.device_id))
+        )
         self.labels_interval_s = labels_interval_s
         self.gauges = gauges or Gauges()
         self.session = uuid.uuid4().hex[:12]  # tells a restarted process from a replay
