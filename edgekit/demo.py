@@ -78,6 +78,13 @@ def reference_bundle(
     return target, result
 
 
+def host_reference_bundle() -> Path:
+    """The reference bundle for the profile this host matches, quietly (what the benchmarks in tools/ use)."""
+    from edgekit.host import match_profile
+
+    return reference_bundle(match_profile().name, lambda step, status: None)[0]
+
+
 def _frame(image: np.ndarray, t: float) -> np.ndarray:
     """``image`` (RGB) filling 640x480, zoomed by ``1 + 0.15 t`` around its centre (t in 0..1), as BGR."""
     import cv2

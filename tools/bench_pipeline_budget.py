@@ -21,16 +21,10 @@ import sys
 from pathlib import Path
 
 import edgekit
+from edgekit.demo import host_reference_bundle
 from edgekit.pipeline import Summary
 
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-
-
-def reference_bundle() -> Path:
-    from edgekit.demo import reference_bundle as build
-    from edgekit.host import match_profile
-
-    return build(match_profile().name, lambda step, status: None)[0]
 
 
 def run(model: edgekit.Model, args: argparse.Namespace, title: str) -> tuple[Summary, float]:
@@ -66,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hog-core", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    bundle = args.bundle or reference_bundle()
+    bundle = args.bundle or host_reference_bundle()
     with edgekit.load(bundle, device=args.device) as model:
         print(
             f"{model.name} on {model.candidate}; {args.source}; budget {args.budget:g} ms; {args.policy}; "

@@ -22,14 +22,8 @@ from pathlib import Path
 import numpy as np
 
 import edgekit
+from edgekit.demo import host_reference_bundle
 from edgekit.pipeline.records import STAGES
-
-
-def reference_bundle() -> Path:
-    from edgekit.demo import reference_bundle as build
-    from edgekit.host import match_profile
-
-    return build(match_profile().name, lambda step, status: None)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default="synthetic:640x480@30")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    bundle = args.bundle or reference_bundle()
+    bundle = args.bundle or host_reference_bundle()
     bare: list[float] = []
     e2e: list[float] = []
     stages: dict[str, list[float]] = {s: [] for s in STAGES}

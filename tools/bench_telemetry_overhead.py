@@ -22,13 +22,7 @@ import time
 from pathlib import Path
 
 import edgekit
-
-
-def reference_bundle() -> Path:
-    from edgekit.demo import reference_bundle as build
-    from edgekit.host import match_profile
-
-    return build(match_profile().name, lambda step, status: None)[0]
+from edgekit.demo import host_reference_bundle
 
 
 def start_broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -58,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", default="synthetic:640x480@30")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    bundle = args.bundle or reference_bundle()
+    bundle = args.bundle or host_reference_bundle()
     results: dict[str, list[float]] = {"off": [], "on": []}
     with tempfile.TemporaryDirectory() as tmp:
         broker, port = start_broker(Path(tmp))
