@@ -134,7 +134,9 @@ def test_payloads_follow_the_schema_and_mosquitto_sub_sees_them(model: Any, brok
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.5)
+    deadline = time.monotonic() + 20
+    while "SUBSCRIBE" not in broker.log.read_text() and time.monotonic() < deadline:  # mosquitto_sub is in
+        time.sleep(0.05)
     with edgekit.Pipeline(model, "synthetic:160x120@30", duration_s=3.0) as p:
         publisher = p.report(broker.url, device_id="cam-a", fleet="lab", interval_s=0.5)
         p.run()
