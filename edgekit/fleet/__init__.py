@@ -1,0 +1,8 @@
+"""The fleet side: a collector of device telemetry and the store it keeps (the dashboard builds on these)."""
+
+from __future__ import annotations
+
+from edgekit.fleet.collector import Collector, safe_name
+from edgekit.fleet.store import FleetStore, merge
+
+__all__ = ["Collector", "FleetStore", "merge", "safe_name"]

@@ -1,0 +1,128 @@
+"""``Collector``: turns what devices publish into the fleet's state, rejecting bad input without falling over.
+
+Every message is checked before it is stored: the topic shape, the fleet and device
+names (no ``/``, ``+``, ``#`` or ``..``), the size, JSON (and only JSON: nothing is
+evaluated or unpickled), the schema version, and that the payload names the device of
+its topic.  A rejected message is counted by reason and logged; the collector stays up.
+Telemetry is de-duplicated on ``(fleet, device, seq)``; a jump in ``seq`` is recorded as a gap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections import Counter
+from typing import Any
+
+from edgekit.fleet.store import FleetStore
+from edgekit.sketch import LatencySketch
+
+log = logging.getLogger(__name__)
+
+MAX_PAYLOAD = 256 * 1024
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+LEAVES = ("status", "telemetry", "labels")
+
+
+class Rejected(ValueError):
+    """A message that is not stored; ``reason`` is the counter it adds to."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def safe_name(value: str) -> bool:
+    """A fleet or device name that can be a topic level and a file name: no wildcards, no ``..``."""
+    return bool(_NAME.match(value)) and ".." not in value
+
+
+class Collector:
+    """Feed it ``handle(topic, payload)``; it keeps ``store`` current and counts what it saw."""
+
+    def __init__(self, store: FleetStore) -> None:
+        self.store = store
+        self.seen: Counter[str] = Counter()  # accepted messages by kind, duplicates, gaps
+        self.rejected: Counter[str] = Counter()  # by reason
+
+    def handle(self, topic: str, payload: bytes, now: float | None = None) -> str:
+        """Take one message; returns what became of it (``telemetry``, ``duplicate``, ``rejected:<why>``…)."""
+        at = time.time() if now is None else now
+        try:
+            outcome = self._handle(topic, payload, at)
+        except Rejected as err:
+            self.rejected[err.reason] += 1
+            log.warning("collector: rejected a message on %r: %s", topic[:200], err)
+            return f"rejected:{err.reason}"
+        self.seen[outcome] += 1
+        return outcome
+
+    def _handle(self, topic: str, payload: bytes, at: float) -> str:
+        parts = topic.split("/")
+        if len(parts) != 5 or parts[:2] != ["edgekit", "v1"] or parts[4] not in LEAVES:
+            raise Rejected("topic", "not edgekit/v1/<fleet>/<device>/{status,telemetry,labels}")
+        fleet, device, leaf = parts[2], parts[3], parts[4]
+        if not (safe_name(fleet) and safe_name(device)):
+            raise Rejected("bad-id", f"fleet {fleet!r} / device {device!r}")
+        if len(payload) > MAX_PAYLOAD:
+            raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
+        try:
+            body = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise Rejected("malformed-json", str(err)[:120]) from None
+        if not isinstance(body, dict):
+            raise Rejected("malformed-json", "not a JSON object")
+        if body.get("schema") != f"edgekit/v1/{leaf}":
+            raise Rejected("schema-version", f"schema {str(body.get('schema'))[:60]!r} on a {leaf} topic")
+        if body.get("device") != device:
+            raise Rejected("device-mismatch", f"payload says {str(body.get('device'))[:60]!r}")
+        if leaf == "status":
+            state = body.get("state")
+            if state not in ("online", "offline"):
+                raise Rejected("bad-field", f"state {str(state)[:40]!r}")
+            self.store.set_state(fleet, device, state, at, body if state == "online" else None)
+            return "status"
+        if leaf == "labels":
+            return "labels"
+        return self._telemetry(fleet, device, body, at)
+
+    def _telemetry(self, fleet: str, device: str, body: dict[str, Any], at: float) -> str:
+        seq, window = body.get("seq"), body.get("window")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+            raise Rejected("bad-field", f"seq {str(seq)[:40]!r}")
+        if not isinstance(window, dict) or not isinstance(body.get("counters"), dict):
+            raise Rejected("bad-field", "window and counters must be objects")
+        try:
+            LatencySketch.from_dict(window["latency_ms"])
+            for sketch in dict(window["stages_ms"]).values():
+                LatencySketch.from_dict(sketch)
+            float(window["start"]), float(window["end"]), int(window["frames"]), int(window["missed"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise Rejected("bad-field", f"window: {str(err)[:120]}") from None
+        known = self.store.device(fleet, device)
+        if known is None:
+            self.store.set_state(fleet, device, "online", at, None)
+            last = -1
+        else:
+            last = int(known["last_seq"])
+            if known["state"] == "offline":
+                self.store.set_state(fleet, device, "online", at, None)
+        if not self.store.add_window(fleet, device, body, at):
+            return "duplicate"
+        if seq > last + 1 and last >= 0:
+            self.store.add_gap(fleet, device, last + 1, seq - 1, at)
+            self.seen["gaps"] += 1
+            log.info("collector: %s/%s skipped seq %d..%d", fleet, device, last + 1, seq - 1)
+        return "telemetry"
+
+    def open_gaps(self, fleet: str, device: str) -> list[tuple[int, int]]:
+        """Sequence ranges still missing (a replay after an outage fills earlier gaps)."""
+        seqs = self.store.seqs(fleet, device)
+        missing, prev = [], None
+        for s in seqs:
+            if prev is not None and s > prev + 1:
+                missing.append((prev + 1, s - 1))
+            prev = s
+        return missing
