@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit.fleet.store import FleetStore
@@ -39,25 +41,72 @@ def safe_name(value: str) -> bool:
     return bool(_NAME.match(value)) and ".." not in value
 
 
-class Collector:
-    """Feed it ``handle(topic, payload)``; it keeps ``store`` current and counts what it saw."""
+# How far below a device's highest seq the collector remembers what it saw (for duplicates).
+RECENT = 4096
 
-    def __init__(self, store: FleetStore) -> None:
+
+@dataclass
+class _Track:
+    """What the collector remembers of one device between messages."""
+
+    state: str
+    high: int  # the highest seq seen
+    recent: set[int] = field(default_factory=set)  # seqs seen within RECENT of ``high``
+
+
+class Collector:
+    """Feed it ``handle(topic, payload)``; it keeps ``store`` current and counts what it saw.
+
+    With ``batch_size > 1`` telemetry windows are written in transactions of that many (or
+    every ``flush_s``); call ``flush()`` before reading the store.  Thread-safe.
+    """
+
+    def __init__(self, store: FleetStore, batch_size: int = 1, flush_s: float = 0.25) -> None:
         self.store = store
+        self.batch_size = max(1, batch_size)
+        self.flush_s = flush_s
         self.seen: Counter[str] = Counter()  # accepted messages by kind, duplicates, gaps
         self.rejected: Counter[str] = Counter()  # by reason
+        self._tracks: dict[tuple[str, str], _Track] = {}
+        self._pending: list[tuple[str, str, dict[str, Any], str, float]] = []
+        self._last_flush = time.monotonic()
+        self._lock = threading.RLock()
 
     def handle(self, topic: str, payload: bytes, now: float | None = None) -> str:
         """Take one message; returns what became of it (``telemetry``, ``duplicate``, ``rejected:<why>``…)."""
         at = time.time() if now is None else now
-        try:
-            outcome = self._handle(topic, payload, at)
-        except Rejected as err:
-            self.rejected[err.reason] += 1
-            log.warning("collector: rejected a message on %r: %s", topic[:200], err)
-            return f"rejected:{err.reason}"
-        self.seen[outcome] += 1
-        return outcome
+        with self._lock:
+            try:
+                outcome = self._handle(topic, payload, at)
+            except Rejected as err:
+                self.rejected[err.reason] += 1
+                log.warning("collector: rejected a message on %r: %s", topic[:200], err)
+                return f"rejected:{err.reason}"
+            self.seen[outcome] += 1
+            if len(self._pending) >= self.batch_size or time.monotonic() - self._last_flush >= self.flush_s:
+                self.flush()
+            return outcome
+
+    def flush(self) -> None:
+        """Write the buffered windows (one transaction)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._last_flush = time.monotonic()
+            self.store.add_windows(pending)
+
+    def _track(self, fleet: str, device: str) -> _Track | None:
+        key = (fleet, device)
+        track = self._tracks.get(key)
+        if track is None:
+            known = self.store.device(fleet, device)
+            if known is None:
+                return None
+            high = int(known["last_seq"])
+            track = _Track(
+                known["state"], high, {s for s in self.store.seqs(fleet, device) if s > high - RECENT}
+            )
+            self._tracks[key] = track
+        return track
 
     def _handle(self, topic: str, payload: bytes, at: float) -> str:
         parts = topic.split("/")
@@ -69,7 +118,8 @@ class Collector:
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:
-            body = json.loads(payload)
+            text = payload.decode("utf-8")
+            body = json.loads(text)
         except (ValueError, UnicodeDecodeError) as err:
             raise Rejected("malformed-json", str(err)[:120]) from None
         if not isinstance(body, dict):
@@ -83,12 +133,15 @@ class Collector:
             if state not in ("online", "offline"):
                 raise Rejected("bad-field", f"state {str(state)[:40]!r}")
             self.store.set_state(fleet, device, state, at, body if state == "online" else None)
+            track = self._track(fleet, device)
+            if track is not None:
+                track.state = state
             return "status"
         if leaf == "labels":
             return "labels"
-        return self._telemetry(fleet, device, body, at)
+        return self._telemetry(fleet, device, body, text, at)
 
-    def _telemetry(self, fleet: str, device: str, body: dict[str, Any], at: float) -> str:
+    def _telemetry(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> str:
         seq, window = body.get("seq"), body.get("window")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
             raise Rejected("bad-field", f"seq {str(seq)[:40]!r}")
@@ -101,24 +154,30 @@ class Collector:
             float(window["start"]), float(window["end"]), int(window["frames"]), int(window["missed"])
         except (KeyError, TypeError, ValueError) as err:
             raise Rejected("bad-field", f"window: {str(err)[:120]}") from None
-        known = self.store.device(fleet, device)
-        if known is None:
+        track = self._track(fleet, device)
+        if track is None:
             self.store.set_state(fleet, device, "online", at, None)
-            last = -1
-        else:
-            last = int(known["last_seq"])
-            if known["state"] == "offline":
-                self.store.set_state(fleet, device, "online", at, None)
-        if not self.store.add_window(fleet, device, body, at):
+            track = self._tracks[(fleet, device)] = _Track("online", -1)
+        elif track.state == "offline":
+            self.store.set_state(fleet, device, "online", at, None)
+            track.state = "online"
+        if seq in track.recent:
             return "duplicate"
-        if seq > last + 1 and last >= 0:
-            self.store.add_gap(fleet, device, last + 1, seq - 1, at)
+        if seq > track.high + 1 and track.high >= 0:
+            self.store.add_gap(fleet, device, track.high + 1, seq - 1, at)
             self.seen["gaps"] += 1
-            log.info("collector: %s/%s skipped seq %d..%d", fleet, device, last + 1, seq - 1)
+            log.info("collector: %s/%s skipped seq %d..%d", fleet, device, track.high + 1, seq - 1)
+        track.recent.add(seq)
+        if seq > track.high:
+            track.high = seq
+            if len(track.recent) > 2 * RECENT:
+                track.recent = {s for s in track.recent if s > seq - RECENT}
+        self._pending.append((fleet, device, body, raw, at))
         return "telemetry"
 
     def open_gaps(self, fleet: str, device: str) -> list[tuple[int, int]]:
         """Sequence ranges still missing (a replay after an outage fills earlier gaps)."""
+        self.flush()
         seqs = self.store.seqs(fleet, device)
         missing, prev = [], None
         for s in seqs:
