@@ -206,3 +206,37 @@ def test_a_real_device_through_mosquitto_to_the_store(
         client.loop_stop()
         broker.stop()
         store.close()
+
+
+def test_a_device_whose_spool_was_recreated_starts_a_new_epoch(tmp_path: Path) -> None:
+    c = Collector(FleetStore())
+    old = FakeDevice("cam-e", tmp_path / "old")
+    for _ in range(5):
+        assert c.handle(old.topic, old.window_of(np.full(10, 12.0))) == "telemetry"
+    fresh = FakeDevice("cam-e", tmp_path / "new")  # same device, new spool: seq starts at 0 again
+    assert fresh.pub.spool.epoch != old.pub.spool.epoch
+    outcomes = [c.handle(fresh.topic, fresh.window_of(np.full(10, 12.0))) for _ in range(3)]
+    assert outcomes == ["telemetry"] * 3  # not mistaken for replays of seq 0..2
+    assert c.store.merged(device="cam-e").count == 80
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda p: p.replace(b'"frames":10', b'"frames":Infinity'), "malformed-json"),
+        (lambda p: p.replace(b'"seq":0', b'"seq":9223372036854775808'), "bad-field"),
+        (lambda p: p.replace(b'"accuracy":0.01', b'"accuracy":0.05', 1), "bad-field"),
+        (lambda p: p.replace(b'"postprocess":', b'"postprocessing":'), "bad-field"),
+        (lambda p: p.replace(b'"epoch":"', b'"epoch":7,"x":"'), "bad-field"),
+    ],
+)
+def test_numbers_and_sketches_that_would_break_storage_or_merging_are_refused(
+    change: Any, needle: str, tmp_path: Path
+) -> None:
+    dev = FakeDevice("cam-n", tmp_path)
+    payload = dev.window_of(np.full(10, 12.0)).replace(b", ", b",").replace(b": ", b":")
+    bad = change(payload)
+    assert bad != payload
+    c = Collector(FleetStore())
+    assert c.handle(dev.topic, bad) == f"rejected:{needle}"
+    assert c.handle(dev.topic, payload) == "telemetry"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from edgekit.fleet.collector import Collector, safe_name
+from edgekit.fleet.collector import Collector
 from edgekit.fleet.store import FleetStore, merge
+from edgekit.names import safe_name
 
 __all__ = ["Collector", "FleetStore", "merge", "safe_name"]

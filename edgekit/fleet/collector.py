@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -19,13 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit.fleet.store import FleetStore
-from edgekit.sketch import LatencySketch
+from edgekit.names import safe_name
+from edgekit.pipeline.records import STAGES
+from edgekit.sketch import DEFAULT_ACCURACY, LatencySketch
 
 log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 256 * 1024
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 LEAVES = ("status", "telemetry", "labels")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 class Rejected(ValueError):
@@ -34,11 +39,6 @@ class Rejected(ValueError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
-
-
-def safe_name(value: str) -> bool:
-    """A fleet or device name that can be a topic level and a file name: no wildcards, no ``..``."""
-    return bool(_NAME.match(value)) and ".." not in value
 
 
 # How far below a device's highest seq the collector remembers what it saw (for duplicates).
@@ -51,6 +51,7 @@ class _Track:
 
     state: str
     high: int  # the highest seq seen
+    epoch: str = ""  # the device spool's epoch the seqs belong to
     recent: set[int] = field(default_factory=set)  # seqs seen within RECENT of ``high``
 
 
@@ -88,11 +89,27 @@ class Collector:
             return outcome
 
     def flush(self) -> None:
-        """Write the buffered windows (one transaction)."""
+        """Write the buffered windows (one transaction; one by one if that fails, dropping what cannot be stored)."""
         with self._lock:
             pending, self._pending = self._pending, []
             self._last_flush = time.monotonic()
-            self.store.add_windows(pending)
+            try:
+                self.store.add_windows(pending)
+                return
+            except (sqlite3.Error, OverflowError, ValueError, TypeError):
+                log.exception("collector: writing %d windows failed; retrying one by one", len(pending))
+            for row in pending:
+                try:
+                    self.store.add_windows([row])
+                except (sqlite3.Error, OverflowError, ValueError, TypeError) as err:
+                    fleet, device, body = row[0], row[1], row[2]
+                    self.rejected["store-error"] += 1
+                    log.error(
+                        "collector: could not store %s/%s seq %s: %s", fleet, device, body.get("seq"), err
+                    )
+                    track = self._tracks.get((fleet, device))
+                    if track is not None:
+                        track.recent.discard(int(body["seq"]))  # a replay may still bring it
 
     def _track(self, fleet: str, device: str) -> _Track | None:
         key = (fleet, device)
@@ -101,10 +118,9 @@ class Collector:
             known = self.store.device(fleet, device)
             if known is None:
                 return None
-            high = int(known["last_seq"])
-            track = _Track(
-                known["state"], high, {s for s in self.store.seqs(fleet, device) if s > high - RECENT}
-            )
+            high, epoch = int(known["last_seq"]), str(known["epoch"])
+            recent = {s for s in self.store.seqs(fleet, device, epoch) if s > high - RECENT}
+            track = _Track(known["state"], high, epoch=epoch, recent=recent)
             self._tracks[key] = track
         return track
 
@@ -119,8 +135,8 @@ class Collector:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:
             text = payload.decode("utf-8")
-            body = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as err:
+            body = json.loads(text, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
             raise Rejected("malformed-json", str(err)[:120]) from None
         if not isinstance(body, dict):
             raise Rejected("malformed-json", "not a JSON object")
@@ -142,17 +158,23 @@ class Collector:
         return self._telemetry(fleet, device, body, text, at)
 
     def _telemetry(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> str:
-        seq, window = body.get("seq"), body.get("window")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        seq, window, epoch = body.get("seq"), body.get("window"), body.get("epoch", "")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
             raise Rejected("bad-field", f"seq {str(seq)[:40]!r}")
+        if not isinstance(epoch, str) or len(epoch) > 32:
+            raise Rejected("bad-field", f"epoch {str(epoch)[:40]!r}")
         if not isinstance(window, dict) or not isinstance(body.get("counters"), dict):
             raise Rejected("bad-field", "window and counters must be objects")
         try:
-            LatencySketch.from_dict(window["latency_ms"])
-            for sketch in dict(window["stages_ms"]).values():
-                LatencySketch.from_dict(sketch)
+            stages = dict(window["stages_ms"])
+            if not set(STAGES) <= stages.keys():
+                raise ValueError(f"stages_ms lacks {sorted(set(STAGES) - stages.keys())}")
+            for sketch in (window["latency_ms"], *stages.values()):
+                # Sketches of one accuracy merge exactly; another accuracy would break fleet queries.
+                if LatencySketch.from_dict(sketch).accuracy != DEFAULT_ACCURACY:
+                    raise ValueError(f"sketch accuracy {sketch['accuracy']} is not {DEFAULT_ACCURACY}")
             float(window["start"]), float(window["end"]), int(window["frames"]), int(window["missed"])
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise Rejected("bad-field", f"window: {str(err)[:120]}") from None
         track = self._track(fleet, device)
         if track is None:
@@ -161,10 +183,22 @@ class Collector:
         elif track.state == "offline":
             self.store.set_state(fleet, device, "online", at, None)
             track.state = "online"
+        if epoch != track.epoch:
+            if track.high >= 0:
+                log.warning(
+                    "collector: %s/%s restarted its sequence (epoch %s -> %s)",
+                    fleet,
+                    device,
+                    track.epoch,
+                    epoch,
+                )
+            self.flush()
+            self.store.set_epoch(fleet, device, epoch)
+            track.epoch, track.high, track.recent = epoch, -1, set()
         if seq in track.recent:
             return "duplicate"
         if seq > track.high + 1 and track.high >= 0:
-            self.store.add_gap(fleet, device, track.high + 1, seq - 1, at)
+            self.store.add_gap(fleet, device, track.high + 1, seq - 1, at, epoch)
             self.seen["gaps"] += 1
             log.info("collector: %s/%s skipped seq %d..%d", fleet, device, track.high + 1, seq - 1)
         track.recent.add(seq)
@@ -176,9 +210,10 @@ class Collector:
         return "telemetry"
 
     def open_gaps(self, fleet: str, device: str) -> list[tuple[int, int]]:
-        """Sequence ranges still missing (a replay after an outage fills earlier gaps)."""
+        """Sequence ranges of the current epoch still missing (a replay after an outage fills earlier gaps)."""
         self.flush()
-        seqs = self.store.seqs(fleet, device)
+        track = self._track(fleet, device)
+        seqs = self.store.seqs(fleet, device, track.epoch if track else None)
         missing, prev = [], None
         for s in seqs:
             if prev is not None and s > prev + 1:

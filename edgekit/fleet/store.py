@@ -21,15 +21,15 @@ from edgekit.sketch import LatencySketch
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS devices (
         fleet TEXT NOT NULL, device TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
-        last_seen REAL NOT NULL, birth TEXT NOT NULL, last_seq INTEGER NOT NULL,
+        last_seen REAL NOT NULL, birth TEXT NOT NULL, last_seq INTEGER NOT NULL, epoch TEXT NOT NULL,
         PRIMARY KEY (fleet, device))""",
     """CREATE TABLE IF NOT EXISTS windows (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, seq INTEGER NOT NULL, session TEXT NOT NULL,
-        start REAL NOT NULL, stop REAL NOT NULL, frames INTEGER NOT NULL, missed INTEGER NOT NULL,
-        payload TEXT NOT NULL, PRIMARY KEY (fleet, device, seq))""",
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, seq INTEGER NOT NULL,
+        session TEXT NOT NULL, start REAL NOT NULL, stop REAL NOT NULL, frames INTEGER NOT NULL,
+        missed INTEGER NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, epoch, seq))""",
     "CREATE INDEX IF NOT EXISTS windows_by_time ON windows (fleet, stop)",
     """CREATE TABLE IF NOT EXISTS gaps (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, first_missing INTEGER NOT NULL,
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_missing INTEGER NOT NULL,
         last_missing INTEGER NOT NULL, noticed REAL NOT NULL)""",
 )
 
@@ -52,7 +52,7 @@ class FleetStore:
     def device(self, fleet: str, device: str) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT state, since, last_seen, birth, last_seq FROM devices WHERE fleet = ? AND device = ?",
+                "SELECT state, since, last_seen, birth, last_seq, epoch FROM devices WHERE fleet = ? AND device = ?",
                 (fleet, device),
             ).fetchone()
         if row is None:
@@ -65,6 +65,7 @@ class FleetStore:
             "last_seen": row[2],
             "birth": json.loads(row[3]),
             "last_seq": row[4],
+            "epoch": row[5],
         }
 
     def devices(self) -> list[dict[str, Any]]:
@@ -79,8 +80,8 @@ class FleetStore:
             ).fetchone()
             if row is None:
                 self._db.execute(
-                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (fleet, device, state, at, at, json.dumps(birth or {}), -1),
+                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (fleet, device, state, at, at, json.dumps(birth or {}), -1, ""),
                 )
                 return
             since_changed = row[0] != state
@@ -96,6 +97,14 @@ class FleetStore:
                     fleet,
                     device,
                 ),
+            )
+
+    def set_epoch(self, fleet: str, device: str, epoch: str) -> None:
+        """The device's sequence restarted (a new spool): its numbering begins again."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE devices SET epoch = ?, last_seq = -1 WHERE fleet = ? AND device = ?",
+                (epoch, fleet, device),
             )
 
     def add_windows(self, rows: list[tuple[str, str, dict[str, Any], str, float]]) -> int:
@@ -115,7 +124,7 @@ class FleetStore:
             self._db.execute("BEGIN")
             try:
                 self._db.executemany(
-                    "INSERT OR IGNORE INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values
+                    "INSERT OR IGNORE INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values
                 )
                 added = self._db.total_changes - before
                 self._db.executemany(
@@ -133,9 +142,11 @@ class FleetStore:
         """Store one window; ``False`` when ``(device, seq)`` is already stored (a duplicate)."""
         return self.add_windows([(fleet, device, payload, json.dumps(payload), at)]) == 1
 
-    def add_gap(self, fleet: str, device: str, first: int, last: int, at: float) -> None:
+    def add_gap(self, fleet: str, device: str, first: int, last: int, at: float, epoch: str = "") -> None:
         with self._lock:
-            self._db.execute("INSERT INTO gaps VALUES (?, ?, ?, ?, ?)", (fleet, device, first, last, at))
+            self._db.execute(
+                "INSERT INTO gaps VALUES (?, ?, ?, ?, ?, ?)", (fleet, device, epoch, first, last, at)
+            )
 
     def gaps(self, fleet: str, device: str) -> list[tuple[int, int]]:
         with self._lock:
@@ -145,11 +156,13 @@ class FleetStore:
             ).fetchall()
         return [(int(a), int(b)) for a, b in rows]
 
-    def seqs(self, fleet: str, device: str) -> list[int]:
+    def seqs(self, fleet: str, device: str, epoch: str | None = None) -> list[int]:
+        sql = "SELECT seq FROM windows WHERE fleet = ? AND device = ?"
+        args: tuple[str, ...] = (fleet, device)
+        if epoch is not None:
+            sql, args = sql + " AND epoch = ?", (*args, epoch)
         with self._lock:
-            rows = self._db.execute(
-                "SELECT seq FROM windows WHERE fleet = ? AND device = ? ORDER BY seq", (fleet, device)
-            ).fetchall()
+            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
         return [int(r[0]) for r in rows]
 
     def merged(
@@ -177,7 +190,8 @@ class FleetStore:
         with self._lock:
             rows = self._db.execute(sql, args).fetchall()
         windows = (json.loads(r[0])["window"] for r in rows)
-        return merge(w["latency_ms"] if stage is None else w["stages_ms"][stage] for w in windows)
+        picked = (w["latency_ms"] if stage is None else w["stages_ms"].get(stage) for w in windows)
+        return merge(s for s in picked if s is not None)
 
     def close(self) -> None:
         with self._lock:
@@ -194,10 +208,11 @@ def merge(sketches: Iterable[dict[str, Any]]) -> LatencySketch:
 
 def _row(fleet: str, device: str, p: dict[str, Any], raw: str) -> tuple[Any, ...]:
     w = p["window"]
-    seq, session = int(p["seq"]), str(p.get("session", ""))
+    seq, session, epoch = int(p["seq"]), str(p.get("session", "")), str(p.get("epoch", ""))
     return (
         fleet,
         device,
+        epoch,
         seq,
         session,
         float(w["start"]),

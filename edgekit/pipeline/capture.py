@@ -130,12 +130,11 @@ class CaptureThread(threading.Thread):
                 index += 1
         except EdgekitError as err:
             self.slot.finish(err)
-            return
         except Exception as err:  # a runtime's error on the capture thread must reach the loop
             log.debug("capture failed", exc_info=True)
             self.slot.finish(SourceError(f"reading {self.source.info.uri!r} failed: {first_line(err)}", ""))
-            return
-        self.slot.finish()
+        finally:
+            self.slot.finish()  # whatever happened, the loop learns that no more frames come
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop reading and close the source; waits up to ``timeout`` s for the thread to end."""

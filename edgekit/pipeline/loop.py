@@ -217,6 +217,8 @@ class Pipeline:
         slot = self._slot = FrameSlot(self.policy)
         capture = CaptureThread(self.source, slot, self.pace_fps)
         budget_ns = round(self.budget_ms * 1e6)
+        pending: FrameResult | None = None
+        handed = 0
         last_shape: tuple[int, ...] | None = None
         self._warm_up()
         self._started_ns = time.perf_counter_ns()
@@ -252,9 +254,13 @@ class Pipeline:
                 for offer in self._label_sinks:
                     offer(result.labels)
                 handed = time.perf_counter_ns()
+                pending = result
                 yield result
+                pending = None
                 self._finish(result.record, time.perf_counter_ns() - handed)
         finally:
+            if pending is not None:  # the consumer broke out of its loop: this frame still counts
+                self._finish(pending.record, time.perf_counter_ns() - handed)
             self._ended_ns = time.perf_counter_ns()
             if self._stop.is_set() and not self.ended_by:
                 self.ended_by = "stop"
@@ -447,7 +453,7 @@ class Pipeline:
             "precision": art.precision if art else None,
             "budget_ms": self.budget_ms,
             "profile": m.device.profile,
-            "source": self.source.info.uri,
+            "source": _without_credentials(self.source.info.uri),
             "policy": self.policy.value,
         }
 
@@ -455,7 +461,10 @@ class Pipeline:
         """Stop, close the source, telemetry, and any session the pipeline opened (not the model: it is yours)."""
         self.stop()
         for publisher in self._publishers:
-            publisher.stop()
+            try:
+                publisher.stop()
+            except Exception:  # telemetry must not keep the camera and the sessions open
+                log.exception("telemetry publisher did not stop cleanly")
         self._publishers.clear()
         self.source.close()
         for level in self._levels:
@@ -467,3 +476,13 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _without_credentials(uri: str) -> str:
+    """``rtsp://user:pass@cam/stream`` -> ``rtsp://cam/stream``: a source's password is not telemetry."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))

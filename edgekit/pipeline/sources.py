@@ -209,6 +209,9 @@ class _CaptureSource(Source):
             cap = self._open()
             if cap is not None:
                 with self._lock:
+                    if self._closed.is_set():  # closed while opening: do not keep the device claimed
+                        cap.release()
+                        return
                     self._cap = cap
                 self.counters.reopens += 1
                 log.warning("source %s reopened (outage %d)", self.info.uri, self.counters.outages)

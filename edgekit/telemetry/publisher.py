@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._version import __version__
 from edgekit.errors import TelemetryError
+from edgekit.names import safe_name
 from edgekit.telemetry.broker import BrokerConfig
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.spool import Spool
@@ -43,6 +45,16 @@ SCHEMA_TELEMETRY = "edgekit/v1/telemetry"
 SCHEMA_STATUS = "edgekit/v1/status"
 SCHEMA_LABELS = "edgekit/v1/labels"
 MAX_INFLIGHT = 20
+# Numeric gauges a device may report (see gauges.py); Sparkplug declares them all at birth.
+KNOWN_GAUGES = (
+    "cpu_percent",
+    "process_cpu_percent",
+    "memory_total_mb",
+    "memory_available_mb",
+    "process_rss_mb",
+    "gpu_percent",
+    "cpu_freq_ratio",
+)
 FORMATS = ("json", "sparkplug")
 
 
@@ -50,18 +62,19 @@ def topic(fleet: str, device: str, leaf: str) -> str:
     return f"{TOPIC_ROOT}/{fleet}/{device}/{leaf}"
 
 
-def default_spool(fleet: str, device_id: str) -> Path:
-    """``$EDGEKIT_CACHE/telemetry/<fleet>-<device>.db``: on disk, so a restart replays what was not sent."""
+def default_spool(fleet: str, device_id: str, format: str = "json") -> Path:
+    """``$EDGEKIT_CACHE/telemetry/<fleet>-<device>[-sparkplug].db``: on disk, so a restart replays what was not sent."""
     from edgekit.build.cache import cache_root
 
-    return cache_root() / "telemetry" / f"{fleet}-{device_id}.db"
+    suffix = "" if format == "json" else f"-{format}"
+    return cache_root() / "telemetry" / f"{fleet}-{device_id}{suffix}.db"
 
 
 def _check_name(what: str, value: str) -> str:
-    if not value or any(c in value for c in "/+#\0") or len(value) > 128:
+    if not safe_name(value):
         raise TelemetryError(
             f"{what} {value!r} cannot be part of an MQTT topic",
-            f"use letters, digits, '-', '_' or '.' for the {what}",
+            f"use 1-128 letters, digits, '.', '_' or '-' for the {what}, starting with a letter or digit",
         )
     return value
 
@@ -96,8 +109,11 @@ class TelemetryPublisher:
         self.counters = counters
         self.birth = dict(birth or {})
         self.spool = (
-            spool if isinstance(spool, Spool) else Spool(spool or default_spool(self.fleet, self.device_id))
+            spool
+            if isinstance(spool, Spool)
+            else Spool(spool or default_spool(self.fleet, self.device_id, format))
         )
+        self._epoch = self.spool.epoch
         self.labels_interval_s = labels_interval_s
         self.gauges = gauges or Gauges()
         self.session = uuid.uuid4().hex[:12]  # tells a restarted process from a replay
@@ -107,9 +123,12 @@ class TelemetryPublisher:
         self.format = format
         self.sparkplug = format == "sparkplug"
         # Sparkplug: bdSeq numbers MQTT sessions (kept in the spool), seq every message 0..255.
-        self._bdseq = self.spool.next_sequence("bdseq") if self.sparkplug else 0
+        self._bdseq = self.spool.next_sequence("bdseq") % 256 if self.sparkplug else 0
         self._sp_seq = 0
-        self._rebirth = threading.Event()
+        self._birth_due = threading.Event()
+        self._declared: set[str] = set()  # metric names the last DBIRTH declared
+        self._late_metrics: dict[str, Any] = {}  # metrics first seen after a birth
+        self._last_gauges: dict[str, Any] = {}
         self._connected_at = 0.0
         # Counters of the reporting itself (only go up).
         self.connects = 0
@@ -118,6 +137,9 @@ class TelemetryPublisher:
         self.acked = 0
         self.last_error = ""
         self.last_seq = -1
+        self._stopped = False
+        self._generation = 0  # bumped by paho's thread on every connect
+        self._seen_generation = 0
         self._connected = threading.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -192,7 +214,10 @@ class TelemetryPublisher:
             sp.topic(self.fleet, "NBIRTH", self.device_id), sp.encode(node, self._next_sp_seq()), qos=0
         )
         now = time.time()
-        template = sp.window_metrics(self._payload(Window(start=now, end=now), seq=max(self.last_seq, 0)))
+        # Declare every gauge DDATA may carry (NaN until measured) without reading them here.
+        gauges: dict[str, Any] = dict.fromkeys(KNOWN_GAUGES, math.nan) | self._last_gauges
+        empty = self._payload(Window(start=now, end=now), seq=max(self.last_seq, 0), gauges=gauges)
+        template = sp.window_metrics(empty) | self._late_metrics
         facts: dict[str, Any] = {}
         for key, value in self.birth.items():
             if isinstance(value, dict):
@@ -204,6 +229,7 @@ class TelemetryPublisher:
             sp.encode(facts | template, self._next_sp_seq()),
             qos=0,
         )
+        self._declared = set(template)
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         # Commands from the network: parsed as protobuf, acted on only if they are the Rebirth metric.
@@ -218,7 +244,7 @@ class TelemetryPublisher:
             return
         if command["metrics"].get(sp.REBIRTH) is True:
             log.info("telemetry: rebirth requested")
-            self._rebirth.set()
+            self._birth_due.set()
             self._wake.set()
 
     def _status(self, state: str) -> bytes:
@@ -252,22 +278,27 @@ class TelemetryPublisher:
             from edgekit.telemetry import sparkplug as sp
 
             client.subscribe(sp.topic(self.fleet, "NCMD", self.device_id), qos=0)
-            self._births(client)
-        else:
-            # The birth message: retained, so a dashboard that subscribes later still sees it.
-            client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
+        self._generation += 1  # the publisher thread restarts its replay from the oldest spooled row
+        self._birth_due.set()
         self._connected.set()
         self._wake.set()
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        try:
+            self._disconnected(client, reason)
+        except Exception:  # an exception here would end paho's network thread: no more reconnects
+            log.exception("telemetry: on_disconnect failed")
+        finally:
+            self._connected.clear()
+            self._wake.set()
+
+    def _disconnected(self, client: Any, reason: Any) -> None:
         if self._connected.is_set() and not self._stop.is_set():
             self.disconnects += 1
             log.warning("telemetry: disconnected from %s (%s); spooling", self.broker.describe(), reason)
         if self.sparkplug and self._connected.is_set() and not self._stop.is_set():
-            self._bdseq = self.spool.next_sequence("bdseq")
+            self._bdseq = self.spool.next_sequence("bdseq") % 256
             self._set_will(client)  # the next session's death certificate
-        self._connected.clear()
-        self._wake.set()
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
         # paho's network thread: only hand the ack over; the spool is touched by our thread.
@@ -299,19 +330,40 @@ class TelemetryPublisher:
         while not self._stop.is_set():
             self._wake.wait(max(0.0, next_tick - time.monotonic()))
             self._wake.clear()
-            if time.monotonic() >= next_tick:
-                next_tick += self.interval_s
-                self._report()
-            self._take_acks()
-            if self._rebirth.is_set() and self._connected.is_set():
-                self._rebirth.clear()
-                self._births(self._client)
-            if self._connected.is_set():
-                self._drain()
-                self._send_labels()
-            else:
-                self._inflight.clear()
-                self._sent_upto = 0
+            try:
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = max(next_tick + self.interval_s, now)  # after a stall: no catch-up burst
+                    self._report()
+                self._step()
+            except Exception as err:  # a disk or broker hiccup must not end reporting for good
+                self.last_error = f"telemetry step failed: {err}"
+                log.exception("telemetry: step failed; retrying in 1 s")
+                self._stop.wait(1.0)
+
+    def _step(self) -> None:
+        if self._generation != self._seen_generation:  # a new connection (maybe a quick reconnect)
+            self._seen_generation = self._generation
+            self._inflight.clear()
+            self._sent_upto = 0
+        self._take_acks()
+        if self._connected.is_set() and self._birth_due.is_set():
+            self._birth_due.clear()
+            self._announce()
+        if self._connected.is_set():
+            self._drain()
+            self._send_labels()
+        else:
+            self._inflight.clear()
+            self._sent_upto = 0
+
+    def _announce(self) -> None:
+        """Births after a connect or a Rebirth command (on this thread: one writer of ``seq``)."""
+        if self.sparkplug:
+            self._births(self._client)
+        else:
+            # The birth message: retained, so a dashboard that subscribes later still sees it.
+            self._client.publish(self.status_topic, self._status("online"), qos=1, retain=True)
 
     def _report(self) -> None:
         try:
@@ -333,9 +385,11 @@ class TelemetryPublisher:
         """Close the current window and describe it (also what ``--json`` tools can print)."""
         w = self.window.take()
         self.last_seq = self.spool.next_sequence()
-        return self._payload(w, self.last_seq)
+        payload = self._payload(w, self.last_seq)
+        self._last_gauges = payload["gauges"]
+        return payload
 
-    def _payload(self, w: Window, seq: int) -> dict[str, Any]:
+    def _payload(self, w: Window, seq: int, gauges: dict[str, Any] | None = None) -> dict[str, Any]:
         counters = dict(self.counters())
         counters |= {
             "mqtt_connects": self.connects,
@@ -347,11 +401,12 @@ class TelemetryPublisher:
             "device": self.device_id,
             "fleet": self.fleet,
             "session": self.session,
+            "epoch": self._epoch,
             "seq": seq,
             "sent_at": round(time.time(), 3),
             "window": w.to_dict(),
             "counters": counters,
-            "gauges": self.gauges.read(),
+            "gauges": self.gauges.read() if gauges is None else gauges,
             "spool": {"pending": len(self.spool), "bytes": self.spool.bytes},
         }
 
@@ -372,12 +427,23 @@ class TelemetryPublisher:
             return
         for msg in self.spool.pending(limit=room, after=self._sent_upto):
             body = msg.payload
-            if self.sparkplug:
+            if msg.topic.startswith("spBv1.0/"):
                 from edgekit.telemetry import sparkplug as sp
 
-                row = json.loads(body)
-                historical = row["ts"] < self._connected_at * 1000
-                body = sp.encode(row["metrics"], self._next_sp_seq(), ts_ms=row["ts"], historical=historical)
+                try:
+                    row = json.loads(body)
+                    new = set(row["metrics"]) - self._declared
+                    if new:  # a metric DBIRTH did not declare (a new thermal zone): be born again
+                        self._late_metrics |= {name: row["metrics"][name] for name in new}
+                        self._births(self._client)
+                    historical = row["ts"] < self._connected_at * 1000
+                    body = sp.encode(
+                        row["metrics"], self._next_sp_seq(), ts_ms=row["ts"], historical=historical
+                    )
+                except (ValueError, KeyError, TypeError) as err:
+                    log.error("telemetry: dropping spool row %d that cannot be encoded: %s", msg.id, err)
+                    self.spool.ack(msg.id)
+                    continue
             info = self._client.publish(msg.topic, body, qos=msg.qos, retain=msg.retain)
             if info.rc != 0:  # not connected after all: resend from the spool next time
                 break
@@ -402,30 +468,41 @@ class TelemetryPublisher:
 
     def stop(self, timeout: float = 3.0) -> None:
         """Send the last window, wait up to ``timeout`` s for acks, say offline, disconnect."""
-        if not self._thread.is_alive():
+        if self._stopped:
             return
+        self._stopped = True
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
-        self._report()
-        deadline = time.monotonic() + timeout
-        while len(self.spool) and self._connected.is_set() and time.monotonic() < deadline:
-            self._take_acks()
-            self._drain()
-            time.sleep(0.02)
-        if self._connected.is_set():
-            # A clean disconnect sends no Will: say offline ourselves.
-            if self.sparkplug:
-                from edgekit.telemetry import sparkplug as sp
+        try:
+            if self._thread.is_alive():
+                self._thread.join(timeout)
+            if not self._thread.is_alive():  # never two threads on the spool at once
+                self._report()
+                deadline = time.monotonic() + timeout
+                while len(self.spool) and self._connected.is_set() and time.monotonic() < deadline:
+                    self._take_acks()
+                    self._drain()
+                    time.sleep(0.02)
+            if self._connected.is_set():
+                # A clean disconnect sends no Will: say offline ourselves.
+                if self.sparkplug:
+                    from edgekit.telemetry import sparkplug as sp
 
-                death = sp.encode({"bdSeq": self._bdseq}, None)
-                info = self._client.publish(sp.topic(self.fleet, "NDEATH", self.device_id), death, qos=1)
-            else:
-                info = self._client.publish(self.status_topic, self._status("offline"), qos=1, retain=True)
-            info.wait_for_publish(1.0)
-        self._client.disconnect()
-        self._client.loop_stop()
-        self.spool.close()
+                    death = sp.encode({"bdSeq": self._bdseq}, None)
+                    info = self._client.publish(sp.topic(self.fleet, "NDEATH", self.device_id), death, qos=1)
+                else:
+                    info = self._client.publish(
+                        self.status_topic, self._status("offline"), qos=1, retain=True
+                    )
+                if info.rc == 0:
+                    info.wait_for_publish(1.0)
+        except Exception:
+            log.exception("telemetry: could not finish cleanly")
+        finally:
+            self._client.disconnect()
+            self._client.loop_stop()
+            if not self._thread.is_alive():
+                self.spool.close()
 
     @property
     def connected(self) -> bool:

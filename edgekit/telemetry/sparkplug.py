@@ -151,8 +151,8 @@ def window_metrics(payload: dict[str, Any]) -> dict[str, Any]:
     for stage, sketch in {"latency": window["latency_ms"], **window["stages_ms"]}.items():
         s = LatencySketch.from_dict(sketch)
         for q in (50, 90, 99):
-            value = s.quantile(q / 100)
-            out[f"{stage}/p{q}_ms"] = None if value != value else float(value)  # NaN: no frames
+            # Always a Double (NaN for a window without frames): a metric keeps the type DBIRTH declared.
+            out[f"{stage}/p{q}_ms"] = float(s.quantile(q / 100))
     for name, value in payload["counters"].items():
         out[f"counters/{name}"] = int(value)
     for name, value in payload["gauges"].items():

@@ -8,6 +8,7 @@ counted: the count travels in the next telemetry message, never silently.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -109,16 +110,32 @@ class Spool:
     def next_sequence(self, key: str = "seq") -> int:
         """The next number of a counter kept in the spool (0 first), so it keeps rising across restarts.
 
-        ``seq`` numbers telemetry messages; the Sparkplug flavour keeps ``bdseq`` here too.
+        ``seq`` numbers telemetry messages; the Sparkplug flavour keeps ``bdseq`` here too.  One
+        statement, so two processes sharing a spool never get the same number.
         """
         with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-            seq = int(row[0]) + 1 if row else 0
-            self._db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, seq),
-            )
-            return seq
+            row = self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, 0) ON CONFLICT(key) DO UPDATE SET value = value + 1 "
+                "RETURNING value",
+                (key,),
+            ).fetchone()
+            return int(row[0])
+
+    @property
+    def epoch(self) -> str:
+        """A random id made with the spool: sequence numbers are unique per (device, epoch).
+
+        A recreated spool starts ``seq`` at 0 again; the new epoch tells a collector that this
+        is not a replay of what it already has.
+        """
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+            if row is None:
+                value = secrets.randbits(48)
+                self._db.execute("INSERT INTO meta (key, value) VALUES ('epoch', ?)", (value,))
+            else:
+                value = int(row[0])
+        return f"{value:012x}"
 
     def __len__(self) -> int:
         with self._lock:
