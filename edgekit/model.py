@@ -81,7 +81,7 @@ class Model:
         self._cleanup = cleanup
         self.preprocess = manifest.preprocess.to_spec()
         self.labels: tuple[str, ...] = tuple(manifest.labels)
-        self._candidates = tuple(candidates)
+        self.candidates: tuple[Candidate, ...] = tuple(candidates)  # what load() chose among, in order
         self._preps: dict[tuple[int, str], Preprocessor] = {}
 
     @property
@@ -136,7 +136,7 @@ class Model:
         from edgekit.selection import backend_availability
 
         sessions: list[Session] = []
-        for cand in self._candidates:
+        for cand in self.candidates:
             if cand.key == self.session.candidate:
                 continue
             art = artifact_for(cand, self.manifest.artifacts)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import PipelineError
+from edgekit.model import artifact_for
 from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
@@ -439,7 +440,8 @@ class Pipeline:
     def _birth(self) -> dict[str, Any]:
         m = self.model.manifest
         level = self._levels[0]
-        art = next((a for a in m.artifacts if level.name.startswith(f"{a.backend}-{a.precision}")), None)
+        cand = next((c for c in self.model.candidates if c.key == level.name), None)
+        art = artifact_for(cand, m.artifacts) if cand is not None else None
         return {
             "model": {
                 "name": m.model.name,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from enum import Enum
 
 from edgekit.errors import PipelineError
+from edgekit.pipeline.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,6 @@ class Policy(str, Enum):
     def default_for(cls, live: bool) -> Policy:
         """Cameras and streams drop stale frames; files are processed whole."""
         return cls.DROP_OLDEST if live else cls.BLOCK
-
-
-def p90(values: Sequence[float]) -> float:
-    """The 90th percentile (nearest rank) of a short window."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
 
 
 class DegradeController:
@@ -102,7 +97,7 @@ class DegradeController:
             self._frames_since_recovery += 1
         if len(self._window) < (self._window.maxlen or 1):
             return None
-        now = p90(self._window)
+        now = percentile(list(self._window), 90)
         self._over = self._over + 1 if now > self.budget_ms else 0
         if self.level > 0:
             ratio = self.speeds_ms[self.level - 1] / max(self.speeds_ms[self.level], 1e-9)

@@ -189,14 +189,21 @@ class TelemetryPublisher:
         client.on_message = self._on_message
         return client
 
-    def _set_will(self, client: Any) -> None:
+    def _offline(self) -> tuple[str, bytes, bool]:
+        """Topic, payload and retain flag of "this device is gone": the Will, and what a clean stop says."""
         if self.sparkplug:
             from edgekit.telemetry import sparkplug as sp
 
-            death = sp.encode({"bdSeq": self._bdseq}, None)
-            client.will_set(sp.topic(self.fleet, "NDEATH", self.device_id), death, qos=1, retain=False)
-        else:
-            client.will_set(self.status_topic, self._status("offline"), qos=1, retain=True)
+            return (
+                sp.topic(self.fleet, "NDEATH", self.device_id),
+                sp.encode({"bdSeq": self._bdseq}, None),
+                False,
+            )
+        return self.status_topic, self._status("offline"), True
+
+    def _set_will(self, client: Any) -> None:
+        topic, payload, retain = self._offline()
+        client.will_set(topic, payload, qos=1, retain=retain)
 
     def _next_sp_seq(self) -> int:
         seq = self._sp_seq
@@ -485,15 +492,8 @@ class TelemetryPublisher:
                     time.sleep(0.02)
             if self._connected.is_set():
                 # A clean disconnect sends no Will: say offline ourselves.
-                if self.sparkplug:
-                    from edgekit.telemetry import sparkplug as sp
-
-                    death = sp.encode({"bdSeq": self._bdseq}, None)
-                    info = self._client.publish(sp.topic(self.fleet, "NDEATH", self.device_id), death, qos=1)
-                else:
-                    info = self._client.publish(
-                        self.status_topic, self._status("offline"), qos=1, retain=True
-                    )
+                topic, payload, retain = self._offline()
+                info = self._client.publish(topic, payload, qos=1, retain=retain)
                 if info.rc == 0:
                     info.wait_for_publish(1.0)
         except Exception:
