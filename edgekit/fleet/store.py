@@ -1,98 +1,332 @@
-"""Where the collector keeps a fleet: devices, their telemetry windows, and the gaps between them.
+"""Where the collector keeps a fleet: devices, their telemetry windows, rollups of old windows, and gaps.
 
-SQLite is the embedded default.  The schema is plain SQL with no SQLite-only types, so
-a PostgreSQL store can share it.  A window is stored as the JSON the device sent (checked
-by the collector; re-encoding it cost a sixth of the ingest time) with its key fields in
-columns; sketches are merged when queried: percentiles of many windows or devices come from merged
-counts, never from averaged percentiles.
+SQLite is the embedded default; ``PostgresStore`` (``edgekit.fleet.pgstore``) keeps the
+same tables in PostgreSQL when a fleet outgrows one box.  ``open_store`` picks one from a
+path or a ``postgresql://`` URL.  Both run the SQL and the logic of ``FleetStore``; only a
+``Dialect`` (placeholders, column types, ``MAX`` vs ``GREATEST``) and the connection differ.
+
+A window is stored as the JSON the device sent (checked by the collector; re-encoding it
+cost a sixth of the ingest time) with its key fields in columns; sketches are merged when
+queried: percentiles of many windows or devices come from merged counts, never from
+averaged percentiles.  ``compact`` merges old windows into per-device rollups (the same
+merged sketches, at a coarser time step) and remembers which sequence numbers it rolled
+up, so a replayed old window is still known as a duplicate.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from edgekit.sketch import LatencySketch
+from edgekit.errors import EdgekitError
+from edgekit.sketch import DEFAULT_ACCURACY, LatencySketch
+
+_fast_loads: Callable[[str], Any]
+try:
+    # Queries and compaction decode every stored window; orjson (edgekit[fleet]) does it 2-3x faster.
+    from orjson import loads as _fast_loads
+except ImportError:
+    _fast_loads = json.loads
+
+
+def _loads(text: str) -> Any:
+    try:
+        return _fast_loads(text)
+    except ValueError:  # orjson refuses some JSON the standard library reads (integers past 64 bits)
+        return json.loads(text)
+
+
+class StoreError(EdgekitError):
+    """The fleet store could not be opened (bad path or URL, server unreachable, refused credentials)."""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the SQL databases the store speaks; the statements are written once, SQLite-style."""
+
+    name: str
+    placeholder: str  # replaces each ``?`` in a statement
+    greatest: str  # the two-argument maximum: SQLite's scalar MAX(), PostgreSQL's GREATEST()
+    real: str  # a timestamp in seconds needs a double; PostgreSQL's REAL is only a float4
+    integer: str  # seq reaches 2**63; PostgreSQL's INTEGER is only 32 bits
+    # Taken in a compaction's transaction so two compactors cannot merge into one rollup at once
+    # (SQLite needs none: BEGIN IMMEDIATE already admits one writer).
+    compaction_lock: str | None = None
+
+    def sql(self, statement: str) -> str:
+        return _translate(self, statement)
+
+
+@functools.lru_cache(maxsize=256)
+def _translate(dialect: Dialect, statement: str) -> str:
+    text = statement.format(greatest=dialect.greatest, real=dialect.real, int=dialect.integer)
+    return text.replace("?", dialect.placeholder)
+
+
+SQLITE = Dialect("sqlite", "?", "MAX", "REAL", "INTEGER")
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS devices (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, state TEXT NOT NULL, since REAL NOT NULL,
-        last_seen REAL NOT NULL, birth TEXT NOT NULL, last_seq INTEGER NOT NULL, epoch TEXT NOT NULL,
+        fleet TEXT NOT NULL, device TEXT NOT NULL, state TEXT NOT NULL, since {real} NOT NULL,
+        last_seen {real} NOT NULL, birth TEXT NOT NULL, last_seq {int} NOT NULL, epoch TEXT NOT NULL,
         PRIMARY KEY (fleet, device))""",
     """CREATE TABLE IF NOT EXISTS windows (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, seq INTEGER NOT NULL,
-        session TEXT NOT NULL, start REAL NOT NULL, stop REAL NOT NULL, frames INTEGER NOT NULL,
-        missed INTEGER NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, epoch, seq))""",
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, seq {int} NOT NULL,
+        session TEXT NOT NULL, start {real} NOT NULL, stop {real} NOT NULL, frames {int} NOT NULL,
+        missed {int} NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, epoch, seq))""",
     "CREATE INDEX IF NOT EXISTS windows_by_time ON windows (fleet, stop)",
     """CREATE TABLE IF NOT EXISTS gaps (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_missing INTEGER NOT NULL,
-        last_missing INTEGER NOT NULL, noticed REAL NOT NULL)""",
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_missing {int} NOT NULL,
+        last_missing {int} NOT NULL, noticed {real} NOT NULL)""",
+    # One row per device per ``span`` seconds from ``t0``: the merge of the windows whose stop fell
+    # in it.  ``stop`` is the latest of those stops, so time filters read both tables alike.
+    """CREATE TABLE IF NOT EXISTS rollups (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, span {real} NOT NULL, t0 {real} NOT NULL,
+        stop {real} NOT NULL, windows {int} NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
+        latency TEXT NOT NULL, stages TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0))""",
+    "CREATE INDEX IF NOT EXISTS rollups_by_time ON rollups (fleet, stop)",
+    # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
+    # may still fill a gap below it, and that late window is new.
+    """CREATE TABLE IF NOT EXISTS compacted (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_seq {int} NOT NULL,
+        last_seq {int} NOT NULL, stop {real} NOT NULL, PRIMARY KEY (fleet, device, epoch, first_seq))""",
 )
+
+INSERT_WINDOW = """INSERT INTO windows (fleet, device, epoch, seq, session, start, stop, frames, missed, payload)
+    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (
+        SELECT 1 FROM compacted c
+        WHERE c.fleet = ? AND c.device = ? AND c.epoch = ? AND c.first_seq <= ? AND c.last_seq >= ?)
+    ON CONFLICT DO NOTHING"""
+
+UPSERT_ROLLUP = """INSERT INTO rollups (fleet, device, span, t0, stop, windows, frames, missed, latency, stages)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (fleet, device, span, t0) DO UPDATE SET stop = excluded.stop, windows = excluded.windows,
+        frames = excluded.frames, missed = excluded.missed, latency = excluded.latency, stages = excluded.stages"""
+
+# Windows compacted per transaction: bounds memory, and lets the collector write between chunks.
+COMPACT_CHUNK = 20_000
+
+
+@dataclass
+class Bucket:
+    """One device's telemetry over one time step: counts and merged sketches (``t0`` = the step's start)."""
+
+    fleet: str
+    device: str
+    t0: float
+    frames: int
+    missed: int
+    latency: LatencySketch
+    stages: dict[str, LatencySketch]
+
+
+class _SketchSum:
+    """Sketch dicts added up as dicts: the same result as ``LatencySketch.merge``, a few times faster.
+
+    The fleet store sums thousands of windows per query or compaction; building and checking
+    a ``LatencySketch`` per window cost most of that time.  Only sketches the collector has
+    checked (or this store wrote) are summed; the total is checked once, by ``sketch()``.
+    """
+
+    __slots__ = ("accuracy", "buckets", "count", "max", "min", "sum", "zero")
+
+    def __init__(self) -> None:
+        self.accuracy: float | None = None
+        self.buckets: dict[str, int] = {}
+        self.zero = self.count = 0
+        self.sum = 0.0
+        self.min, self.max = math.inf, -math.inf
+
+    def add(self, data: dict[str, Any]) -> None:
+        if self.accuracy is None:
+            self.accuracy = float(data["accuracy"])
+        elif not math.isclose(float(data["accuracy"]), self.accuracy):
+            raise ValueError(f"cannot merge sketches of accuracy {data['accuracy']} and {self.accuracy}")
+        buckets = self.buckets
+        for key, n in data["buckets"].items():
+            buckets[key] = buckets.get(key, 0) + n
+        self.zero += data["zero"]
+        self.count += data["count"]
+        self.sum += data["sum"]
+        if data["count"]:
+            self.min = min(self.min, data["min"])
+            self.max = max(self.max, data["max"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``LatencySketch.to_dict`` writes it (buckets in key order)."""
+        return {
+            "accuracy": DEFAULT_ACCURACY if self.accuracy is None else self.accuracy,
+            "count": self.count,
+            "sum": self.sum,
+            "min": self.min if self.count else None,
+            "max": self.max if self.count else None,
+            "zero": self.zero,
+            "buckets": {k: self.buckets[k] for k in sorted(self.buckets, key=int)},
+        }
+
+    def sketch(self) -> LatencySketch:
+        return LatencySketch.from_dict(self.to_dict())
+
+
+class _Sum:
+    """Windows (or rollups) of one device and time step being added up."""
+
+    __slots__ = ("frames", "latency", "missed", "stages", "stop", "windows")
+
+    def __init__(self) -> None:
+        self.frames = self.missed = self.windows = 0
+        self.stop = -math.inf
+        self.latency = _SketchSum()
+        self.stages: dict[str, _SketchSum] = {}
+
+    def add(
+        self,
+        stop: float,
+        frames: int,
+        missed: int,
+        latency: dict[str, Any],
+        stages: dict[str, Any],
+        windows: int = 1,
+    ) -> None:
+        self.frames += int(frames)
+        self.missed += int(missed)
+        self.windows += int(windows)
+        self.stop = max(self.stop, float(stop))
+        self.latency.add(latency)
+        for name, data in stages.items():
+            total = self.stages.get(name)
+            if total is None:
+                total = self.stages[name] = _SketchSum()
+            total.add(data)
+
+    def bucket(self, fleet: str, device: str, t0: float) -> Bucket:
+        stages = {name: s.sketch() for name, s in self.stages.items()}
+        return Bucket(fleet, device, t0, self.frames, self.missed, self.latency.sketch(), stages)
 
 
 class FleetStore:
-    """The fleet in one SQLite file (``:memory:`` for tests and demos)."""
+    """The fleet in one SQLite file (``:memory:`` for tests and demos).  Thread-safe.
+
+    Subclasses keep the SQL and the logic and replace the connection: ``_query``, ``_execute``,
+    ``_execute_many``, ``_transaction`` and ``_close`` (see ``PostgresStore``).
+    """
+
+    dialect: ClassVar[Dialect] = SQLITE
+    # What the database raises on a failed statement; the collector catches these around writes.
+    errors: ClassVar[tuple[type[Exception], ...]] = (sqlite3.Error,)
 
     def __init__(self, path: Path | str = ":memory:") -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except (sqlite3.Error, OSError) as err:
+            raise StoreError(
+                f"cannot open the fleet database {self.path}: {err}",
+                "give a writable file path (--db fleet.db) or a postgresql:// URL",
+            ) from err
         # WAL + NORMAL: a crash may lose the last transactions, never corrupt the file.
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._setup()
+
+    def _setup(self) -> None:
         self._lock = threading.Lock()
         for statement in SCHEMA:
-            self._db.execute(statement)
+            self._execute(statement)
+
+    # -- the connection: the only methods a dialect's store overrides ---------------------------
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of a statement written with ``?`` placeholders (translated for the dialect)."""
+        return self._db.execute(self.dialect.sql(sql), tuple(args)).fetchall()
+
+    def _execute(self, sql: str, args: Iterable[Any] = ()) -> int:
+        """Run a statement; how many rows it changed."""
+        return self._db.execute(self.dialect.sql(sql), tuple(args)).rowcount
+
+    def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
+        """Run a statement once per row; how many rows it changed in all."""
+        return self._db.executemany(self.dialect.sql(sql), rows).rowcount
+
+    def _insert_windows(self, values: list[tuple[Any, ...]]) -> int:
+        """Insert window rows (``windows``' columns in order) inside the caller's transaction; how many were new."""
+        return self._execute_many(INSERT_WINDOW, [(*v, *v[:4], v[3]) for v in values])
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        # IMMEDIATE takes the write lock up front: two processes cannot deadlock upgrading a read lock.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _close(self) -> None:
+        self._db.close()
+
+    # -- devices ----------------------------------------------------------------------------------
 
     def device(self, fleet: str, device: str) -> dict[str, Any] | None:
+        """The device's row (state, since, last_seen, birth, last_seq, epoch), or ``None`` if never seen."""
         with self._lock:
-            row = self._db.execute(
+            rows = self._query(
                 "SELECT state, since, last_seen, birth, last_seq, epoch FROM devices WHERE fleet = ? AND device = ?",
                 (fleet, device),
-            ).fetchone()
-        if row is None:
+            )
+        if not rows:
             return None
+        row = rows[0]
         return {
             "fleet": fleet,
             "device": device,
             "state": row[0],
             "since": row[1],
             "last_seen": row[2],
-            "birth": json.loads(row[3]),
+            "birth": _loads(row[3]),
             "last_seq": row[4],
             "epoch": row[5],
         }
 
     def devices(self) -> list[dict[str, Any]]:
+        """Every known device's row, ordered by fleet and name."""
         with self._lock:
-            keys = self._db.execute("SELECT fleet, device FROM devices ORDER BY fleet, device").fetchall()
+            keys = self._query("SELECT fleet, device FROM devices ORDER BY fleet, device")
         return [d for f, dev in keys if (d := self.device(f, dev)) is not None]
 
     def set_state(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
-        with self._lock:
-            row = self._db.execute(
+        """Record ``online``/``offline`` (``since`` moves only when the state changes; a birth replaces the last)."""
+        with self._lock, self._transaction():
+            rows = self._query(
                 "SELECT state, birth FROM devices WHERE fleet = ? AND device = ?", (fleet, device)
-            ).fetchone()
-            if row is None:
-                self._db.execute(
-                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            )
+            if not rows:
+                self._execute(
+                    "INSERT INTO devices (fleet, device, state, since, last_seen, birth, last_seq, epoch) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (fleet, device, state, at, at, json.dumps(birth or {}), -1, ""),
                 )
                 return
-            since_changed = row[0] != state
-            self._db.execute(
+            since_changed = rows[0][0] != state
+            self._execute(
                 "UPDATE devices SET state = ?, last_seen = ?, birth = ?"
                 + (", since = ?" if since_changed else "")
                 + " WHERE fleet = ? AND device = ?",
                 (
                     state,
                     at,
-                    json.dumps(birth) if birth else row[1],
+                    json.dumps(birth) if birth else rows[0][1],
                     *((at,) if since_changed else ()),
                     fleet,
                     device,
@@ -102,15 +336,17 @@ class FleetStore:
     def set_epoch(self, fleet: str, device: str, epoch: str) -> None:
         """The device's sequence restarted (a new spool): its numbering begins again."""
         with self._lock:
-            self._db.execute(
+            self._execute(
                 "UPDATE devices SET epoch = ?, last_seq = -1 WHERE fleet = ? AND device = ?",
                 (epoch, fleet, device),
             )
 
+    # -- windows and gaps -------------------------------------------------------------------------
+
     def add_windows(self, rows: list[tuple[str, str, dict[str, Any], str, float]]) -> int:
         """Store many ``(fleet, device, parsed, raw JSON, received at)`` windows in one transaction.
 
-        Duplicates are ignored; returns how many were new.
+        Duplicates are ignored, also of windows already rolled up by ``compact``; returns how many were new.
         """
         if not rows:
             return 0
@@ -119,23 +355,13 @@ class FleetStore:
         for fleet, device, p, _, at in rows:
             at0, seq0 = latest.get((fleet, device), (0.0, -1))
             latest[(fleet, device)] = (max(at0, at), max(seq0, int(p["seq"])))
-        with self._lock:
-            before = self._db.total_changes
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(
-                    "INSERT OR IGNORE INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", values
-                )
-                added = self._db.total_changes - before
-                self._db.executemany(
-                    "UPDATE devices SET last_seen = MAX(last_seen, ?), last_seq = MAX(last_seq, ?) "
-                    "WHERE fleet = ? AND device = ?",
-                    [(at, seq, f, d) for (f, d), (at, seq) in latest.items()],
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._lock, self._transaction():
+            added = self._insert_windows(values)
+            self._execute_many(
+                "UPDATE devices SET last_seen = {greatest}(last_seen, ?), last_seq = {greatest}(last_seq, ?) "
+                "WHERE fleet = ? AND device = ?",
+                [(at, seq, f, d) for (f, d), (at, seq) in latest.items()],
+            )
         return added
 
     def add_window(self, fleet: str, device: str, payload: dict[str, Any], at: float) -> bool:
@@ -143,27 +369,45 @@ class FleetStore:
         return self.add_windows([(fleet, device, payload, json.dumps(payload), at)]) == 1
 
     def add_gap(self, fleet: str, device: str, first: int, last: int, at: float, epoch: str = "") -> None:
+        """Record that seqs ``first..last`` were skipped (noticed at ``at``); a replay may fill them later."""
         with self._lock:
-            self._db.execute(
-                "INSERT INTO gaps VALUES (?, ?, ?, ?, ?, ?)", (fleet, device, epoch, first, last, at)
+            self._execute(
+                "INSERT INTO gaps (fleet, device, epoch, first_missing, last_missing, noticed) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (fleet, device, epoch, first, last, at),
             )
 
     def gaps(self, fleet: str, device: str) -> list[tuple[int, int]]:
+        """The recorded gaps ``(first, last)`` of a device, in seq order."""
         with self._lock:
-            rows = self._db.execute(
+            rows = self._query(
                 "SELECT first_missing, last_missing FROM gaps WHERE fleet = ? AND device = ? ORDER BY first_missing",
                 (fleet, device),
-            ).fetchall()
+            )
         return [(int(a), int(b)) for a, b in rows]
 
-    def seqs(self, fleet: str, device: str, epoch: str | None = None) -> list[int]:
-        sql = "SELECT seq FROM windows WHERE fleet = ? AND device = ?"
-        args: tuple[str, ...] = (fleet, device)
+    def seqs(self, fleet: str, device: str, epoch: str | None = None, above: int | None = None) -> list[int]:
+        """The stored seqs of a device, sorted: raw windows and those rolled up by ``compact``.
+
+        ``epoch`` limits them to one epoch (else each epoch's are listed); ``above`` to seqs > it
+        (what the collector remembers, without listing a month of rolled-up seqs).
+        """
+        where, args = "fleet = ? AND device = ?", [fleet, device]
         if epoch is not None:
-            sql, args = sql + " AND epoch = ?", (*args, epoch)
+            where, args = where + " AND epoch = ?", [*args, epoch]
+        low = -1 if above is None else above
         with self._lock:
-            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
-        return [int(r[0]) for r in rows]
+            raw = self._query(f"SELECT seq FROM windows WHERE {where} AND seq > ?", (*args, low))
+            ranges = self._query(
+                f"SELECT first_seq, last_seq FROM compacted WHERE {where} AND last_seq > ?", (*args, low)
+            )
+        out = [int(r[0]) for r in raw]
+        for first, last in ranges:
+            out.extend(range(max(int(first), low + 1), int(last) + 1))
+        out.sort()
+        return out
+
+    # -- reading sketches -------------------------------------------------------------------------
 
     def merged(
         self,
@@ -173,29 +417,200 @@ class FleetStore:
         until: float | None = None,
         stage: str | None = None,
     ) -> LatencySketch:
-        """The latency (or one stage's) sketch of every matching window, merged: exact fleet percentiles."""
-        where: list[str] = []
-        args: list[str | float] = []
-        for column, value in (("fleet", fleet), ("device", device)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if since is not None:
-            where.append("stop >= ?")
-            args.append(since)
-        if until is not None:
-            where.append("stop <= ?")
-            args.append(until)
-        sql = "SELECT payload FROM windows" + (" WHERE " + " AND ".join(where) if where else "")
+        """The latency (or one stage's) sketch of every matching window and rollup, merged: exact fleet percentiles.
+
+        ``since``/``until`` bound a window's stop; a rollup counts by its latest window's stop, so
+        once compacted, time is resolved to the rollup's span.
+        """
+        where, args = _where(fleet, device, since, until)
         with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
-        windows = (json.loads(r[0])["window"] for r in rows)
-        picked = (w["latency_ms"] if stage is None else w["stages_ms"].get(stage) for w in windows)
-        return merge(s for s in picked if s is not None)
+            raw = self._query("SELECT payload FROM windows" + where, args)
+            rolled = self._query("SELECT latency, stages FROM rollups" + where, args)
+        picked: list[dict[str, Any] | None] = []
+        for (payload,) in raw:
+            w = _loads(payload)["window"]
+            picked.append(w["latency_ms"] if stage is None else w["stages_ms"].get(stage))
+        for latency, stages in rolled:
+            picked.append(_loads(latency) if stage is None else _loads(stages).get(stage))
+        total = _SketchSum()
+        for data in picked:
+            if data is not None:
+                total.add(data)
+        return total.sketch()
+
+    def buckets(
+        self,
+        since: float,
+        until: float,
+        step_s: float,
+        fleet: str | None = None,
+        device: str | None = None,
+    ) -> list[Bucket]:
+        """Per device per ``step_s``: counts and merged sketches of the windows and rollups with stop in [since, until].
+
+        A window counts in the step ``floor(stop / step_s) * step_s``; a rollup in the step of its
+        latest window, which is the same step whenever ``step_s`` is a multiple of the rollup's span.
+        Sorted by fleet, device, then time.
+        """
+        if not step_s > 0:
+            raise ValueError(f"step_s must be > 0, not {step_s}")
+        where, args = _where(fleet, device, since, until)
+        with self._lock:
+            raw = self._query(
+                "SELECT fleet, device, stop, frames, missed, payload FROM windows" + where, args
+            )
+            rolled = self._query(
+                "SELECT fleet, device, stop, frames, missed, latency, stages FROM rollups" + where, args
+            )
+        sums: dict[tuple[str, str, float], _Sum] = {}
+
+        def at(f: str, d: str, stop: float) -> _Sum:
+            key = (f, d, float(math.floor(stop / step_s) * step_s))
+            total = sums.get(key)
+            if total is None:
+                total = sums[key] = _Sum()
+            return total
+
+        for f, d, stop, frames, missed, payload in raw:
+            w = _loads(payload)["window"]
+            at(f, d, stop).add(stop, frames, missed, w["latency_ms"], w["stages_ms"])
+        for f, d, stop, frames, missed, latency, stages in rolled:
+            at(f, d, stop).add(stop, frames, missed, _loads(latency), _loads(stages))
+        return [sums[k].bucket(*k) for k in sorted(sums)]
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def compact(
+        self, now: float, raw_keep_s: float = 3600, rollup_s: float = 60, keep_s: float = 30 * 86400
+    ) -> dict[str, int]:
+        """Roll raw windows older than ``now - raw_keep_s`` into ``rollup_s`` rollups; drop what is older than ``keep_s``.
+
+        Each device's windows whose stop falls in one ``rollup_s`` step become one rollup row
+        (counts added, sketches merged), merged into the row already there if an earlier run made
+        it; the raw windows are deleted in the same transaction, and their seqs remembered so a
+        replay of one is still a duplicate.  Rollups, rolled-up seq ranges and gaps older than
+        ``now - keep_s`` are deleted.  Running it again changes nothing.  Returns the counts:
+        ``windows`` rolled up, ``rollups`` written, ``rollups_deleted``, ``gaps_deleted``.
+        """
+        if not rollup_s > 0 or raw_keep_s < 0 or keep_s < 0:
+            raise ValueError("compact needs rollup_s > 0, raw_keep_s >= 0 and keep_s >= 0")
+        counts = {"windows": 0, "rollups": 0, "rollups_deleted": 0, "gaps_deleted": 0}
+        cutoff = now - raw_keep_s
+        while True:
+            with self._lock, self._transaction():
+                if self.dialect.compaction_lock:
+                    self._execute(self.dialect.compaction_lock)
+                done, written = self._compact_chunk(cutoff, rollup_s)
+            counts["windows"] += done
+            counts["rollups"] += written
+            if done < COMPACT_CHUNK:
+                break
+        horizon = now - keep_s
+        with self._lock, self._transaction():
+            counts["rollups_deleted"] = self._execute("DELETE FROM rollups WHERE stop < ?", (horizon,))
+            # A seq range stays while any of its windows is kept; a replay older than that is let in as
+            # new raw, and the next compaction rolls it into a rollup that is dropped at once.
+            self._execute("DELETE FROM compacted WHERE stop < ?", (horizon,))
+            counts["gaps_deleted"] = self._execute("DELETE FROM gaps WHERE noticed < ?", (horizon,))
+        return counts
+
+    def _compact_chunk(self, cutoff: float, span: float) -> tuple[int, int]:
+        """One transaction's worth of ``compact``: (windows rolled up, rollup rows written)."""
+        # DELETE ... RETURNING takes each window exactly once, even with another writer at work.
+        rows = self._query(
+            "DELETE FROM windows WHERE (fleet, device, epoch, seq) IN "
+            "(SELECT fleet, device, epoch, seq FROM windows WHERE stop < ? LIMIT ?) "
+            "RETURNING fleet, device, epoch, seq, stop, frames, missed, payload",
+            (cutoff, COMPACT_CHUNK),
+        )
+        if not rows:
+            return 0, 0
+        rollups: dict[tuple[str, str, float], _Sum] = {}
+        seqs: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+        for f, d, epoch, seq, stop, frames, missed, payload in rows:
+            t0 = float(math.floor(stop / span) * span)
+            r = rollups.get((f, d, t0))
+            if r is None:
+                r = rollups[(f, d, t0)] = _Sum()
+            w = _loads(payload)["window"]
+            r.add(stop, frames, missed, w["latency_ms"], w["stages_ms"])
+            seqs.setdefault((f, d, epoch), []).append((int(seq), float(stop)))
+        by_device: dict[tuple[str, str], list[float]] = {}
+        for f, d, t0 in rollups:
+            by_device.setdefault((f, d), []).append(t0)
+        for (f, d), t0s in by_device.items():
+            for _, _, t0, stop, windows, frames, missed, latency, stages in self._query(
+                "SELECT fleet, device, t0, stop, windows, frames, missed, latency, stages FROM rollups "
+                "WHERE fleet = ? AND device = ? AND span = ? AND t0 >= ? AND t0 <= ?",
+                (f, d, span, min(t0s), max(t0s)),
+            ):
+                r = rollups.get((f, d, float(t0)))
+                if r is not None:  # an earlier run's rollup of this step: merge into it, not beside it
+                    r.add(stop, frames, missed, _loads(latency), _loads(stages), windows=windows)
+        self._execute_many(
+            UPSERT_ROLLUP,
+            [
+                (
+                    f,
+                    d,
+                    span,
+                    t0,
+                    r.stop,
+                    r.windows,
+                    r.frames,
+                    r.missed,
+                    json.dumps(r.latency.to_dict()),
+                    json.dumps({k: s.to_dict() for k, s in r.stages.items()}),
+                )
+                for (f, d, t0), r in rollups.items()
+            ],
+        )
+        for key, new in seqs.items():
+            self._remember_compacted(key, new)
+        return len(rows), len(rollups)
+
+    def _remember_compacted(self, key: tuple[str, str, str], new: list[tuple[int, float]]) -> None:
+        """Add rolled-up seqs to the device's ranges, joining neighbours so a device keeps a few rows."""
+        fleet, device, epoch = key
+        old = self._query(
+            "SELECT first_seq, last_seq, stop FROM compacted WHERE fleet = ? AND device = ? AND epoch = ?",
+            key,
+        )
+        spans = [(int(a), int(b), float(s)) for a, b, s in old] + [(s, s, stop) for s, stop in new]
+        spans.sort()
+        joined: list[tuple[int, int, float]] = []
+        for first, last, stop in spans:
+            if joined and first <= joined[-1][1] + 1:
+                a, b, s = joined[-1]
+                joined[-1] = (a, max(b, last), max(s, stop))
+            else:
+                joined.append((first, last, stop))
+        self._execute("DELETE FROM compacted WHERE fleet = ? AND device = ? AND epoch = ?", key)
+        self._execute_many(
+            "INSERT INTO compacted (fleet, device, epoch, first_seq, last_seq, stop) VALUES (?, ?, ?, ?, ?, ?)",
+            [(fleet, device, epoch, a, b, s) for a, b, s in joined],
+        )
 
     def close(self) -> None:
+        """Close the connection; the store cannot be used after."""
         with self._lock:
-            self._db.close()
+            self._close()
+
+
+def open_store(url_or_path: Path | str) -> FleetStore:
+    """A ``postgresql://`` (or ``postgres://``) URL opens a ``PostgresStore``; anything else is a SQLite path."""
+    target = str(url_or_path)
+    if target.startswith(("postgresql://", "postgres://")):
+        try:
+            from edgekit.fleet.pgstore import PostgresStore
+        except ModuleNotFoundError as err:
+            if not (err.name or "").startswith("psycopg"):
+                raise
+            raise StoreError(
+                f"a PostgreSQL fleet database needs psycopg ({err})", 'pip install "edgekit[fleet]"'
+            ) from err
+        return PostgresStore(target)
+    return FleetStore(target)
 
 
 def merge(sketches: Iterable[dict[str, Any]]) -> LatencySketch:
@@ -204,6 +619,25 @@ def merge(sketches: Iterable[dict[str, Any]]) -> LatencySketch:
     for data in sketches:
         total.merge(LatencySketch.from_dict(data))
     return total
+
+
+def _where(
+    fleet: str | None, device: str | None, since: float | None, until: float | None
+) -> tuple[str, list[str | float]]:
+    """A WHERE clause on the columns ``windows`` and ``rollups`` share, and its arguments."""
+    where: list[str] = []
+    args: list[str | float] = []
+    for column, value in (("fleet", fleet), ("device", device)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    if since is not None:
+        where.append("stop >= ?")
+        args.append(since)
+    if until is not None:
+        where.append("stop <= ?")
+        args.append(until)
+    return (" WHERE " + " AND ".join(where) if where else ""), args
 
 
 def _row(fleet: str, device: str, p: dict[str, Any], raw: str) -> tuple[Any, ...]:

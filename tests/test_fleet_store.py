@@ -1,0 +1,430 @@
+"""The fleet store, the same tests on SQLite and on a real PostgreSQL server: de-duplication, gaps,
+epochs, merged percentiles, time buckets, compaction into rollups, and connection errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from broker import free_port
+from postgres import PASSWORD, PostgresServer
+
+from edgekit.errors import EdgekitError
+from edgekit.fleet import Collector
+from edgekit.fleet.store import Bucket, FleetStore, StoreError, open_store
+from edgekit.pipeline.records import STAGES
+from edgekit.sketch import LatencySketch
+
+T = 1_764_490_000.0  # a real timestamp: a float4 column would round it by minutes
+M = T + 20  # the first whole minute after T (rollups are per whole minute)
+STAGE_SHARE = {"capture_wait": 0.1, "preprocess": 0.15, "inference": 0.6, "postprocess": 0.1, "sink": 0.05}
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "fleet.db")
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    return server.new_database()
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[FleetStore]:
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+def payload(
+    device: str, seq: int, stop: float, latencies: np.ndarray, epoch: str = "0123456789ab", missed: int = 0
+) -> dict[str, Any]:
+    """A telemetry body as a device sends it (sketches of real samples; stages a share of the latency)."""
+    latency = LatencySketch()
+    latency.extend(latencies)
+    stages = {}
+    for name in STAGES:
+        s = LatencySketch()
+        s.extend(latencies * STAGE_SHARE[name])
+        stages[name] = s.to_dict()
+    return {
+        "schema": "edgekit/v1/telemetry",
+        "device": device,
+        "fleet": "lab",
+        "session": "s1",
+        "epoch": epoch,
+        "seq": seq,
+        "sent_at": stop,
+        "window": {
+            "start": stop - 1.0,
+            "end": stop,
+            "frames": len(latencies),
+            "missed": missed,
+            "fps": float(len(latencies)),
+            "latency_ms": latency.to_dict(),
+            "stages_ms": stages,
+        },
+        "counters": dict.fromkeys(
+            (
+                "frames",
+                "met",
+                "missed",
+                "dropped",
+                "source_reopens",
+                "degrade_switches",
+                "spool_dropped",
+                "mqtt_disconnects",
+            ),
+            0,
+        ),
+        "gauges": {},
+        "spool": {"pending": 0, "bytes": 0},
+    }
+
+
+def row(
+    fleet: str, body: dict[str, Any], at: float | None = None
+) -> tuple[str, str, dict[str, Any], str, float]:
+    return (fleet, body["device"], body, json.dumps(body), body["window"]["end"] if at is None else at)
+
+
+def close_to(got: float, want: float, rel: float = 0.01) -> bool:
+    return abs(got - want) <= rel * abs(want) + 1e-12
+
+
+class Feed:
+    """Windows of two devices over ``minutes`` minutes, one every ``every_s``; keeps the raw samples."""
+
+    def __init__(self, minutes: int, every_s: float = 20.0, seed: int = 3) -> None:
+        rng = np.random.default_rng(seed)
+        self.rows: list[tuple[str, str, dict[str, Any], str, float]] = []
+        self.samples: list[tuple[str, float, np.ndarray, int]] = []  # device, stop, latencies, missed
+        n = int(minutes * 60 / every_s)
+        for device, mu, sigma in (("cam-a", 2.6, 0.25), ("cam-b", 3.2, 0.4)):
+            for seq in range(n):
+                stop = T + (seq + 1) * every_s
+                lat = rng.lognormal(mu, sigma, int(rng.integers(20, 60)))
+                missed = int((lat > 33).sum())
+                self.rows.append(row("lab", payload(device, seq, stop, lat, missed=missed)))
+                self.samples.append((device, stop, lat, missed))
+
+    def union(self, device: str | None = None, since: float = -np.inf, until: float = np.inf) -> np.ndarray:
+        parts = [lat for d, stop, lat, _ in self.samples if device in (None, d) and since <= stop <= until]
+        return np.sort(np.concatenate(parts)) if parts else np.array([])
+
+
+def test_open_store_opens_sqlite_for_a_path(tmp_path: Path) -> None:
+    lite = open_store(tmp_path / "sub" / "fleet.db")
+    assert type(lite) is FleetStore and (tmp_path / "sub" / "fleet.db").exists()
+    lite.close()
+    mem = open_store(":memory:")
+    assert type(mem) is FleetStore
+    mem.close()
+
+
+def test_open_store_opens_postgres_for_a_url(pg_server: PostgresServer) -> None:
+    from edgekit.fleet.pgstore import PostgresStore
+
+    url = pg_server.new_database()
+    for u in (url, url.replace("postgresql://", "postgres://", 1)):
+        pg = open_store(u)
+        assert isinstance(pg, PostgresStore) and PASSWORD not in pg.path and "***" in pg.path
+        pg.close()
+
+
+def test_duplicates_are_ignored_and_the_device_row_follows(store: FleetStore) -> None:
+    lat = np.full(10, 12.0)
+    store.set_state("lab", "cam-a", "online", T, {"model": {"name": "m"}})
+    batch = [row("lab", payload("cam-a", s, T + s, lat), at=T + 100 + s) for s in (0, 1, 2, 1)]
+    assert store.add_windows(batch) == 3  # seq 1 twice in one batch: stored once
+    assert store.add_windows(batch[:2]) == 0
+    assert store.add_window("lab", "cam-a", payload("cam-a", 3, T + 3, lat), T + 50) is True
+    assert store.add_window("lab", "cam-a", payload("cam-a", 3, T + 3, lat), T + 60) is False
+    assert store.seqs("lab", "cam-a") == [0, 1, 2, 3]
+    assert store.seqs("lab", "cam-a", above=1) == [2, 3]
+    d = store.device("lab", "cam-a")
+    assert d is not None
+    # last_seen and last_seq only move forward (a late batch does not move them back).
+    assert d["last_seq"] == 3 and d["last_seen"] == T + 102
+    assert d["birth"] == {"model": {"name": "m"}} and d["state"] == "online"
+    assert store.merged(device="cam-a").count == 40
+    # A seq beyond 32 bits (the collector accepts up to 2**63) is stored as it came.
+    assert store.add_window("lab", "cam-a", payload("cam-a", 2**62, T + 4, lat), T + 4)
+    assert store.seqs("lab", "cam-a", above=3) == [2**62]
+
+
+def test_state_since_and_birth(store: FleetStore) -> None:
+    assert store.device("lab", "cam-x") is None
+    store.set_state("lab", "cam-x", "online", T, {"backend": "onnxruntime"})
+    store.set_state("lab", "cam-x", "online", T + 5, None)  # still online: since stays, birth kept
+    d = store.device("lab", "cam-x")
+    assert d is not None and d["since"] == T and d["last_seen"] == T + 5
+    assert d["birth"] == {"backend": "onnxruntime"}
+    store.set_state("lab", "cam-x", "offline", T + 9, None)
+    d = store.device("lab", "cam-x")
+    assert d is not None and d["state"] == "offline" and d["since"] == T + 9
+    store.set_state("lab", "cam-w", "online", T, None)
+    assert [(r["fleet"], r["device"]) for r in store.devices()] == [("lab", "cam-w"), ("lab", "cam-x")]
+
+
+def test_gaps_and_epochs(store: FleetStore) -> None:
+    lat = np.full(5, 10.0)
+    store.set_state("lab", "cam-e", "online", T, None)
+    store.add_windows([row("lab", payload("cam-e", s, T + s, lat, epoch="aaaaaaaaaaaa")) for s in (0, 1, 4)])
+    store.add_gap("lab", "cam-e", 2, 3, T + 4, "aaaaaaaaaaaa")
+    store.add_gap("lab", "cam-e", 0, 0, T + 5, "bbbbbbbbbbbb")
+    assert store.gaps("lab", "cam-e") == [(0, 0), (2, 3)]
+    store.set_epoch("lab", "cam-e", "bbbbbbbbbbbb")
+    d = store.device("lab", "cam-e")
+    assert d is not None and d["epoch"] == "bbbbbbbbbbbb" and d["last_seq"] == -1
+    # The new spool numbers from 0 again: the same seqs are new windows in the new epoch.
+    assert (
+        store.add_windows(
+            [row("lab", payload("cam-e", s, T + 10 + s, lat, epoch="bbbbbbbbbbbb")) for s in (0, 1)]
+        )
+        == 2
+    )
+    assert store.seqs("lab", "cam-e", "aaaaaaaaaaaa") == [0, 1, 4]
+    assert store.seqs("lab", "cam-e", "bbbbbbbbbbbb") == [0, 1]
+    assert store.seqs("lab", "cam-e") == [0, 0, 1, 1, 4]
+
+
+def test_merged_percentiles_are_those_of_the_raw_samples(store: FleetStore) -> None:
+    feed = Feed(minutes=10)
+    assert store.add_windows(feed.rows) == len(feed.rows)
+    for device, since, until in ((None, None, None), ("cam-a", None, None), ("cam-b", T + 100, T + 400)):
+        got = store.merged(fleet="lab", device=device, since=since, until=until)
+        union = feed.union(device, since or -np.inf, until or np.inf)
+        assert got.count == union.size
+        for q in (0.5, 0.9, 0.99):
+            assert close_to(got.quantile(q), union[int(q * (union.size - 1))])
+    inference = store.merged(stage="inference")
+    union = feed.union() * STAGE_SHARE["inference"]
+    assert inference.count == union.size and close_to(
+        inference.quantile(0.99), np.sort(union)[int(0.99 * (union.size - 1))]
+    )
+    assert store.merged(fleet="elsewhere").count == 0
+
+
+def test_buckets_merge_each_device_per_step(store: FleetStore) -> None:
+    feed = Feed(minutes=10)
+    store.add_windows(feed.rows)
+    step = 120.0
+    buckets = store.buckets(T, T + 600, step)
+    assert all(isinstance(b, Bucket) for b in buckets)
+    assert [(b.device, b.t0) for b in buckets] == sorted((b.device, b.t0) for b in buckets)
+    for b in buckets:
+        mine = [
+            (lat, m)
+            for d, stop, lat, m in feed.samples
+            if d == b.device and b.t0 <= stop < b.t0 + step and stop <= T + 600
+        ]
+        assert mine, b
+        assert b.t0 % step == 0 and b.fleet == "lab"
+        assert b.frames == sum(len(lat) for lat, _ in mine) == b.latency.count
+        assert b.missed == sum(m for _, m in mine)
+        union = np.sort(np.concatenate([lat for lat, _ in mine]))
+        assert close_to(b.latency.quantile(0.99), union[int(0.99 * (union.size - 1))])
+        assert set(b.stages) == set(STAGES) and b.stages["sink"].count == b.frames
+    assert {b.device for b in store.buckets(T, T + 600, step, device="cam-b")} == {"cam-b"}
+    assert store.buckets(T, T + 600, step, fleet="other") == []
+    with pytest.raises(ValueError, match="step_s"):
+        store.buckets(T, T + 600, 0)
+
+
+def test_compaction_keeps_counts_and_percentiles_and_is_idempotent(store: FleetStore) -> None:
+    feed = Feed(minutes=180)  # three hours, a window every 20 s per device
+    store.add_windows(feed.rows)
+    now = T + 180 * 60 + 1
+    # A rollup is as fine as time gets once compacted: ranges that cut no minute in two count the same.
+    ranges = [(None, None), (T, now), (M + 1200, M + 4800 - 1e-3)]
+    before = [store.merged(since=a, until=b) for a, b in ranges]
+    inference_before = store.merged(stage="inference")
+    buckets_before = [
+        (b.device, b.t0, b.frames, b.missed, b.latency.count) for b in store.buckets(T, now, 300)
+    ]
+
+    counts = store.compact(now, raw_keep_s=3600, rollup_s=60, keep_s=30 * 86400)
+    old = [s for s in feed.samples if s[1] < now - 3600]
+    assert counts["windows"] == len(old)
+    assert counts["rollups"] == len({(d, int((stop // 60) * 60)) for d, stop, _, _ in old})
+    assert counts["rollups_deleted"] == 0
+
+    for (a, b), was in zip(ranges, before, strict=True):
+        now_merged = store.merged(since=a, until=b)
+        assert now_merged.count == was.count
+        for q in (0.5, 0.95, 0.99):
+            # Rollups add the same counts: the percentiles do not just stay close, they stay equal.
+            assert close_to(now_merged.quantile(q), was.quantile(q), rel=1e-9)
+    assert store.merged(stage="inference").quantile(0.99) == pytest.approx(
+        inference_before.quantile(0.99), rel=1e-9
+    )
+    assert [
+        (b.device, b.t0, b.frames, b.missed, b.latency.count) for b in store.buckets(T, now, 300)
+    ] == buckets_before
+    # Every seq is still known, rolled up or raw.
+    n = len(feed.rows) // 2
+    assert store.seqs("lab", "cam-a") == list(range(n))
+
+    assert store.compact(now, raw_keep_s=3600, rollup_s=60) == {
+        "windows": 0,
+        "rollups": 0,
+        "rollups_deleted": 0,
+        "gaps_deleted": 0,
+    }
+    assert store.merged().count == before[0].count
+
+
+def test_a_late_window_is_merged_into_its_existing_rollup(store: FleetStore) -> None:
+    lat = np.full(10, 20.0)
+    # seqs 0..5, one every 10 s in one minute, seq 3 late.
+    store.add_windows([row("lab", payload("cam-l", s, M + 10 * s + 1, lat)) for s in (0, 1, 2, 4, 5)])
+    now = T + 7200
+    assert store.compact(now)["rollups"] == 1
+    assert store.add_window("lab", "cam-l", payload("cam-l", 3, M + 31, np.full(4, 50.0)), now) is True
+    counts = store.compact(now)
+    assert counts["windows"] == 1 and counts["rollups"] == 1
+    (bucket,) = store.buckets(T - 60, now, 60)  # one row for the minute, not two
+    assert bucket.frames == 54 and bucket.latency.count == 54
+    assert store.merged().max == pytest.approx(50.0, rel=0.01)
+    assert store.seqs("lab", "cam-l") == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_replay_of_a_compacted_window_is_a_duplicate(store: FleetStore) -> None:
+    lat = np.full(8, 15.0)
+    seqs = [0, 1, 2, 4, 5, 6]  # seq 3 never arrived before compaction
+    bodies = {s: payload("cam-r", s, T + 5 * s, lat) for s in [*seqs, 3]}
+    store.add_windows([row("lab", bodies[s]) for s in seqs])
+    now = T + 3 * 3600
+    assert store.compact(now)["windows"] == 6
+    assert store.add_windows([row("lab", bodies[s]) for s in seqs]) == 0  # replayed: all known
+    assert store.merged().count == 6 * 8
+    # The window that filled a gap below the highest seq is new, though: the high-water mark alone would lose it.
+    assert store.add_window("lab", "cam-r", bodies[3], now) is True
+    assert store.seqs("lab", "cam-r") == [0, 1, 2, 3, 4, 5, 6]
+    store.compact(now)
+    assert store.add_window("lab", "cam-r", bodies[3], now) is False
+    assert store.merged().count == 7 * 8
+
+
+def test_a_restarted_collector_sees_a_replayed_compacted_window_as_a_duplicate(store_url: str) -> None:
+    store = open_store(store_url)
+    topic = "edgekit/v1/lab/cam-c/telemetry"
+    bodies = [payload("cam-c", s, T + 5 * s, np.full(6, 11.0)) for s in range(10)]
+    first = Collector(store)
+    for b in bodies[:8]:
+        assert first.handle(topic, json.dumps(b).encode(), now=T + 100) == "telemetry"
+    first.flush()
+    assert store.compact(T + 3 * 3600)["windows"] == 8
+    again = Collector(store)  # a restart: it knows the devices only from the store
+    assert again.handle(topic, json.dumps(bodies[5]).encode(), now=T + 200) == "duplicate"
+    assert again.handle(topic, json.dumps(bodies[8]).encode(), now=T + 200) == "telemetry"
+    again.flush()
+    assert store.merged(device="cam-c").count == 9 * 6
+    assert again.open_gaps("lab", "cam-c") == []
+    store.close()
+
+
+def test_retention_drops_rollups_and_gaps_past_keep(store: FleetStore) -> None:
+    lat = np.full(3, 9.0)
+    store.add_windows([row("lab", payload("cam-k", s, T + 60 * s, lat)) for s in range(5)])
+    store.add_gap("lab", "cam-k", 7, 8, T + 10)
+    counts = store.compact(T + 10 * 86400, raw_keep_s=3600, rollup_s=60, keep_s=86400)
+    assert counts["windows"] == 5 and counts["rollups_deleted"] == 5 and counts["gaps_deleted"] == 1
+    assert store.merged().count == 0 and store.buckets(T - 1e6, T + 1e6, 60) == []
+    assert store.gaps("lab", "cam-k") == []
+
+
+def test_a_failed_batch_stores_nothing_and_the_store_stays_usable(store: FleetStore) -> None:
+    lat = np.full(4, 10.0)
+    good = [row("lab", payload("cam-f", s, T + s, lat)) for s in range(3)]
+    bad = payload("cam-f", 2**64, T + 9, lat)  # past any integer column
+    with pytest.raises((OverflowError, *store.errors)):
+        store.add_windows([*good, row("lab", bad)])
+    assert store.seqs("lab", "cam-f") == []  # one transaction: none of the batch
+    assert store.add_windows(good) == 3
+    assert store.merged(device="cam-f").count == 12
+
+
+def test_concurrent_writers_and_readers(store: FleetStore) -> None:
+    lat = np.full(4, 10.0)
+    errors: list[BaseException] = []
+
+    def write(device: str) -> None:
+        try:
+            for start in range(0, 200, 20):
+                store.add_windows(
+                    [row("lab", payload(device, s, T + s, lat)) for s in range(start, start + 20)]
+                )
+                store.merged(device=device)
+        except BaseException as err:  # noqa: BLE001 (reported by the main thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(f"cam-{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert store.merged().count == 4 * 200 * 4
+    assert all(store.seqs("lab", f"cam-{i}") == list(range(200)) for i in range(4))
+
+
+def test_a_dropped_postgres_connection_is_made_again(pg_server: PostgresServer) -> None:
+    import psycopg
+
+    store = open_store(pg_server.new_database())
+    store.set_state("lab", "cam-d", "online", T, None)
+    with psycopg.connect(pg_server.url(), autocommit=True) as admin:
+        dropped = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            (store.url.rsplit("/", 1)[1],),
+        ).fetchall()
+    assert dropped == [(True,)]
+    with pytest.raises(store.errors):
+        store.device("lab", "cam-d")  # the call that finds the connection gone fails...
+    d = store.device("lab", "cam-d")  # ...and the next one connects again
+    assert d is not None and d["since"] == T
+    store.close()
+
+
+def test_connection_errors_say_what_to_do_and_hide_the_password(pg_server: PostgresServer) -> None:
+    secret = "hunter2-not-shown"
+    cases = {
+        # nothing listens there
+        f"postgresql://edge:{secret}@127.0.0.1:{free_port()}/fleet": "pg_isready",
+        # a real server refusing the password
+        pg_server.url(password=secret): "password",
+        # a database that is not there
+        pg_server.url("no_such_db"): "create the database",
+        f"postgresql://127.0.0.1:{pg_server.port}/fleet?user=postgres&password={secret}": "password",
+    }
+    for url, hint in cases.items():
+        with pytest.raises(StoreError) as caught:
+            open_store(url)
+        err = caught.value
+        assert isinstance(err, EdgekitError) and hint in err.hint, (url, str(err))
+        shown = str(err) + "".join(traceback.format_exception(err))
+        assert secret not in shown and PASSWORD not in shown, shown
+        assert (
+            "cannot connect to the fleet database postgresql://" in err.message and "127.0.0.1" in err.message
+        )
+
+
+def test_a_bad_sqlite_path_is_an_edgekit_error(tmp_path: Path) -> None:
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(StoreError, match="cannot open the fleet database") as caught:
+        open_store(tmp_path / "dir.db")
+    assert "--db" in caught.value.hint
