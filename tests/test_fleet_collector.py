@@ -16,7 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 import edgekit
 from edgekit.fleet import Collector, FleetStore, safe_name
 from edgekit.fleet.collector import MAX_PAYLOAD
-from edgekit.pipeline.records import FrameRecord
+from edgekit.pipeline.records import STAGES, FrameRecord
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 
@@ -240,3 +240,299 @@ def test_numbers_and_sketches_that_would_break_storage_or_merging_are_refused(
     c = Collector(FleetStore())
     assert c.handle(dev.topic, bad) == f"rejected:{needle}"
     assert c.handle(dev.topic, payload) == "telemetry"
+
+
+# -- the listener, lag and stats -------------------------------------------------------------------
+
+
+class Recorder:
+    """A ``CollectorListener`` that keeps what it is told (and can be told to fail)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.windows: list[tuple[str, str, int]] = []
+        self.bodies: list[dict[str, Any]] = []
+        self.gaps: list[tuple[str, str]] = []
+        self.statuses: list[tuple[str, str, str, dict[str, Any] | None]] = []
+        self.fail = fail
+
+    def window(self, fleet: str, device: str, body: dict[str, Any], at: float) -> None:
+        self.windows.append((fleet, device, body["seq"]))
+        self.bodies.append(body)
+        if self.fail:
+            raise RuntimeError("the dashboard broke")
+
+    def status(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
+        self.statuses.append((fleet, device, state, birth))
+        if self.fail:
+            raise RuntimeError("the dashboard broke")
+
+    def gap(self, fleet: str, device: str) -> None:
+        self.gaps.append((fleet, device))
+        if self.fail:
+            raise RuntimeError("the dashboard broke")
+
+
+def status_body(device: str, state: str, **birth: Any) -> bytes:
+    return json.dumps(
+        {"schema": "edgekit/v1/status", "device": device, "fleet": "lab", "state": state, **birth}
+    ).encode()
+
+
+def test_the_listener_hears_new_windows_and_status_changes_and_lag_is_measured(tmp_path: Path) -> None:
+    rec = Recorder()
+    c = Collector(FleetStore(), batch_size=10, listener=rec)
+    dev = FakeDevice("cam-l", tmp_path)
+    assert c.handle(dev.status, status_body("cam-l", "online", backend="litert")) == "status"
+    sent = [dev.window_of(np.full(5, 10.0)) for _ in range(4)]
+    del sent[2]  # lost on the way: a gap
+    at = json.loads(sent[0])["sent_at"] + 0.25  # each arrives 250 ms after it was sent
+    outcomes = [c.handle(dev.topic, p, now=json.loads(p)["sent_at"] + 0.25) for p in (*sent, sent[1])]
+    assert outcomes == ["telemetry", "telemetry", "telemetry", "duplicate"]
+    assert c.handle(dev.status, status_body("cam-l", "offline"), now=at) == "status"
+    assert rec.windows == [("lab", "cam-l", 0), ("lab", "cam-l", 1), ("lab", "cam-l", 3)]  # no duplicate
+    assert rec.gaps == [("lab", "cam-l")]
+    assert [(s[2], s[3] and s[3]["backend"]) for s in rec.statuses] == [
+        ("online", "litert"),
+        ("offline", None),
+    ]
+    stats = c.stats()
+    assert (
+        stats["seen"] == {"status": 2, "telemetry": 3, "duplicate": 1, "gaps": 1} and stats["rejected"] == {}
+    )
+    assert stats["lag_ms"]["p50"] == pytest.approx(250, rel=0.02) and c.lag.count == 3
+    # Telemetry from a device the collector has not seen (or saw go offline) brings it online.
+    assert c.handle(dev.topic, dev.window_of(np.full(5, 10.0))) == "telemetry"
+    assert rec.statuses[-1][2:] == ("online", None) and c.store.device("lab", "cam-l")["state"] == "online"
+    json.dumps(stats)  # the dashboard serves it as is
+
+
+def test_a_failing_listener_does_not_stop_collection(tmp_path: Path) -> None:
+    c = Collector(FleetStore(), listener=Recorder(fail=True))
+    dev = FakeDevice("cam-f", tmp_path)
+    assert [c.handle(dev.topic, dev.window_of(np.full(5, 10.0))) for _ in range(3)] == ["telemetry"] * 3
+    assert c.store.seqs("lab", "cam-f") == [0, 1, 2]
+
+
+def test_stats_before_any_window() -> None:
+    assert Collector(FleetStore()).stats() == {
+        "seen": {},
+        "rejected": {},
+        "lag_ms": {"p50": None, "p99": None},
+    }
+
+
+def sketch(**change: Any) -> dict[str, Any]:
+    s = {"accuracy": 0.01, "count": 3, "sum": 36.0, "min": 11.0, "max": 13.0, "zero": 0,
+         "buckets": {"120": 1, "124": 1, "129": 1}}  # fmt: skip
+    return s | change
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        sketch(accuracy=0.02),
+        sketch(accuracy="0.01"),
+        sketch(count=4),
+        sketch(count=True),
+        sketch(buckets={"120": 1, "124": 1, "129": 1.0}),
+        sketch(buckets={"120": 1, "124": 2, "129": -1}),
+        sketch(buckets={"120": 1, "124": 1, "129": "1"}),
+        sketch(buckets={"120": 1, "124": 1, "0129": 1}),  # reads back as 129: a collision
+        sketch(buckets={"120": 1, "124": 1, " 129": 1}),
+        sketch(buckets={"120": 1, "124": 1, "99999": 1}),  # exp() of that overflows in quantile()
+        sketch(buckets={"120": 1, "124": 1, "x": 1}),
+        sketch(buckets=[1, 1, 1]),
+        sketch(zero=-1, count=2),
+        sketch(sum=float("inf")),
+        sketch(min=None),
+        [1, 2],
+    ],
+)
+def test_sketches_that_would_break_a_fleet_query_are_refused(bad: Any) -> None:
+    from edgekit.fleet.collector import check_sketch
+
+    check_sketch(sketch())
+    with pytest.raises((ValueError, TypeError)):
+        check_sketch(bad)
+
+
+def test_every_sketch_a_device_makes_passes_the_check_and_reads_back() -> None:
+    from edgekit.fleet.collector import check_sketch
+    from edgekit.sketch import LatencySketch
+
+    rng = np.random.default_rng(5)
+    for values in ([], [0.0], [1e-9, 5.0], rng.lognormal(2.5, 1.5, 2000), [1e9, 3e-5]):
+        s = LatencySketch()
+        s.extend(values)
+        wire = json.loads(json.dumps(s.to_dict()))
+        check_sketch(wire)
+        assert LatencySketch.from_dict(wire).count == len(values)
+
+
+# -- Sparkplug B -----------------------------------------------------------------------------------
+
+
+class Captured:
+    """Stands in for paho's client: keeps what the publisher publishes."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+        self.sent.append((topic, payload))
+
+
+class SparkplugDevice(FakeDevice):
+    """The real Sparkplug publisher code (births, DDATA, death certificate) without a network."""
+
+    def __init__(self, name: str, tmp: Path) -> None:
+        self.window = MetricsWindow()
+        birth = {"model": {"name": "efficientnet-lite0", "version": "1.1"}, "backend": "tensorrt",
+                 "precision": "fp16", "budget_ms": 16.7, "profile": "jetson-orin-nano"}  # fmt: skip
+        self.pub = TelemetryPublisher(
+            BrokerConfig.from_url("mqtt://127.0.0.1:1"),
+            device_id=name,
+            fleet="lab",
+            window=self.window,
+            spool=Spool(tmp / f"{name}-sp.db"),
+            counters=lambda: {"frames": 0, "missed": 0, "dropped": 0},
+            birth=birth,
+            format="sparkplug",
+        )
+        self.topic = f"spBv1.0/lab/DDATA/{name}/pipeline"
+
+    def births(self) -> list[tuple[str, bytes]]:
+        client = Captured()
+        self.pub._births(client)
+        return client.sent
+
+    def death(self) -> tuple[str, bytes]:
+        topic, payload, _ = self.pub._offline()
+        return topic, payload
+
+    def window_of(self, latencies: np.ndarray) -> bytes:
+        from edgekit.telemetry import sparkplug as sp
+
+        for v in latencies:
+            self.window.observe(record(float(v), met=v < 33))
+        body = self.pub.telemetry_payload()
+        return sp.encode(sp.window_metrics(body), self.pub._next_sp_seq(), ts_ms=int(body["sent_at"] * 1000))
+
+
+def test_sparkplug_births_windows_and_deaths_land_like_json(tmp_path: Path) -> None:
+    rec = Recorder()
+    c = Collector(FleetStore(tmp_path / "fleet.db"), listener=rec)
+    dev = SparkplugDevice("cam-s", tmp_path)
+    (nbirth, p1), (dbirth, p2) = dev.births()
+    assert nbirth == "spBv1.0/lab/NBIRTH/cam-s" and dbirth == "spBv1.0/lab/DBIRTH/cam-s/pipeline"
+    assert c.handle(nbirth, p1) == c.handle(dbirth, p2) == "sparkplug-birth"
+    birth = c.store.device("lab", "cam-s")["birth"]
+    assert birth["model"] == {"name": "efficientnet-lite0", "version": "1.1"}
+    assert (birth["backend"], birth["budget_ms"], birth["profile"]) == ("tensorrt", 16.7, "jetson-orin-nano")
+    assert birth["session"] == dev.pub.session and rec.statuses[-1][3] == birth
+    rng = np.random.default_rng(3)
+    raw, sent = [], []
+    for _ in range(4):
+        x = rng.lognormal(2.0, 0.3, 50)
+        raw.append(x)
+        sent.append(dev.window_of(x))
+    assert [c.handle(dev.topic, p) for p in (*sent, sent[2])] == ["telemetry"] * 4 + ["duplicate"]
+    merged = c.store.merged(device="cam-s")
+    union = np.sort(np.concatenate(raw))
+    assert merged.count == union.size == c.store.merged(device="cam-s", stage="inference").count
+    assert abs(merged.quantile(0.99) - union[int(0.99 * (union.size - 1))]) / union[-1] < 0.02
+    assert [w[2] for w in rec.windows] == [0, 1, 2, 3] and c.lag.count == 4
+    # The body is the JSON telemetry shape, so the store and the dashboard read both formats alike.
+    body = rec.bodies[0]
+    assert body["schema"] == "edgekit/v1/telemetry" and body["epoch"] == dev.pub.spool.epoch
+    assert set(body["window"]["stages_ms"]) == set(STAGES) and body["counters"]["frames"] == 0
+    assert body["window"]["frames"] == 50 and body["sent_at"] > 0
+    # A death certificate of an earlier session arrives after the node was born again: not a death.
+    stale = dev.death()
+    dev.pub._bdseq = (dev.pub._bdseq + 1) % 256  # the next MQTT session
+    for topic, payload in dev.births():
+        c.handle(topic, payload)
+    assert c.handle(*stale) == "sparkplug-stale-death"
+    assert c.store.device("lab", "cam-s")["state"] == "online"
+    assert c.handle(*dev.death()) == "sparkplug-death"
+    assert c.store.device("lab", "cam-s")["state"] == "offline" and rec.statuses[-1][2] == "offline"
+    assert not c.rejected
+
+
+class Boom:
+    """Unpickling this would run code: the collector must never unpickle what it receives."""
+
+    ran = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (setattr, (Boom, "ran", True))
+
+
+def sp_payload(**metrics: Any) -> bytes:
+    from edgekit.telemetry import sparkplug as sp
+
+    return sp.encode(metrics, 3)
+
+
+def ddata(tmp_path: Path, **change: Any) -> bytes:
+    from edgekit.telemetry import sparkplug as sp
+
+    dev = SparkplugDevice("cam-1", tmp_path)
+    metrics = sp.decode(dev.window_of(np.full(5, 12.0)))["metrics"]
+    return sp.encode({k: v for k, v in (metrics | change).items() if v is not ...}, 4)
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "reason"),
+    [
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", b"\xff\xff not protobuf", "sparkplug-parse"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", b"", "sparkplug-parse"),  # parses: an empty Payload
+        ("spBv1.0/lab/NBIRTH/cam-1", b"", "sparkplug-parse"),  # no bdSeq
+        ("spBv1.0/lab/NDEATH/cam-1", "sp:bdSeq=str", "sparkplug-parse"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", "dd:telemetry/seq=str", "sparkplug-parse"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", "dd:latency/sketch=drop", "sparkplug-parse"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", "dd:latency/sketch=notjson", "sparkplug-parse"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", "dd:window/frames=float", "sparkplug-parse"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", "dd:inference/sketch=accuracy", "bad-field"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", "pickle", "sparkplug-parse"),
+        ("edgekit/v1/lab/cam-1/telemetry", "pickle", "malformed-json"),
+        ("spBv1.0/lab/DDATA/cam-1/other", b"", "topic"),
+        ("spBv1.0/lab/NBIRTH/cam-1/pipeline", b"", "topic"),
+        ("spBv1.0/lab/DDATA/cam+1/pipeline", b"", "bad-id"),
+        ("spBv1.0/l..b/NBIRTH/cam-1", b"", "bad-id"),
+        ("spBv1.0/lab/DDATA/cam-1/pipeline", b"\x00" * (MAX_PAYLOAD + 1), "oversized"),
+        ("spBv1.0/lab/DBIRTH/cam-1/pipeline", "sp:Properties/budget_ms=nan", "sparkplug-parse"),
+        ("spBv1.0/lab/DBIRTH/cam-1/pipeline", "sp:Properties/a/b/c=str", "sparkplug-parse"),
+    ],
+)
+def test_bad_sparkplug_is_counted_and_the_collector_stays_up(
+    topic: str, payload: bytes | str, reason: str, tmp_path: Path
+) -> None:
+    import pickle
+
+    if payload == "pickle":
+        payload = pickle.dumps(Boom())
+    elif isinstance(payload, str):
+        kind, _, spec = payload.partition(":")
+        name, _, how = spec.partition("=")
+        value: Any = {"str": "7", "float": 5.0, "nan": float("nan"), "drop": ..., "notjson": "{not json"}.get(
+            how
+        )
+        if how == "accuracy":
+            value = json.dumps(sketch(accuracy=0.05))
+        payload = sp_payload(**{name: value}) if kind == "sp" else ddata(tmp_path, **{name: value})
+    c = Collector(FleetStore())
+    assert c.handle(topic, payload) == f"rejected:{reason}"
+    assert c.rejected == {reason: 1} and not Boom.ran
+    good = SparkplugDevice("cam-1", tmp_path / "good")
+    for t, p in good.births():
+        assert c.handle(t, p) == "sparkplug-birth"
+    assert c.handle(good.topic, good.window_of(np.full(10, 12.0))) == "telemetry"  # still up
+    assert c.store.device("lab", "cam-1")["state"] == "online"
+
+
+def test_sparkplug_commands_and_host_state_are_not_the_collectors_business() -> None:
+    c = Collector(FleetStore())
+    for topic in ("spBv1.0/lab/NCMD/cam-1", "spBv1.0/lab/DCMD/cam-1/pipeline", "spBv1.0/STATE/scada"):
+        assert c.handle(topic, b"\x01\x02") == "sparkplug-ignored"
+    assert not c.rejected and c.store.devices() == []

@@ -1,22 +1,30 @@
 """``Collector``: turns what devices publish into the fleet's state, rejecting bad input without falling over.
 
+Two wire formats arrive: edgekit's JSON (``edgekit/v1/<fleet>/<device>/{status,telemetry,labels}``)
+and Sparkplug B (``spBv1.0/<fleet>/{NBIRTH,NDEATH,DBIRTH,DDATA}/<device>[/pipeline]``, see
+``edgekit.telemetry.sparkplug``).  A Sparkplug DDATA is turned into the JSON telemetry body,
+so the store, the listener and the dashboard treat both alike.
+
 Every message is checked before it is stored: the topic shape, the fleet and device
-names (no ``/``, ``+``, ``#`` or ``..``), the size, JSON (and only JSON: nothing is
-evaluated or unpickled), the schema version, and that the payload names the device of
-its topic.  A rejected message is counted by reason and logged; the collector stays up.
-Telemetry is de-duplicated on ``(fleet, device, seq)``; a jump in ``seq`` is recorded as a gap.
+names (no ``/``, ``+``, ``#`` or ``..``), the size, JSON or protobuf (and only those: nothing
+is evaluated or unpickled), the schema version, that the payload names the device of its
+topic, and every number and sketch a later query would trip over.  A rejected message is
+counted by reason and logged; the collector stays up.  Telemetry is de-duplicated on
+``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from edgekit.fleet.store import FleetStore
 from edgekit.names import safe_name
@@ -27,10 +35,34 @@ log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 256 * 1024
 LEAVES = ("status", "telemetry", "labels")
+SPARKPLUG = "spBv1.0"
+# Sparkplug message kinds a fleet collector has no use for (commands to nodes, host state, node data).
+SPARKPLUG_IGNORED = ("NCMD", "DCMD", "NDATA", "STATE")
+# Sketch bucket keys beyond this stand for values outside 1e-17..1e17 ms (accuracy 1%): nonsense
+# that would overflow ``math.exp`` when a merged sketch is asked for a quantile.
+MAX_BUCKET_KEY = 2000
+_BUCKET_KEYS = frozenset(str(k) for k in range(-MAX_BUCKET_KEY, MAX_BUCKET_KEY + 1))
+MAX_TOPICS = 100_000
+MAX_INT = 2**63  # what an SQLite or PostgreSQL BIGINT column holds
 
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+try:  # orjson parses telemetry about 3x faster than json; both refuse NaN and Infinity here
+    import orjson
+
+    _loads: Callable[[bytes], Any] = orjson.loads
+    _dumps: Callable[[Any], bytes] = orjson.dumps
+except ImportError:  # pragma: no cover - the fleet extra installs orjson
+
+    def _loads(data: bytes) -> Any:
+        # Decoded first: json.loads would take UTF-16 and UTF-32 bytes too.
+        return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
 class Rejected(ValueError):
@@ -39,6 +71,21 @@ class Rejected(ValueError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+
+
+class CollectorListener(Protocol):
+    """Told of what the collector accepts (the live dashboard view implements it).
+
+    Called from the thread that called ``Collector.handle``, after the collector's lock is
+    released (so a listener may read ``Collector.stats()``); an exception it raises is logged.
+    A listener may also have ``gap(fleet, device)``: called when a device's sequence jumps.
+    """
+
+    def window(self, fleet: str, device: str, body: dict[str, Any], at: float) -> None:
+        """A new (not duplicate) telemetry window, in the JSON body shape, received at ``at``."""
+
+    def status(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
+        """``online`` (with the birth facts when the message had them) or ``offline``."""
 
 
 # How far below a device's highest seq the collector remembers what it saw (for duplicates).
@@ -55,21 +102,78 @@ class _Track:
     recent: set[int] = field(default_factory=set)  # seqs seen within RECENT of ``high``
 
 
+@dataclass
+class _Node:
+    """A Sparkplug edge node's current session: its NBIRTH's bdSeq and facts."""
+
+    bdseq: int
+    facts: dict[str, Any]
+
+
+def _finite(value: Any) -> bool:
+    return (type(value) is float or type(value) is int) and math.isfinite(value)
+
+
+def check_sketch(sketch: Any) -> None:
+    """Raise ``ValueError`` unless ``sketch`` is a latency sketch dict that merges cleanly with the fleet's.
+
+    The checks ``LatencySketch.from_dict`` makes (and a few more) on the plain dict, without
+    building the sketch: this runs six times per telemetry message.
+    """
+    if type(sketch) is not dict:
+        raise ValueError("a sketch must be an object")
+    # Sketches of one accuracy merge exactly; another accuracy would break fleet queries.
+    if sketch.get("accuracy") != DEFAULT_ACCURACY:
+        raise ValueError(f"sketch accuracy {str(sketch.get('accuracy'))[:20]} is not {DEFAULT_ACCURACY}")
+    count, zero, buckets = sketch.get("count"), sketch.get("zero"), sketch.get("buckets")
+    if type(count) is not int or type(zero) is not int or type(buckets) is not dict or zero < 0:
+        raise ValueError("sketch count, zero and buckets must be integers and an object")
+    # Keys are checked as a set against every canonical key: no int() per bucket (the costliest
+    # part of ingest once), and "012", "-0" or " 12" (which would collide when read back) are refused.
+    if not _BUCKET_KEYS.issuperset(buckets):
+        raise ValueError("sketch bucket keys must be integers within the sketch's range")
+    total = zero
+    if buckets:
+        counts = buckets.values()
+        total += sum(counts)  # a float or a string among the counts makes this a float or a TypeError
+        if type(total) is not int or min(counts) < 0:
+            raise ValueError("sketch bucket counts must be non-negative integers")
+    if total != count or count >= MAX_INT:
+        raise ValueError("sketch counts do not add up")
+    if not _finite(sketch.get("sum")):
+        raise ValueError("sketch sum must be a finite number")
+    if count and not (_finite(sketch.get("min")) and _finite(sketch.get("max"))):
+        raise ValueError("sketch min and max must be finite numbers")
+
+
 class Collector:
-    """Feed it ``handle(topic, payload)``; it keeps ``store`` current and counts what it saw.
+    """Feed it ``handle(topic, payload)``; it keeps ``store`` current, tells ``listener``, and counts what it saw.
 
     With ``batch_size > 1`` telemetry windows are written in transactions of that many (or
     every ``flush_s``); call ``flush()`` before reading the store.  Thread-safe.
+    ``lag`` is a sketch of how long accepted windows took from the device (``sent_at``) to here, in ms.
     """
 
-    def __init__(self, store: FleetStore, batch_size: int = 1, flush_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        store: FleetStore,
+        batch_size: int = 1,
+        flush_s: float = 0.25,
+        listener: CollectorListener | None = None,
+    ) -> None:
         self.store = store
         self.batch_size = max(1, batch_size)
         self.flush_s = flush_s
+        self.listener = listener
         self.seen: Counter[str] = Counter()  # accepted messages by kind, duplicates, gaps
         self.rejected: Counter[str] = Counter()  # by reason
+        self.lag = LatencySketch()
         self._tracks: dict[tuple[str, str], _Track] = {}
+        self._nodes: dict[tuple[str, str], _Node] = {}  # Sparkplug sessions
+        self._topics: dict[str, tuple[str, str, str]] = {}  # valid topics seen
         self._pending: list[tuple[str, str, dict[str, Any], str, float]] = []
+        # What to tell the listener, kept until the lock is released (see CollectorListener).
+        self._events: list[tuple[Any, ...]] = []
         self._last_flush = time.monotonic()
         self._lock = threading.RLock()
 
@@ -78,21 +182,55 @@ class Collector:
         at = time.time() if now is None else now
         with self._lock:
             try:
-                outcome = self._handle(topic, payload, at)
+                if topic.startswith(SPARKPLUG):
+                    outcome = self._sparkplug(topic, payload, at)
+                else:
+                    outcome = self._handle(topic, payload, at)
             except Rejected as err:
+                outcome = f"rejected:{err.reason}"
                 self.rejected[err.reason] += 1
                 log.warning("collector: rejected a message on %r: %s", topic[:200], err)
-                return f"rejected:{err.reason}"
-            self.seen[outcome] += 1
-            if len(self._pending) >= self.batch_size or time.monotonic() - self._last_flush >= self.flush_s:
+            else:
+                self.seen[outcome] += 1
+            if self._pending and (
+                len(self._pending) >= self.batch_size or time.monotonic() - self._last_flush >= self.flush_s
+            ):
                 self.flush()
-            return outcome
+            events, self._events = self._events, []
+        if events and self.listener is not None:
+            self._tell(events)
+        return outcome
+
+    def _tell(self, events: list[tuple[Any, ...]]) -> None:
+        assert self.listener is not None
+        for event in events:
+            try:
+                if event[0] == "window":
+                    self.listener.window(*event[1:])
+                elif event[0] == "status":
+                    self.listener.status(*event[1:])
+                elif (gap := getattr(self.listener, "gap", None)) is not None:
+                    gap(*event[1:])
+            except Exception:  # the dashboard's trouble must not stop collection
+                log.exception("collector: the listener failed on a %s event", event[0])
+
+    def stats(self) -> dict[str, Any]:
+        """``{seen: {...}, rejected: {...}, lag_ms: {p50, p99}}`` (lag ``None`` before any window)."""
+        with self._lock:
+            lag = {f"p{q}": self.lag.quantile(q / 100) for q in (50, 99)}
+            return {
+                "seen": dict(self.seen),
+                "rejected": dict(self.rejected),
+                "lag_ms": {k: None if math.isnan(v) else round(v, 3) for k, v in lag.items()},
+            }
 
     def flush(self) -> None:
         """Write the buffered windows (one transaction; one by one if that fails, dropping what cannot be stored)."""
         with self._lock:
             pending, self._pending = self._pending, []
             self._last_flush = time.monotonic()
+            if not pending:
+                return
             try:
                 self.store.add_windows(pending)
                 return
@@ -124,21 +262,42 @@ class Collector:
             self._tracks[key] = track
         return track
 
-    def _handle(self, topic: str, payload: bytes, at: float) -> str:
+    def _set_state(
+        self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None
+    ) -> None:
+        self.store.set_state(fleet, device, state, at, birth)
+        track = self._track(fleet, device)
+        if track is not None:
+            track.state = state
+        self._events.append(("status", fleet, device, state, at, birth))
+
+    # -- edgekit JSON ----------------------------------------------------------------------
+
+    def _topic(self, topic: str) -> tuple[str, str, str]:
+        """``(fleet, device, leaf)`` of a valid edgekit topic (remembered: the same few recur all day)."""
+        known = self._topics.get(topic)
+        if known is not None:
+            return known
         parts = topic.split("/")
-        if len(parts) != 5 or parts[:2] != ["edgekit", "v1"] or parts[4] not in LEAVES:
+        if len(parts) != 5 or parts[0] != "edgekit" or parts[1] != "v1" or parts[4] not in LEAVES:
             raise Rejected("topic", "not edgekit/v1/<fleet>/<device>/{status,telemetry,labels}")
         fleet, device, leaf = parts[2], parts[3], parts[4]
         if not (safe_name(fleet) and safe_name(device)):
             raise Rejected("bad-id", f"fleet {fleet!r} / device {device!r}")
+        if len(self._topics) >= MAX_TOPICS:  # a flood of made-up names must not grow memory without end
+            self._topics.clear()
+        self._topics[topic] = (fleet, device, leaf)
+        return fleet, device, leaf
+
+    def _handle(self, topic: str, payload: bytes, at: float) -> str:
+        fleet, device, leaf = self._topic(topic)
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:
-            text = payload.decode("utf-8")
-            body = json.loads(text, parse_constant=_no_constant)
+            body = _loads(payload)
         except (ValueError, UnicodeDecodeError, RecursionError) as err:
             raise Rejected("malformed-json", str(err)[:120]) from None
-        if not isinstance(body, dict):
+        if type(body) is not dict:
             raise Rejected("malformed-json", "not a JSON object")
         if body.get("schema") != f"edgekit/v1/{leaf}":
             raise Rejected("schema-version", f"schema {str(body.get('schema'))[:60]!r} on a {leaf} topic")
@@ -148,41 +307,47 @@ class Collector:
             state = body.get("state")
             if state not in ("online", "offline"):
                 raise Rejected("bad-field", f"state {str(state)[:40]!r}")
-            self.store.set_state(fleet, device, state, at, body if state == "online" else None)
-            track = self._track(fleet, device)
-            if track is not None:
-                track.state = state
+            self._set_state(fleet, device, state, at, body if state == "online" else None)
             return "status"
         if leaf == "labels":
             return "labels"
-        return self._telemetry(fleet, device, body, text, at)
+        # The stored text is what the device sent (valid UTF-8: the parser checked).
+        return self._telemetry(fleet, device, body, bytes(payload).decode(), at)
 
     def _telemetry(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> str:
         seq, window, epoch = body.get("seq"), body.get("window"), body.get("epoch", "")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
+        if type(seq) is not int or not 0 <= seq < MAX_INT:
             raise Rejected("bad-field", f"seq {str(seq)[:40]!r}")
-        if not isinstance(epoch, str) or len(epoch) > 32:
+        if type(epoch) is not str or len(epoch) > 32:
             raise Rejected("bad-field", f"epoch {str(epoch)[:40]!r}")
-        if not isinstance(window, dict) or not isinstance(body.get("counters"), dict):
+        counters, sent_at = body.get("counters"), body.get("sent_at")
+        if type(window) is not dict or type(counters) is not dict:
             raise Rejected("bad-field", "window and counters must be objects")
+        if sent_at is not None and not _finite(sent_at):
+            raise Rejected("bad-field", f"sent_at {str(sent_at)[:40]!r}")
         try:
-            stages = dict(window["stages_ms"])
-            if not set(STAGES) <= stages.keys():
-                raise ValueError(f"stages_ms lacks {sorted(set(STAGES) - stages.keys())}")
-            for sketch in (window["latency_ms"], *stages.values()):
-                # Sketches of one accuracy merge exactly; another accuracy would break fleet queries.
-                if LatencySketch.from_dict(sketch).accuracy != DEFAULT_ACCURACY:
-                    raise ValueError(f"sketch accuracy {sketch['accuracy']} is not {DEFAULT_ACCURACY}")
-            float(window["start"]), float(window["end"]), int(window["frames"]), int(window["missed"])
+            stages = window["stages_ms"]
+            if type(stages) is not dict:
+                raise ValueError("stages_ms must be an object")
+            for stage in STAGES:
+                if stage not in stages:
+                    raise ValueError(f"stages_ms lacks {stage}")
+            check_sketch(window["latency_ms"])
+            for sketch in stages.values():
+                check_sketch(sketch)
+            if not (_finite(window["start"]) and _finite(window["end"])):
+                raise ValueError("start and end must be finite numbers")
+            for value in (window["frames"], window["missed"], *counters.values()):
+                if type(value) is not int or not 0 <= value < MAX_INT:
+                    raise ValueError(f"frames, missed and counters must be counts, not {str(value)[:40]!r}")
         except (KeyError, TypeError, ValueError, OverflowError) as err:
             raise Rejected("bad-field", f"window: {str(err)[:120]}") from None
         track = self._track(fleet, device)
         if track is None:
-            self.store.set_state(fleet, device, "online", at, None)
+            self._set_state(fleet, device, "online", at, None)
             track = self._tracks[(fleet, device)] = _Track("online", -1)
         elif track.state == "offline":
-            self.store.set_state(fleet, device, "online", at, None)
-            track.state = "online"
+            self._set_state(fleet, device, "online", at, None)
         if epoch != track.epoch:
             if track.high >= 0:
                 log.warning(
@@ -200,14 +365,100 @@ class Collector:
         if seq > track.high + 1 and track.high >= 0:
             self.store.add_gap(fleet, device, track.high + 1, seq - 1, at, epoch)
             self.seen["gaps"] += 1
+            self._events.append(("gap", fleet, device))
             log.info("collector: %s/%s skipped seq %d..%d", fleet, device, track.high + 1, seq - 1)
         track.recent.add(seq)
         if seq > track.high:
             track.high = seq
             if len(track.recent) > 2 * RECENT:
                 track.recent = {s for s in track.recent if s > seq - RECENT}
+        if sent_at is not None:
+            self.lag.add((at - sent_at) * 1000.0)
         self._pending.append((fleet, device, body, raw, at))
+        self._events.append(("window", fleet, device, body, at))
         return "telemetry"
+
+    # -- Sparkplug B -----------------------------------------------------------------------
+
+    def _sparkplug(self, topic: str, payload: bytes, at: float) -> str:
+        from google.protobuf.message import DecodeError
+
+        from edgekit.telemetry import sparkplug as sp
+
+        parts = topic.split("/")
+        if (len(parts) == 3 and parts[1] == "STATE") or (len(parts) > 2 and parts[2] in SPARKPLUG_IGNORED):
+            return "sparkplug-ignored"
+        kind = parts[2] if len(parts) > 2 else ""
+        node_topic = len(parts) == 4 and kind in ("NBIRTH", "NDEATH")
+        device_topic = len(parts) == 5 and kind in ("DBIRTH", "DDATA", "DDEATH") and parts[4] == sp.DEVICE
+        if not (node_topic or device_topic):
+            raise Rejected(
+                "topic", f"not {SPARKPLUG}/<fleet>/{{N,D}}{{BIRTH,DEATH,DATA}}/<device>[/pipeline]"
+            )
+        fleet, device = parts[1], parts[3]
+        if not (safe_name(fleet) and safe_name(device)):
+            raise Rejected("bad-id", f"fleet {fleet!r} / device {device!r}")
+        if len(payload) > MAX_PAYLOAD:
+            raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
+        try:
+            ts_ms, metrics = sp.read_metrics(payload)
+            if kind == "DDATA":
+                node = self._nodes.get((fleet, device))
+                session = str(node.facts.get("session", "")) if node is not None else ""
+                body = sp.telemetry_body(metrics, fleet=fleet, device=device, ts_ms=ts_ms, session=session)
+                if not body["epoch"]:  # a publisher without the epoch metric: its session numbers the seqs
+                    body["epoch"] = session
+                raw = _dumps(body).decode()
+            elif kind in ("NBIRTH", "NDEATH"):
+                value = metrics.get("bdSeq")
+                if type(value) is not int:
+                    raise ValueError(f"bdSeq is {type(value).__name__}, not an integer")
+                bdseq: int = value
+            if kind in ("NBIRTH", "DBIRTH"):
+                facts = sp.birth_facts(metrics)
+        except (DecodeError, ValueError, TypeError, KeyError, RecursionError) as err:
+            raise Rejected("sparkplug-parse", f"{kind}: {str(err)[:120]}") from None
+        if kind == "DDATA":
+            return self._telemetry(fleet, device, body, raw, at)
+        if kind == "NBIRTH":
+            # A new session: its bdSeq is what this node's death certificate will carry.
+            self._nodes[(fleet, device)] = _Node(bdseq, facts)
+            self._set_state(fleet, device, "online", at, self._birth(fleet, device, facts, ts_ms))
+            return "sparkplug-birth"
+        if kind == "DBIRTH":
+            node = self._nodes.get((fleet, device))
+            merged = (node.facts if node is not None else {}) | facts
+            self._set_state(fleet, device, "online", at, self._birth(fleet, device, merged, ts_ms))
+            return "sparkplug-birth"
+        if kind == "NDEATH":
+            node = self._nodes.get((fleet, device))
+            # Without a birth seen by this process (it restarted) there is nothing to compare: believe it.
+            if node is not None and node.bdseq != bdseq:
+                # The Will of an earlier session, delivered after the node was born again: not a death.
+                log.info(
+                    "collector: %s/%s: stale NDEATH (bdSeq %d, alive with %d)",
+                    fleet,
+                    device,
+                    bdseq,
+                    node.bdseq,
+                )
+                return "sparkplug-stale-death"
+            self._nodes.pop((fleet, device), None)
+        self._set_state(fleet, device, "offline", at, None)
+        return "sparkplug-death"
+
+    @staticmethod
+    def _birth(fleet: str, device: str, facts: dict[str, Any], ts_ms: int) -> dict[str, Any]:
+        """A Sparkplug birth as the JSON status ``online`` body (what the store and the listener keep)."""
+        return {
+            "schema": "edgekit/v1/status",
+            "state": "online",
+            "device": device,
+            "fleet": fleet,
+            "ts": ts_ms / 1000,
+            **facts,
+            "format": "sparkplug",
+        }
 
     def open_gaps(self, fleet: str, device: str) -> list[tuple[int, int]]:
         """Sequence ranges of the current epoch still missing (a replay after an outage fills earlier gaps)."""
