@@ -4,9 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages the tests and builds use: a cross compiler for ARM64 TVM libraries, and
-# Mosquitto (the broker the telemetry tests start on loopback, and its command-line clients).
-APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu mosquitto mosquitto-clients)
+# System packages the tests and builds use: a cross compiler for ARM64 TVM libraries;
+# Mosquitto (the broker the telemetry tests start on loopback, and its command-line clients);
+# PostgreSQL (the fleet store's big-fleet option, started by its tests); Chromium and its
+# driver (the dashboard's browser test); prometheus for promtool (checks the shipped alert rules).
+APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu mosquitto mosquitto-clients
+  postgresql chromium chromium-driver prometheus)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -12,6 +12,7 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.bundle",
     "edgekit.commands.run",
     "edgekit.commands.telemetry",
+    "edgekit.commands.fleet",
 )
 
 

@@ -1,9 +1,19 @@
-"""The fleet side: a collector of device telemetry and the store it keeps (the dashboard builds on these)."""
+"""The fleet side: the collector of device telemetry, its store, the live view, the dashboard and /metrics."""
 
 from __future__ import annotations
 
-from edgekit.fleet.collector import Collector
-from edgekit.fleet.store import FleetStore, merge
+from edgekit.fleet.collector import Collector, CollectorListener
+from edgekit.fleet.store import FleetStore, merge, open_store
+from edgekit.fleet.view import FleetView, SloPolicy
 from edgekit.names import safe_name
 
-__all__ = ["Collector", "FleetStore", "merge", "safe_name"]
+__all__ = [
+    "Collector",
+    "CollectorListener",
+    "FleetStore",
+    "FleetView",
+    "SloPolicy",
+    "merge",
+    "open_store",
+    "safe_name",
+]

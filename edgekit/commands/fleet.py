@@ -1,0 +1,145 @@
+"""``edgekit fleet serve``: the collector, its store, the live dashboard and ``/metrics`` in one process."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgekit.commands.common import err_console
+from edgekit.errors import EdgekitError
+
+fleet_app = typer.Typer(help="The fleet: collect telemetry, store it, show it.", no_args_is_help=True)
+
+log = logging.getLogger(__name__)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(fleet_app, name="fleet")
+
+
+def _seconds(text: str, what: str) -> float:
+    """``90``, ``90s``, ``5m``, ``1h``, ``30d`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise EdgekitError(f"{what} {text!r} is not a duration", "write e.g. 90s, 5m, 1h or 30d")
+    return value
+
+
+def _describe_db(db: str) -> str:
+    """The database without its password (it goes to logs and terminals)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(db)
+    if not parts.scheme.startswith("postgres"):
+        return db
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail before connecting anything when the dashboard's address is taken (uvicorn would just exit 1)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as err:
+        raise EdgekitError(
+            f"cannot listen on {host}:{port}: {err.strerror or err}",
+            "another program has this port (an earlier `edgekit fleet serve`?): pass --port N",
+        ) from err
+
+
+@fleet_app.command("serve")
+def serve_command(
+    mqtt: Annotated[
+        str, typer.Option("--mqtt", help="The broker the devices publish to: mqtt[s]://[user@]host[:port].")
+    ] = "mqtt://127.0.0.1:1883",
+    db: Annotated[
+        str, typer.Option("--db", help="SQLite file, or postgresql://user@host/db for a bigger fleet.")
+    ] = "fleet.db",
+    host: Annotated[str, typer.Option("--host", help="Address the dashboard listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port of the dashboard and /metrics.")] = 8765,
+    raw_keep: Annotated[
+        str, typer.Option("--raw-keep", help="Keep raw windows this long, then one-minute rollups.")
+    ] = "1h",
+    keep: Annotated[str, typer.Option("--keep", help="Delete rollups older than this.")] = "30d",
+    slo_for: Annotated[
+        str, typer.Option("--slo-for", help="A latency breach must last this long to fire an alert.")
+    ] = "5m",
+    slo_quantile: Annotated[
+        float, typer.Option("--slo-quantile", help="The latency quantile held to each device's budget.")
+    ] = 0.95,
+    ca_file: Annotated[
+        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
+    ] = None,
+    client_id: Annotated[
+        str,
+        typer.Option("--client-id", help="MQTT client id (one per collector: the broker keeps its queue)."),
+    ] = "edgekit-fleet-collector",
+) -> None:
+    """Collect fleet telemetry from MQTT and serve the dashboard (http://HOST:PORT/) and /metrics."""
+    try:
+        import uvicorn
+    except ImportError as err:
+        raise EdgekitError(
+            f"the fleet dashboard needs its extra: {err}", "pip install 'edgekit[fleet]'"
+        ) from err
+    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.mqtt import FleetSubscriber
+    from edgekit.fleet.server import Ticker, create_app
+    from edgekit.fleet.store import open_store
+    from edgekit.fleet.view import FleetView, SloPolicy
+    from edgekit.telemetry.broker import BrokerConfig
+
+    if not 0 < slo_quantile < 1:
+        raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")
+    raw_keep_s, keep_s = _seconds(raw_keep, "--raw-keep"), _seconds(keep, "--keep")
+    slo = SloPolicy(quantile=slo_quantile, for_s=_seconds(slo_for, "--slo-for"))
+    broker = BrokerConfig.from_url(mqtt, ca_file=ca_file)
+    logging.basicConfig(
+        level=os.environ.get("EDGEKIT_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    _check_port(host, port)
+    store = open_store(db)
+    view = FleetView(store, slo=slo)
+    view.load()
+    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view)
+    view.stats = collector.stats
+
+    def housekeeping() -> None:
+        import time
+
+        collector.flush()
+        done = store.compact(time.time(), raw_keep_s=raw_keep_s, keep_s=keep_s)
+        log.info("fleet: compacted the store: %s", done)
+
+    # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
+    # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
+    ticker = Ticker(view, housekeeping=housekeeping, each_tick=collector.flush)
+    try:
+        subscriber = FleetSubscriber(broker, collector.handle, client_id=client_id).start()
+    except BaseException:
+        store.close()
+        raise
+    app = create_app(view, ticker)
+    err_console.print(
+        f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {_describe_db(db)}; "
+        f"dashboard on http://{host}:{port}/  (metrics: /metrics)"
+    )
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        subscriber.stop()
+        collector.flush()
+        store.close()

@@ -1,0 +1,239 @@
+"""``/metrics``: the fleet's cumulative totals in the Prometheus text exposition format (0.0.4).
+
+Rendered from our own sketches rather than through ``prometheus_client``: the server holds a
+cumulative ``LatencySketch`` per device and stage, and a histogram's buckets are read off it
+at scrape time.  Every device gets the same fixed buckets so ``histogram_quantile`` can sum
+them across a fleet, and the buckets sit tightly around the common frame budgets (60, 30,
+20, 15 and 10 fps) so "p95 over budget" is decided at a bucket edge, not by interpolation.
+
+A bucket count is ``count(values <= le)`` as well as a 1 % sketch allows: values at or below
+``le * 0.99`` are always counted and values above ``le * 1.01`` never are; a value within 1 %
+of ``le`` may land on either side.  ``_sum``, ``_count`` and the ``+Inf`` bucket are exact.
+
+(A frame of exactly 33.3 ms, for one, counts above the 0.0333 edge: its sketch bucket's
+representative value is 33.45 ms.)  A bucket's count is a sum of sketch counts alone, so as
+the cumulative sketch grows no bucket ever goes down.
+
+Every device series carries the ``fleet`` and ``device`` labels; the collector's own series
+(messages by kind, rejections by reason, lag) carry neither.  Counters are the view's totals
+since the server started, so they never go down while it runs (a restart resets them, which
+``rate()`` understands).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from edgekit.fleet.view import DeviceTotals
+from edgekit.sketch import LatencySketch
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds.  Each common budget (16.7, 33.3, 50, 66.7, 100 ms) is an edge, with edges a few
+# ms either side of it, so the buckets bracket a budget tightly where the alert decides.
+FRAME_BUCKETS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.0125,
+    0.015,
+    0.0167,
+    0.02,
+    0.025,
+    0.03,
+    0.0333,
+    0.0375,
+    0.045,
+    0.05,
+    0.06,
+    0.0667,
+    0.075,
+    0.09,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+)
+# Stages are parts of a frame: fewer, wider buckets reaching further down (a sink takes ~0.1 ms).
+STAGE_BUCKETS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.0167,
+    0.025,
+    0.0333,
+    0.05,
+    0.0667,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+
+# The birth fields that become labels of edgekit_device_info.
+INFO_LABELS: tuple[str, ...] = ("profile", "model", "version", "backend", "precision", "edgekit")
+# Birth fields are free text from the network: a model name of 200 kB must not become a label.
+MAX_LABEL_VALUE = 128
+
+
+def escape_label(value: object) -> str:
+    """A label value as the text format wants it: backslash, double quote and newline escaped.
+
+    The value is also made valid UTF-8 (JSON lets a lone surrogate through, which would make
+    the whole response unencodable) and cut to ``MAX_LABEL_VALUE`` characters.
+    """
+    text = "" if value is None else str(value)
+    text = text.encode("utf-8", "replace").decode("utf-8")[:MAX_LABEL_VALUE]
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def cumulative_counts(sketch: LatencySketch, bounds_ms: Sequence[float]) -> list[int]:
+    """For each upper bound (ms, ascending), how many of the sketch's values are ``<=`` it.
+
+    A sketch bucket counts under a bound when its representative value (the one
+    ``quantile`` reports, within 1 % of every value in the bucket) is ``<=`` the bound.
+    Each count is a sum of the sketch's bucket counts alone, so while a cumulative sketch
+    grows no histogram bucket ever goes down; taking a shortcut through the exact min or
+    max would break that (a bound just above the max counts a value that a later, larger
+    max no longer lets it count), and Prometheus would read the drop as a counter reset.
+    """
+    gamma = (1 + sketch.accuracy) / (1 - sketch.accuracy)
+    items = sorted(sketch.buckets.items())
+    out: list[int] = []
+    seen, i = sketch.zero, 0
+    for bound in bounds_ms:
+        while i < len(items) and 2 * gamma ** items[i][0] / (1 + gamma) <= bound:
+            seen += items[i][1]
+            i += 1
+        out.append(seen)
+    return out
+
+
+Labels = tuple[tuple[str, object], ...]
+
+
+class _Family:
+    """One metric family: its HELP and TYPE lines, then its samples (the format wants them together)."""
+
+    def __init__(self, name: str, kind: str, help_text: str) -> None:
+        self.name, self.kind, self.help = name, kind, help_text
+        self.samples: list[tuple[str, Labels, float]] = []
+
+    def add(self, labels: Labels, value: float, suffix: str = "") -> None:
+        self.samples.append((self.name + suffix, labels, value))
+
+    def histogram(self, labels: Labels, sketch: LatencySketch, buckets: Sequence[float]) -> None:
+        # Sketches are in ms, Prometheus wants seconds.
+        counts = cumulative_counts(sketch, [b * 1000 for b in buckets])
+        for le, n in zip(buckets, counts, strict=True):
+            self.add((*labels, ("le", _number(le))), n, "_bucket")
+        self.add((*labels, ("le", "+Inf")), sketch.count, "_bucket")
+        self.add(labels, sketch.sum / 1000 if sketch.count else 0.0, "_sum")
+        self.add(labels, sketch.count, "_count")
+
+    def lines(self) -> list[str]:
+        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
+        out = [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} {self.kind}"]
+        for name, labels, value in self.samples:
+            if labels:
+                pairs = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels)
+                out.append(f"{name}{{{pairs}}} {_number(value)}")
+            else:
+                out.append(f"{name} {_number(value)}")
+        return out
+
+
+def _info(birth: Mapping[str, Any]) -> dict[str, object]:
+    model = birth.get("model")
+    name, version = (model.get("name"), model.get("version")) if isinstance(model, Mapping) else (model, None)
+    return {
+        "profile": birth.get("profile"),
+        "model": name,
+        "version": version,
+        "backend": birth.get("backend"),
+        "precision": birth.get("precision"),
+        "edgekit": birth.get("edgekit"),
+    }
+
+
+def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None = None) -> str:
+    """The exposition text for ``devices`` and, when given, the collector's counters.
+
+    ``collector`` is ``view.collector_stats()``: ``seen`` (messages by kind), ``rejected``
+    (by reason) and ``lag_ms`` (e.g. ``{"p50": 3.1, "p99": 40.0}``); missing parts are skipped.
+    """
+    f = {
+        name: _Family(name, kind, text)
+        for name, kind, text in (
+            ("edgekit_device_up", "gauge", "1 when the device is online, 0 when offline (status or Will)."),
+            ("edgekit_device_last_seen_timestamp_seconds", "gauge", "When the device was last heard from."),
+            ("edgekit_budget_seconds", "gauge", "The device's frame budget."),
+            ("edgekit_device_info", "gauge", "What the device runs, from its birth message; always 1."),
+            ("edgekit_frames_total", "counter", "Frames the device reported since the server started."),
+            ("edgekit_frames_missed_total", "counter", "Frames over budget since the server started."),
+            ("edgekit_windows_total", "counter", "Telemetry windows accepted since the server started."),
+            ("edgekit_telemetry_gaps_total", "counter", "Jumps in the device's telemetry sequence."),
+            ("edgekit_frame_latency_seconds", "histogram", "Frame latency, capture to sink."),
+            ("edgekit_stage_latency_seconds", "histogram", "Latency of each stage of a frame."),
+        )
+    }
+    for d in devices:
+        who: Labels = (("fleet", d.fleet), ("device", d.device))
+        f["edgekit_device_up"].add(who, 1 if d.state == "online" else 0)
+        if d.last_seen is not None:
+            f["edgekit_device_last_seen_timestamp_seconds"].add(who, d.last_seen)
+        if d.budget_ms is not None:
+            # Rounded so 33.3 ms is 0.0333 s, equal to the bucket edge, not 0.033299999999999996.
+            f["edgekit_budget_seconds"].add(who, float(f"{d.budget_ms / 1000:.9g}"))
+        if d.birth:
+            f["edgekit_device_info"].add((*who, *_info(d.birth).items()), 1)
+        f["edgekit_frames_total"].add(who, d.frames)
+        f["edgekit_frames_missed_total"].add(who, d.missed)
+        f["edgekit_windows_total"].add(who, d.windows)
+        f["edgekit_telemetry_gaps_total"].add(who, d.gaps)
+        f["edgekit_frame_latency_seconds"].histogram(who, d.latency, FRAME_BUCKETS)
+        for stage, sketch in sorted(d.stages.items()):
+            f["edgekit_stage_latency_seconds"].histogram((*who, ("stage", stage)), sketch, STAGE_BUCKETS)
+    families = list(f.values())
+    if collector is not None:
+        families += _collector_families(collector)
+    lines: list[str] = []
+    for family in families:
+        lines += family.lines()
+    return "\n".join(lines) + "\n"
+
+
+def _collector_families(stats: Mapping[str, Any]) -> list[_Family]:
+    seen = _Family("edgekit_collector_messages_total", "counter", "Messages the collector accepted, by kind.")
+    for kind, n in sorted(dict(stats.get("seen") or {}).items()):
+        seen.add((("kind", kind),), int(n))
+    rejected = _Family(
+        "edgekit_collector_rejected_total", "counter", "Messages the collector refused, by reason."
+    )
+    for reason, n in sorted(dict(stats.get("rejected") or {}).items()):
+        rejected.add((("reason", reason),), int(n))
+    lag = _Family(
+        "edgekit_collector_lag_seconds",
+        "gauge",
+        "From a telemetry window's sending to its ingestion, by statistic (p50, p99).",
+    )
+    for stat, ms in sorted(dict(stats.get("lag_ms") or {}).items()):
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms):
+            lag.add((("stat", stat),), ms / 1000)
+    return [seen, rejected, lag]

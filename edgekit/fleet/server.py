@@ -1,0 +1,152 @@
+"""The fleet dashboard's web app (FastAPI): the page, its JSON, live updates by SSE, and ``/metrics``.
+
+Everything the page needs is served from the package (``static/``, uPlot vendored): a
+dashboard on a site without internet still draws.  Snapshots are built once per tick and
+shared by every client; the SSE stream sends one only when something changed (and a
+comment line every few seconds so proxies keep the connection open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+# FastAPI reads the route signatures' annotations at run time: these names must be module globals.
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from edgekit.fleet.view import FleetView
+from edgekit.names import safe_name
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).with_name("static")
+KEEPALIVE_S = 5.0
+
+
+def _dumps(data: Any) -> bytes:
+    try:
+        import orjson
+
+        return orjson.dumps(data)
+    except ImportError:  # orjson is in the fleet extra; plain json is slower, not wrong
+        return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+
+
+class Ticker:
+    """Calls ``view.tick()`` every ``period_s`` and ``housekeeping()`` every ``housekeeping_s``, on a thread."""
+
+    def __init__(
+        self,
+        view: FleetView,
+        period_s: float = 1.0,
+        housekeeping: Callable[[], None] | None = None,
+        housekeeping_s: float = 300.0,
+        each_tick: Callable[[], None] | None = None,
+    ) -> None:
+        self.view = view
+        self.each_tick = each_tick
+        self.period_s = period_s
+        self.housekeeping = housekeeping
+        self.housekeeping_s = housekeeping_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgekit-fleet-tick", daemon=True)
+
+    def start(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        last_housekeeping = time.monotonic()
+        while not self._stop.wait(self.period_s):
+            try:
+                if self.each_tick is not None:
+                    self.each_tick()
+                self.view.tick()
+                if self.housekeeping and time.monotonic() - last_housekeeping >= self.housekeeping_s:
+                    last_housekeeping = time.monotonic()
+                    self.housekeeping()
+            except Exception:  # the dashboard must outlive one bad tick
+                log.exception("fleet: tick failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def create_app(view: FleetView, ticker: Ticker | None = None, static_dir: Path = STATIC) -> Any:
+    """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app."""
+    from edgekit.fleet import prometheus
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        if ticker is not None:
+            ticker.start()
+        try:
+            yield
+        finally:
+            if ticker is not None:
+                ticker.stop()
+
+    app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.mount("/static", StaticFiles(directory=static_dir), name="static")
+
+    def json_response(data: Any) -> Response:
+        return Response(_dumps(data), media_type="application/json")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(static_dir / "index.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return json_response({"ok": True, "version": view.version})
+
+    @app.get("/api/fleet")
+    async def fleet(window: int = Query(300, ge=1, le=30 * 86400)) -> Response:
+        return json_response(await asyncio.to_thread(view.snapshot, window))
+
+    @app.get("/api/device/{fleet}/{device}")
+    async def device(fleet: str, device: str, window: int = Query(300, ge=1, le=30 * 86400)) -> Response:
+        if not (safe_name(fleet) and safe_name(device)):
+            raise HTTPException(400, "fleet and device are names of A-Z a-z 0-9 . _ - (no '..')")
+        page = await asyncio.to_thread(view.device_page, fleet, device, window)
+        if page is None:
+            raise HTTPException(404, f"no device {fleet}/{device} has reported to this collector")
+        return json_response(page)
+
+    @app.get("/api/events")
+    async def events(request: Request, window: int = Query(300, ge=1, le=30 * 86400)) -> StreamingResponse:
+        async def stream() -> AsyncIterator[bytes]:
+            sent_version, sent_at = -1, 0.0
+            yield b"retry: 2000\n\n"
+            while not await request.is_disconnected():
+                if view.version != sent_version:
+                    sent_version = view.version
+                    snap = await asyncio.to_thread(view.snapshot, window)
+                    yield b"event: snapshot\ndata: " + _dumps(snap) + b"\n\n"
+                    sent_at = time.monotonic()
+                elif time.monotonic() - sent_at >= KEEPALIVE_S:
+                    yield b": keep-alive\n\n"
+                    sent_at = time.monotonic()
+                await asyncio.sleep(0.25)
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        text = await asyncio.to_thread(
+            lambda: prometheus.render(view.prometheus_state(), view.collector_stats())
+        )
+        return Response(text, media_type=prometheus.CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,543 @@
+"""``FleetView``: the fleet as the dashboard and ``/metrics`` see it, kept live in memory.
+
+The collector hands every new window and status change to the view (``CollectorListener``);
+the view only queues them there, so ingest stays cheap.  A tick (once a second, from the
+server) folds the queue into ten-second buckets per device — merged sketches, frames,
+misses — evaluates the alerts, and builds the snapshot every dashboard client shares.
+Percentiles of a device, a model version, a backend or the fleet always come from merged
+sketches, never from averaged percentiles.  The last hour lives in memory; longer windows
+are read from the store (raw windows and rollups).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgekit.pipeline.records import STAGES
+from edgekit.sketch import LatencySketch
+
+log = logging.getLogger(__name__)
+
+STEP_S = 10  # the live resolution
+LIVE_S = 3600  # kept in memory; longer windows come from the store
+REFRESH_S = 5.0  # a quiet fleet still gets a fresh snapshot this often
+WINDOWS_S = (300, 900, 3600, 6 * 3600, 24 * 3600)  # what the dashboard offers
+
+
+@dataclass
+class SloPolicy:
+    """When a device is breaching its latency objective, and when a breach becomes an alert."""
+
+    quantile: float = 0.95
+    over_s: float = 60.0  # the quantile is taken over this much recent telemetry
+    for_s: float = 300.0  # ...and must stay over budget this long to fire (pending until then)
+    miss_rate: float = 0.01  # misses above this share over ``over_s`` also breach
+
+
+@dataclass
+class _Bucket:
+    frames: int = 0
+    missed: int = 0
+    latency: LatencySketch = field(default_factory=LatencySketch)
+    stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
+
+    def add(self, window: dict[str, Any]) -> None:
+        self.frames += int(window["frames"])
+        self.missed += int(window["missed"])
+        self.latency.merge(LatencySketch.from_dict(window["latency_ms"]))
+        for stage, data in (window.get("stages_ms") or {}).items():
+            if stage in self.stages:
+                self.stages[stage].merge(LatencySketch.from_dict(data))
+
+    def merge(self, other: _Bucket) -> None:
+        self.frames += other.frames
+        self.missed += other.missed
+        self.latency.merge(other.latency)
+        for stage, sketch in other.stages.items():
+            self.stages[stage].merge(sketch)
+
+
+@dataclass
+class DeviceTotals:
+    """One device since the server started: what ``/metrics`` exports (counters never go down)."""
+
+    fleet: str
+    device: str
+    state: str
+    last_seen: float
+    birth: dict[str, Any]
+    budget_ms: float | None
+    frames: int = 0
+    missed: int = 0
+    latency: LatencySketch = field(default_factory=LatencySketch)
+    stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
+    windows: int = 0
+    gaps: int = 0
+
+
+@dataclass
+class _Device:
+    fleet: str
+    device: str
+    state: str
+    since: float
+    last_seen: float
+    birth: dict[str, Any]
+    fps: float | None = None
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    pending: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    totals: _Bucket = field(default_factory=_Bucket)
+    windows: int = 0
+    gaps: int = 0
+    breach_since: float | None = None
+    breach_detail: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.fleet}/{self.device}"
+
+    @property
+    def budget_ms(self) -> float | None:
+        return _number(self.birth.get("budget_ms"))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _q(sketch: LatencySketch, q: float) -> float | None:
+    value = sketch.quantile(q)
+    return None if math.isnan(value) else round(value, 3)
+
+
+def _rate(missed: int, frames: int) -> float | None:
+    return round(missed / frames, 5) if frames else None
+
+
+class FleetView:
+    """The live fleet: implements the collector's listener; ``tick()`` once a second, then read snapshots."""
+
+    def __init__(
+        self,
+        store: Any = None,
+        slo: SloPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+        stats: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.store = store
+        self.slo = slo or SloPolicy()
+        self.clock = clock
+        self.stats = stats  # the collector's counters and lag, for the dashboard and /metrics
+        self._devices: dict[tuple[str, str], _Device] = {}
+        self._lock = threading.Lock()
+        self._snapshots: dict[int, tuple[float, dict[str, Any]]] = {}
+        self.version = 0  # bumped by every tick that changed something: SSE sends only news
+        self._changed = False
+        self._bumped = 0.0
+
+    # -- the collector's listener (its thread; keep it cheap) ------------------------------
+
+    def window(self, fleet: str, device: str, body: dict[str, Any], at: float) -> None:
+        """A new telemetry window (queued; folded in by the next tick)."""
+        with self._lock:
+            d = self._device(fleet, device, at)
+            d.pending.append((at, body))
+            d.last_seen = max(d.last_seen, at)
+            self._changed = True
+
+    def status(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
+        """A device came online (with its birth facts) or went offline (its Will, or a clean stop)."""
+        with self._lock:
+            d = self._device(fleet, device, at)
+            if d.state != state:
+                d.state, d.since = state, at
+            d.last_seen = max(d.last_seen, at)
+            if birth:
+                d.birth = dict(birth)
+            self._changed = True
+
+    def gap(self, fleet: str, device: str) -> None:
+        """The collector saw a jump in a device's sequence."""
+        with self._lock:
+            self._device(fleet, device, self.clock()).gaps += 1
+
+    def _device(self, fleet: str, device: str, at: float) -> _Device:
+        d = self._devices.get((fleet, device))
+        if d is None:
+            d = self._devices[(fleet, device)] = _Device(fleet, device, "online", at, at, {})
+        return d
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Devices and the last hour from the store, so a restarted server shows history at once."""
+        if self.store is None:
+            return
+        now = self.clock()
+        for row in self.store.devices():
+            d = self._device(row["fleet"], row["device"], row["since"])
+            d.state, d.since, d.last_seen = row["state"], row["since"], row["last_seen"]
+            d.birth = dict(row.get("birth") or {})
+        buckets = getattr(self.store, "buckets", None)
+        if buckets is None:
+            return
+        for b in buckets(now - LIVE_S, now, STEP_S):
+            known = self._devices.get((b.fleet, b.device))
+            if known is None:
+                continue
+            live = known.buckets.setdefault(int(b.t0), _Bucket())
+            live.merge(_Bucket(b.frames, b.missed, b.latency, dict(b.stages)))
+        self._changed = True
+
+    # -- the tick (server thread) ----------------------------------------------------------
+
+    def tick(self) -> bool:
+        """Fold queued windows into buckets, drop what aged out, evaluate alerts; True when anything changed."""
+        now = self.clock()
+        with self._lock:
+            changed, self._changed = self._changed, False
+            horizon = now - LIVE_S - STEP_S
+            for d in self._devices.values():
+                pending, d.pending = d.pending, []
+                for at, body in pending:
+                    w = body["window"]
+                    # Placed by the device's clock (replays land where they belong), never in the future.
+                    end = min(float(w["end"]), at)
+                    d.windows += 1
+                    d.fps = _number(w.get("fps")) if end >= now - 2 * STEP_S else d.fps
+                    try:
+                        d.totals.add(w)
+                        if end >= horizon:
+                            d.buckets.setdefault(int(end // STEP_S) * STEP_S, _Bucket()).add(w)
+                    except (KeyError, TypeError, ValueError) as err:  # the collector checked; belt and braces
+                        log.warning("view: skipped a window of %s: %s", d.key, err)
+                for t0 in [t for t in d.buckets if t < horizon]:
+                    del d.buckets[t0]
+                if self._evaluate(d, now):
+                    changed = True
+            # Also every few seconds on a quiet fleet: "since" durations and pending alerts move on.
+            if changed or now - self._bumped >= REFRESH_S:
+                self.version += 1
+                self._bumped = now
+                self._snapshots.clear()
+        return changed
+
+    def _evaluate(self, d: _Device, now: float) -> bool:
+        """Is ``d`` breaching its objective (quantile over budget, or too many misses)? Returns True on a change."""
+        budget = d.budget_ms
+        recent = self._merge(d, now - self.slo.over_s, now)
+        q = recent.latency.quantile(self.slo.quantile)
+        detail = ""
+        if d.state == "online" and recent.frames:
+            pct = round(self.slo.quantile * 100)
+            if budget is not None and q > budget:
+                detail = f"p{pct} {q:.1f} ms over budget {budget:g} ms"
+            elif recent.missed / recent.frames > self.slo.miss_rate:
+                detail = f"{recent.missed / recent.frames:.1%} of frames missed (objective {self.slo.miss_rate:.1%})"
+        was = (d.breach_since, d.breach_detail)
+        if detail and d.breach_since is None:
+            d.breach_since = now
+        elif not detail:
+            d.breach_since = None
+        d.breach_detail = detail
+        return was[0] != d.breach_since or (bool(was[1]) != bool(detail))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _merge(self, d: _Device, since: float, until: float) -> _Bucket:
+        total = _Bucket()
+        for t0, b in d.buckets.items():
+            if t0 + STEP_S > since and t0 <= until:
+                total.merge(b)
+        return total
+
+    def _series(self, devices: Iterable[_Device], window_s: int, now: float) -> dict[int, dict[str, _Bucket]]:
+        """Per step start, per device key: the merged bucket (from memory, or from the store past an hour)."""
+        step = _step(window_s)
+        since = now - window_s
+        out: dict[int, dict[str, _Bucket]] = defaultdict(dict)
+        wanted = {d.key for d in devices}
+        if window_s <= LIVE_S or self.store is None or not hasattr(self.store, "buckets"):
+            for d in devices:
+                for t0, b in d.buckets.items():
+                    if t0 + STEP_S > since:
+                        slot = out[int(t0 // step) * step].setdefault(d.key, _Bucket())
+                        slot.merge(b)
+            return out
+        for b in self.store.buckets(since, now, step):
+            key = f"{b.fleet}/{b.device}"
+            if key in wanted:
+                slot = out[int(b.t0 // step) * step].setdefault(key, _Bucket())
+                slot.merge(_Bucket(b.frames, b.missed, b.latency, dict(b.stages)))
+        return out
+
+    def snapshot(self, window_s: int = 300) -> dict[str, Any]:
+        """The dashboard JSON over the last ``window_s`` seconds (cached until the next tick that changes)."""
+        window_s = _window(window_s)
+        now = self.clock()
+        with self._lock:
+            cached = self._snapshots.get(window_s)
+            if cached is not None and now - cached[0] < 1.0:
+                return cached[1]
+            snap = self._build(list(self._devices.values()), window_s, now)
+            self._snapshots[window_s] = (now, snap)
+        return snap
+
+    def device_page(self, fleet: str, device: str, window_s: int = 300) -> dict[str, Any] | None:
+        """One device: its row, birth facts, latency and stage series, gaps and alerts."""
+        window_s = _window(window_s)
+        now = self.clock()
+        with self._lock:
+            d = self._devices.get((fleet, device))
+            if d is None:
+                return None
+            snap = self._build([d], window_s, now)
+        gaps: list[tuple[int, int]] = []
+        if self.store is not None:
+            try:
+                gaps = self.store.gaps(fleet, device)[-50:]
+            except Exception:  # a store hiccup must not take the page down
+                log.exception("view: reading gaps of %s/%s failed", fleet, device)
+        return {
+            "device": snap["devices"][0],
+            "birth": d.birth,
+            "series": snap["series"],
+            "stages": snap["stages"],
+            "heatmap": snap["heatmap"],
+            "gaps": [list(g) for g in gaps],
+            "alerts": snap["alerts"],
+            "window_s": window_s,
+            "now": now,
+        }
+
+    def _build(self, devices: list[_Device], window_s: int, now: float) -> dict[str, Any]:
+        step = _step(window_s)
+        series = self._series(devices, window_s, now)
+        times = sorted(series)
+        per_device: dict[str, _Bucket] = defaultdict(_Bucket)
+        fleet_series: dict[str, list[Any]] = {
+            "t": list(times),
+            "p50": [],
+            "p95": [],
+            "p99": [],
+            "miss_rate": [],
+        }
+        stage_series: dict[str, Any] = {"t": times} | {s: {"p50": [], "p99": []} for s in STAGES}
+        for t in times:
+            merged = _Bucket()
+            for key, b in series[t].items():
+                per_device[key].merge(b)
+                merged.merge(b)
+            for q in (50, 95, 99):
+                fleet_series[f"p{q}"].append(_q(merged.latency, q / 100))
+            fleet_series["miss_rate"].append(_rate(merged.missed, merged.frames))
+            for s in STAGES:
+                stage_series[s]["p50"].append(_q(merged.stages[s], 0.5))
+                stage_series[s]["p99"].append(_q(merged.stages[s], 0.99))
+        fleet_total = _Bucket()
+        for b in per_device.values():
+            fleet_total.merge(b)
+        stage_series["totals"] = {
+            s: {"p50": _q(fleet_total.stages[s], 0.5), "p99": _q(fleet_total.stages[s], 0.99)} for s in STAGES
+        }
+        budgets = Counter(ms for d in devices if (ms := d.budget_ms) is not None)
+        budget = budgets.most_common(1)[0][0] if budgets else None
+        rows = [self._row(d, per_device.get(d.key, _Bucket()), now) for d in devices]
+        rows.sort(key=lambda r: (r["state"] != "offline", r["slo"] != "breach", r["fleet"], r["device"]))
+        online = sum(1 for d in devices if d.state == "online")
+        fps = [r["fps"] for r in rows if r["state"] == "online" and r["fps"] is not None]
+        groups = {
+            "model": self._groups(devices, per_device, _model_key),
+            "backend": self._groups(devices, per_device, lambda d: str(d.birth.get("backend") or "?")),
+            "fleet": self._groups(devices, per_device, lambda d: d.fleet),
+        }
+        heat_devices = sorted(d.key for d in devices)
+        heatmap = {
+            "t": times,
+            "devices": heat_devices,
+            "miss_rate": [
+                [_rate(cell.missed, cell.frames) if (cell := series[t].get(k)) else None for t in times]
+                for k in heat_devices
+            ],
+        }
+        return {
+            "now": now,
+            "window_s": window_s,
+            "step_s": step,
+            "version": self.version,
+            "fleet": {
+                "devices": len(devices),
+                "online": online,
+                "offline": len(devices) - online,
+                "frames": fleet_total.frames,
+                "missed": fleet_total.missed,
+                "miss_rate": _rate(fleet_total.missed, fleet_total.frames),
+                "fps": round(sum(fps), 1) if fps else None,
+                "p50": _q(fleet_total.latency, 0.5),
+                "p95": _q(fleet_total.latency, 0.95),
+                "p99": _q(fleet_total.latency, 0.99),
+                "budget_ms": budget,
+            },
+            "devices": rows,
+            "groups": groups,
+            "series": fleet_series | {"budget_ms": budget},
+            "stages": stage_series,
+            "heatmap": heatmap,
+            "alerts": self._alerts(devices, now),
+            "collector": self._collector_stats(),
+        }
+
+    def _row(self, d: _Device, b: _Bucket, now: float) -> dict[str, Any]:
+        model = _model(d)
+        slo = "no-data" if not b.frames else ("breach" if d.breach_since is not None else "ok")
+        return {
+            "fleet": d.fleet,
+            "device": d.device,
+            "state": d.state,
+            "since": d.since,
+            "last_seen": d.last_seen,
+            "profile": d.birth.get("profile"),
+            "model": model.get("name"),
+            "version": model.get("version"),
+            "backend": d.birth.get("backend"),
+            "precision": d.birth.get("precision"),
+            "budget_ms": d.budget_ms,
+            "fps": d.fps if d.state == "online" else None,
+            "p50": _q(b.latency, 0.5),
+            "p95": _q(b.latency, 0.95),
+            "p99": _q(b.latency, 0.99),
+            "miss_rate": _rate(b.missed, b.frames),
+            "frames": b.frames,
+            "gaps": d.gaps,
+            "slo": slo,
+        }
+
+    @staticmethod
+    def _groups(
+        devices: list[_Device], per_device: dict[str, _Bucket], key: Callable[[_Device], str]
+    ) -> list[dict[str, Any]]:
+        merged: dict[str, _Bucket] = defaultdict(_Bucket)
+        count: Counter[str] = Counter()
+        for d in devices:
+            k = key(d)
+            count[k] += 1
+            if d.key in per_device:
+                merged[k].merge(per_device[d.key])
+        return [
+            {
+                "key": k,
+                "devices": count[k],
+                "frames": merged[k].frames,
+                "p50": _q(merged[k].latency, 0.5),
+                "p95": _q(merged[k].latency, 0.95),
+                "p99": _q(merged[k].latency, 0.99),
+                "miss_rate": _rate(merged[k].missed, merged[k].frames),
+            }
+            for k in sorted(count)
+        ]
+
+    def _alerts(self, devices: list[_Device], now: float) -> list[dict[str, Any]]:
+        out = []
+        for d in devices:
+            if d.state == "offline":
+                out.append(
+                    {
+                        "kind": "offline",
+                        "severity": "critical",
+                        "fleet": d.fleet,
+                        "device": d.device,
+                        "since": d.since,
+                        "detail": "offline (its Will or a clean stop); last seen "
+                        + time.strftime("%H:%M:%S", time.localtime(d.last_seen)),
+                    }
+                )
+            elif d.breach_since is not None:
+                firing = now - d.breach_since >= self.slo.for_s
+                out.append(
+                    {
+                        "kind": "slo",
+                        "severity": "critical" if firing else "warning",
+                        "state": "firing" if firing else "pending",
+                        "fleet": d.fleet,
+                        "device": d.device,
+                        "since": d.breach_since,
+                        "detail": f"{d.breach_detail} for {_duration(now - d.breach_since)}"
+                        + ("" if firing else f" (fires after {_duration(self.slo.for_s)})"),
+                    }
+                )
+        out.sort(key=lambda a: (a["severity"] != "critical", a["since"]))
+        return out
+
+    def _collector_stats(self) -> dict[str, Any]:
+        if self.stats is None:
+            return {}
+        try:
+            return self.stats()
+        except Exception:
+            log.exception("view: collector stats failed")
+            return {}
+
+    def prometheus_state(self) -> list[DeviceTotals]:
+        """Every device's cumulative totals since the server started (after folding the queue)."""
+        self.tick()
+        with self._lock:
+            out = []
+            for d in sorted(self._devices.values(), key=lambda x: x.key):
+                t = DeviceTotals(
+                    d.fleet,
+                    d.device,
+                    d.state,
+                    d.last_seen,
+                    dict(d.birth),
+                    d.budget_ms,
+                    windows=d.windows,
+                    gaps=d.gaps,
+                )
+                t.frames, t.missed = d.totals.frames, d.totals.missed
+                t.latency.merge(d.totals.latency)
+                for s, sk in d.totals.stages.items():
+                    t.stages[s].merge(sk)
+                out.append(t)
+        return out
+
+    def collector_stats(self) -> dict[str, Any]:
+        """The collector's counters (accepted by kind, rejected by reason) and lag."""
+        return self._collector_stats()
+
+
+def _model(d: _Device) -> dict[str, Any]:
+    model = d.birth.get("model")
+    return model if isinstance(model, dict) else {}
+
+
+def _model_key(d: _Device) -> str:
+    model = _model(d)
+    return f"{model.get('name') or '?'} {model.get('version') or ''}".strip()
+
+
+def _window(window_s: int) -> int:
+    """The nearest offered window (requests come from the network: never an arbitrary range)."""
+    return min(WINDOWS_S, key=lambda w: abs(w - int(window_s)))
+
+
+def _step(window_s: int) -> int:
+    """About 60 points per chart, in whole multiples of the live step."""
+    return max(STEP_S, int(window_s / 60) // STEP_S * STEP_S)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
