@@ -13,12 +13,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
 from broker import Mosquitto
-from paho.mqtt.enums import CallbackAPIVersion
 
 from edgekit.fleet import Collector, FleetStore
+from edgekit.fleet.mqtt import FleetSubscriber
+from edgekit.telemetry.broker import BrokerConfig
 
 from conftest import ROOT
 
@@ -35,19 +35,15 @@ BROKER_CHECK_S = 6.0
 
 @contextmanager
 def collecting(broker: Mosquitto) -> Iterator[Collector]:
-    """A Collector fed by its own MQTT subscription to both topic trees."""
+    """A Collector fed by the fleet's own subscriber to both topic trees."""
     collector = Collector(FleetStore())
-    client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="test-collector")
-    client.on_connect = lambda c, u, f, rc, p: c.subscribe([("edgekit/v1/#", 1), ("spBv1.0/#", 1)])
-    client.on_message = lambda c, u, msg: collector.handle(msg.topic, msg.payload)
-    client.connect("127.0.0.1", broker.port)
-    client.loop_start()
+    sub = FleetSubscriber(
+        BrokerConfig.from_url(broker.url), collector.handle, client_id="test-collector"
+    ).start()
     try:
-        time.sleep(0.3)
         yield collector
     finally:
-        client.disconnect()
-        client.loop_stop()
+        sub.stop()
         collector.store.close()
 
 
@@ -182,13 +178,21 @@ def test_the_creeping_device_goes_over_budget_and_the_others_stay_within(tmp_pat
         d.publisher.spool.close()
 
 
-@pytest.mark.parametrize("fmt", ["json", "sparkplug"])
-def test_the_ingest_bench_runs_and_drops_nothing(fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "mode"), [("json", "live"), ("sparkplug", "live"), ("json", "backlog")])
+def test_the_ingest_bench_runs_and_drops_nothing(fmt: str, mode: str) -> None:
+    backlog = ["--backlog"] if mode == "backlog" else []
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--rate", "300", "--duration", "2", "--devices", "4", "--format", fmt, "--json"],
+        [sys.executable, str(BENCH), "--rate", "300", "--duration", "2", "--devices", "4", "--format", fmt, "--json",
+         *backlog],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     r = json.loads(run.stdout.strip().splitlines()[-1])
-    assert r["sent"] > 300 and r["stored"] == r["sent"] and r["dropped"] == 0 and not r["rejected"]
+    assert (
+        r["mode"] == mode
+        and r["sent"] > 300
+        and r["stored"] == r["sent"]
+        and r["dropped"] == 0
+        and not r["rejected"]
+    )
     assert r["ingest_rate"] > 0 and r["lag_ms"]["p50"] is not None and r["cpu_s_per_1000"] > 0

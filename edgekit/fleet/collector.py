@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -231,15 +230,22 @@ class Collector:
             self._last_flush = time.monotonic()
             if not pending:
                 return
+            # The store's own errors (sqlite3 or psycopg) and what bad numbers raise on the way in.
+            failures: tuple[type[BaseException], ...] = (
+                *self.store.errors,
+                OverflowError,
+                ValueError,
+                TypeError,
+            )
             try:
                 self.store.add_windows(pending)
                 return
-            except (sqlite3.Error, OverflowError, ValueError, TypeError):
+            except failures:
                 log.exception("collector: writing %d windows failed; retrying one by one", len(pending))
             for row in pending:
                 try:
                     self.store.add_windows([row])
-                except (sqlite3.Error, OverflowError, ValueError, TypeError) as err:
+                except failures as err:
                     fleet, device, body = row[0], row[1], row[2]
                     self.rejected["store-error"] += 1
                     log.error(
@@ -257,7 +263,7 @@ class Collector:
             if known is None:
                 return None
             high, epoch = int(known["last_seq"]), str(known["epoch"])
-            recent = {s for s in self.store.seqs(fleet, device, epoch) if s > high - RECENT}
+            recent = set(self.store.seqs(fleet, device, epoch, above=high - RECENT))
             track = _Track(known["state"], high, epoch=epoch, recent=recent)
             self._tracks[key] = track
         return track

@@ -1,0 +1,183 @@
+"""The collector's own MQTT 3.1.1 subscriber against a real Mosquitto: order, QoS 1, the broker's queue
+while it is away, reconnects, TLS with a password and an ACL, and refusals that say what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from broker import Mosquitto
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edgekit.errors import TelemetryError
+from edgekit.fleet.mqtt import FleetSubscriber
+from edgekit.telemetry.broker import BrokerConfig
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, bytes]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, topic: str, payload: bytes) -> None:
+        with self.lock:
+            self.got.append((topic, payload))
+
+    def wait(self, check: Callable[[list[tuple[str, bytes]]], bool], timeout: float = 20) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if check(list(self.got)):
+                    return True
+            time.sleep(0.05)
+        return False
+
+
+def publish(port: int, messages: list[tuple[str, bytes]], **tls: str) -> None:
+    """Publish with QoS 1 through paho (a device's client), waiting for every PUBACK."""
+    # The ACL lets a device write only under its own client id.
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=tls.get("user") or f"pub-{time.monotonic_ns()}")
+    if tls:
+        c.tls_set(ca_certs=tls["ca"])
+        c.username_pw_set(tls["user"], tls["password"])
+    c.connect("127.0.0.1", port)
+    c.loop_start()
+    try:
+        infos = [c.publish(t, p, qos=1) for t, p in messages]
+        for info in infos:
+            info.wait_for_publish(10)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    b = Mosquitto(tmp_path).start()
+    yield b
+    b.stop()
+
+
+def test_messages_arrive_in_order_and_the_broker_keeps_them_while_the_collector_is_away(
+    broker: Mosquitto,
+) -> None:
+    inbox = Inbox()
+    config = BrokerConfig.from_url(broker.url)
+    sub = FleetSubscriber(config, inbox, client_id="collector-a").start()
+    try:
+        msgs = [(f"edgekit/v1/f/d{i % 3}/telemetry", f"{i}".encode() * (1 + i % 500)) for i in range(2000)]
+        msgs.append(("spBv1.0/f/DDATA/n1/pipeline", b"\x08\x01"))
+        msgs.append(("elsewhere/topic", b"not for us"))
+        publish(broker.port, msgs)
+        assert inbox.wait(lambda got: len(got) >= 2001)
+        time.sleep(0.3)
+        assert inbox.got == msgs[:2001]  # nothing lost, nothing reordered, nothing outside our topics
+    finally:
+        sub.stop()
+    # Away: the persistent session makes the broker queue QoS 1 messages for this client id.
+    away = [("edgekit/v1/f/d1/status", f"away-{i}".encode()) for i in range(100)]
+    publish(broker.port, away)
+    inbox.got.clear()
+    sub = FleetSubscriber(config, inbox, client_id="collector-a").start()
+    try:
+        assert inbox.wait(lambda got: len(got) >= 100), f"only {len(inbox.got)} of the queued 100 arrived"
+        assert inbox.got[:100] == away
+    finally:
+        sub.stop()
+
+
+def test_a_handler_error_does_not_end_the_subscription(broker: Mosquitto) -> None:
+    seen: list[bytes] = []
+
+    def handle(topic: str, payload: bytes) -> None:
+        if payload == b"boom":
+            raise RuntimeError("a bug in a handler")
+        seen.append(payload)
+
+    sub = FleetSubscriber(BrokerConfig.from_url(broker.url), handle, client_id="collector-b").start()
+    try:
+        publish(broker.port, [("edgekit/v1/f/d/status", p) for p in (b"1", b"boom", b"2")])
+        end = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert seen == [b"1", b"2"] and sub.handler_errors == 1
+    finally:
+        sub.stop()
+
+
+def test_it_reconnects_when_the_broker_comes_back(broker: Mosquitto) -> None:
+    inbox = Inbox()
+    sub = FleetSubscriber(BrokerConfig.from_url(broker.url), inbox, client_id="collector-c").start()
+    try:
+        publish(broker.port, [("edgekit/v1/f/d/status", b"before")])
+        assert inbox.wait(lambda got: len(got) == 1)
+        broker.kill()
+        assert not sub.connected.wait(0) or inbox.wait(lambda got: not sub.connected.is_set(), 10)
+        broker.start()  # same port, same persistence file
+        assert sub.connected.wait(30), f"no reconnect: {sub.last_error}"
+        publish(broker.port, [("edgekit/v1/f/d/status", b"after")])
+        assert inbox.wait(lambda got: got[-1][1] == b"after")
+        assert sub.connects >= 2
+    finally:
+        sub.stop()
+
+
+def test_nothing_listening_or_a_bad_url_says_what_to_do() -> None:
+    from broker import free_port
+
+    with pytest.raises(TelemetryError) as err:
+        FleetSubscriber(BrokerConfig.from_url(f"mqtt://127.0.0.1:{free_port()}"), print).start()
+    assert "cannot reach" in str(err.value) and "mosquitto" in err.value.hint
+
+
+@pytest.fixture
+def secure_broker(tmp_path: Path) -> Iterator[tuple[Mosquitto, Path]]:
+    from certs import TestCA
+
+    ca = TestCA(tmp_path)
+    cert, key = ca.issue("broker", ip="127.0.0.1")
+    passwd = tmp_path / "passwd"
+    for i, (user, pw) in enumerate((("fleet", "pw-f"), ("cam-1", "pw-1"), ("nosy", "pw-n"))):
+        subprocess.run(
+            ["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw], check=True
+        )
+    acl = tmp_path / "acl"
+    acl.write_text(
+        "user fleet\ntopic read edgekit/v1/#\ntopic read spBv1.0/#\n\n"
+        "user nosy\ntopic read other/#\n\npattern readwrite edgekit/v1/+/%c/#\n"
+    )
+    b = Mosquitto(
+        tmp_path,
+        extra=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n",
+        listener=f"cafile {ca.ca_file}\ncertfile {cert}\nkeyfile {key}\n",
+    ).start()
+    yield b, ca.ca_file
+    b.stop()
+
+
+def test_tls_with_a_password_and_refusals_with_hints(secure_broker: tuple[Mosquitto, Path]) -> None:
+    broker, ca = secure_broker
+    inbox = Inbox()
+    good = BrokerConfig.from_url(f"mqtts://fleet:pw-f@127.0.0.1:{broker.port}", ca_file=ca)
+    sub = FleetSubscriber(good, inbox, client_id="collector-tls").start()
+    try:
+        publish(
+            broker.port, [("edgekit/v1/f/cam-1/status", b"hello")], ca=str(ca), user="cam-1", password="pw-1"
+        )
+        assert inbox.wait(lambda got: got == [("edgekit/v1/f/cam-1/status", b"hello")])
+    finally:
+        sub.stop()
+    wrong = BrokerConfig.from_url(f"mqtts://fleet:nope@127.0.0.1:{broker.port}", ca_file=ca)
+    with pytest.raises(TelemetryError) as err:
+        FleetSubscriber(wrong, inbox).start()
+    assert "not authorized" in str(err.value) and "EDGEKIT_MQTT_PASSWORD" in err.value.hint
+    assert "nope" not in str(err.value)
+    untrusted = BrokerConfig.from_url(f"mqtts://fleet:pw-f@127.0.0.1:{broker.port}")  # no CA: not trusted
+    with pytest.raises(TelemetryError) as err:
+        FleetSubscriber(untrusted, inbox).start()
+    assert "certificate" in str(err.value).lower()
