@@ -115,3 +115,17 @@ def test_merging_is_exact_whatever_the_grouping(parts: list[list[float]], q: flo
     # The tempting shortcut, averaging per-part percentiles, is not the fleet percentile in general;
     # the merged answer is always within the sketch's error of the truth.
     assert within(merged.quantile(q), exact([v for p in parts for v in p], q))
+
+
+@settings(max_examples=40, deadline=None)
+@given(parts=st.lists(st.lists(latency, min_size=0, max_size=100), min_size=1, max_size=6))
+def test_merge_dict_is_merge_of_from_dict(parts: list[list[float]]) -> None:
+    """The view's fast path (no sketch built per window) adds up to exactly the checked path."""
+    fast, slow = LatencySketch(), LatencySketch()
+    for part in parts:
+        s = LatencySketch()
+        s.extend(part)
+        wire = json.loads(json.dumps(s.to_dict()))
+        fast.merge_dict(wire)
+        slow.merge(LatencySketch.from_dict(wire))
+    assert fast.to_dict() == slow.to_dict()

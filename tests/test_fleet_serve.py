@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -121,3 +122,35 @@ def test_serve_errors_are_plain_and_say_what_to_do(tmp_path: Path, cache_env: di
         f"postgresql://u:secret@127.0.0.1:{free_port()}/x",
     )
     assert r.returncode == 2 and "hint:" in r.stderr and "secret" not in r.stderr + r.stdout
+
+
+def test_sparkplug_devices_reach_the_dashboard_with_merged_percentiles(
+    broker: Mosquitto, server: str
+) -> None:
+    sim = subprocess.Popen(
+        [sys.executable, str(ROOT / "tools" / "fleet_sim.py"), "--mqtt", broker.url, "--fleet", "plant",
+         "--devices", "2", "--prefix", "sp", "--interval", "0.5", "--format", "sparkplug"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        rows = wait_for(
+            lambda: [
+                r for r in get(f"{server}/api/fleet")["devices"] if r["fleet"] == "plant" and r["frames"] > 0
+            ],
+            60,
+        )
+        assert rows and len(rows) == 2, "the Sparkplug devices never reached the dashboard"
+        for r in rows:
+            assert r["state"] == "online" and r["backend"] and r["model"] and r["p50"] <= r["p99"]
+        fleet = get(f"{server}/api/fleet")["groups"]["fleet"]
+        assert next(g for g in fleet if g["key"] == "plant")["p99"] is not None
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        sim.wait(15)
+    # A clean stop sends NDEATH: offline.
+    assert wait_for(
+        lambda: all(
+            r["state"] == "offline" for r in get(f"{server}/api/fleet")["devices"] if r["fleet"] == "plant"
+        ),
+        30,
+    )

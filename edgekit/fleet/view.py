@@ -49,12 +49,13 @@ class _Bucket:
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
 
     def add(self, window: dict[str, Any]) -> None:
+        """Fold in one window as the collector accepted it (its sketches were checked there)."""
         self.frames += int(window["frames"])
         self.missed += int(window["missed"])
-        self.latency.merge(LatencySketch.from_dict(window["latency_ms"]))
+        self.latency.merge_dict(window["latency_ms"])
         for stage, data in (window.get("stages_ms") or {}).items():
             if stage in self.stages:
-                self.stages[stage].merge(LatencySketch.from_dict(data))
+                self.stages[stage].merge_dict(data)
 
     def merge(self, other: _Bucket) -> None:
         self.frames += other.frames
