@@ -79,3 +79,24 @@ class Mosquitto:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def secure_mosquitto(workdir: Path, users: dict[str, str], acl: str) -> tuple[Mosquitto, Path]:
+    """Mosquitto with TLS (a CA made here, a certificate for 127.0.0.1), these users and this ACL; started."""
+    from certs import TestCA
+
+    ca = TestCA(workdir)
+    cert, key = ca.issue("broker", ip="127.0.0.1")
+    passwd = workdir / "passwd"
+    for i, (user, pw) in enumerate(users.items()):
+        subprocess.run(
+            ["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw], check=True
+        )
+    acl_file = workdir / "acl"
+    acl_file.write_text(acl)
+    broker = Mosquitto(
+        workdir,
+        extra=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl_file}\n",
+        listener=f"cafile {ca.ca_file}\ncertfile {cert}\nkeyfile {key}\n",
+    ).start()
+    return broker, ca.ca_file

@@ -3,7 +3,6 @@ while it is away, reconnects, TLS with a password and an ACL, and refusals that 
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
-from broker import Mosquitto
+from broker import Mosquitto, secure_mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgekit.errors import TelemetryError
@@ -137,26 +136,13 @@ def test_nothing_listening_or_a_bad_url_says_what_to_do() -> None:
 
 @pytest.fixture
 def secure_broker(tmp_path: Path) -> Iterator[tuple[Mosquitto, Path]]:
-    from certs import TestCA
-
-    ca = TestCA(tmp_path)
-    cert, key = ca.issue("broker", ip="127.0.0.1")
-    passwd = tmp_path / "passwd"
-    for i, (user, pw) in enumerate((("fleet", "pw-f"), ("cam-1", "pw-1"), ("nosy", "pw-n"))):
-        subprocess.run(
-            ["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw], check=True
-        )
-    acl = tmp_path / "acl"
-    acl.write_text(
-        "user fleet\ntopic read edgekit/v1/#\ntopic read spBv1.0/#\n\n"
-        "user nosy\ntopic read other/#\n\npattern readwrite edgekit/v1/+/%c/#\n"
-    )
-    b = Mosquitto(
+    b, ca_file = secure_mosquitto(
         tmp_path,
-        extra=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n",
-        listener=f"cafile {ca.ca_file}\ncertfile {cert}\nkeyfile {key}\n",
-    ).start()
-    yield b, ca.ca_file
+        {"fleet": "pw-f", "cam-1": "pw-1", "nosy": "pw-n"},
+        "user fleet\ntopic read edgekit/v1/#\ntopic read spBv1.0/#\n\n"
+        "user nosy\ntopic read other/#\n\npattern readwrite edgekit/v1/+/%c/#\n",
+    )
+    yield b, ca_file
     b.stop()
 
 

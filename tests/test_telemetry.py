@@ -12,7 +12,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from broker import Mosquitto
+from broker import Mosquitto, secure_mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 
 import edgekit
@@ -249,23 +249,12 @@ def test_no_broker_at_all_leaves_the_pipeline_running(model: Any, tmp_path: Path
 @pytest.fixture
 def secure_broker(tmp_path: Path) -> Any:
     """Mosquitto with TLS (a CA made here), a password file and the per-device ACL."""
-    from certs import TestCA
-
-    ca = TestCA(tmp_path)
-    cert, key = ca.issue("broker", ip="127.0.0.1")
-    passwd = tmp_path / "passwd"
-    for i, (user, pw) in enumerate((("cam-1", "pw-1"), ("cam-2", "pw-2"), ("watcher", "pw-w"))):
-        subprocess.run(
-            ["mosquitto_passwd", "-b", *(["-c"] if i == 0 else []), str(passwd), user, pw], check=True
-        )
-    acl = tmp_path / "acl"
-    acl.write_text("user watcher\ntopic read edgekit/v1/#\n\npattern readwrite edgekit/v1/+/%c/#\n")
-    b = Mosquitto(
+    b, ca_file = secure_mosquitto(
         tmp_path,
-        extra=f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}\n",
-        listener=f"cafile {ca.ca_file}\ncertfile {cert}\nkeyfile {key}\n",
-    ).start()
-    yield b, ca.ca_file
+        {"cam-1": "pw-1", "cam-2": "pw-2", "watcher": "pw-w"},
+        "user watcher\ntopic read edgekit/v1/#\n\npattern readwrite edgekit/v1/+/%c/#\n",
+    )
+    yield b, ca_file
     b.stop()
 
 

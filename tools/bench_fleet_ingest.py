@@ -18,8 +18,6 @@ import json
 import multiprocessing as mp
 import os
 import resource
-import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -30,35 +28,16 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+import _mosquitto
+
 SIM = Path(__file__).with_name("fleet_sim.py")
 
 
 def start_broker(folder: Path, cores: set[int]) -> tuple[subprocess.Popen[bytes], int]:
-    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    conf = folder / "mosquitto.conf"
-    as_root = "user root\n" if os.geteuid() == 0 else ""
     # The default queue (1000 messages a client) would drop QoS 1 messages whenever the
     # collector fell a second behind: the bench is about the collector, not the broker's limits.
-    conf.write_text(
-        f"{as_root}listener {port} 127.0.0.1\nallow_anonymous true\n"
-        "max_queued_messages 10000000\nmax_queued_bytes 0\n"
-    )
-    proc = subprocess.Popen(
-        [exe, "-c", str(conf)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_pin(cores),
-    )
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("mosquitto did not start")
+    return _mosquitto.start_broker(folder, "max_queued_messages 10000000\nmax_queued_bytes 0\n", _pin(cores))
 
 
 def _pin(cores: set[int]) -> Callable[[], None] | None:

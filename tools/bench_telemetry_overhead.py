@@ -12,34 +12,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import edgekit
 from edgekit.demo import host_reference_bundle
 
-
-def start_broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
-    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    conf = folder / "mosquitto.conf"
-    conf.write_text(f"user root\nlistener {port} 127.0.0.1\nallow_anonymous true\n")
-    proc = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit("mosquitto did not start")
+sys.path.insert(0, str(Path(__file__).parent))
+from _mosquitto import start_broker
 
 
 def main(argv: list[str] | None = None) -> int:
