@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit._version import __version__
@@ -232,9 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EdgekitError as err:
         if _state["debug"] or "--debug" in args:
             err_console.print_exception()
-        err_console.print(f"[bold red]error:[/] {err.message}", highlight=False)
+        # Messages carry user input (paths, hosts like [pi.local]:2222): never read them as markup.
+        err_console.print(f"[bold red]error:[/] {escape(err.message)}", highlight=False)
         if err.hint:
-            err_console.print(f"[yellow]hint:[/] {err.hint}", highlight=False)
+            err_console.print(f"[yellow]hint:[/] {escape(err.hint)}", highlight=False)
         return 2
     return 0
 

@@ -536,3 +536,12 @@ def test_sparkplug_commands_and_host_state_are_not_the_collectors_business() -> 
     for topic in ("spBv1.0/lab/NCMD/cam-1", "spBv1.0/lab/DCMD/cam-1/pipeline", "spBv1.0/STATE/scada"):
         assert c.handle(topic, b"\x01\x02") == "sparkplug-ignored"
     assert not c.rejected and c.store.devices() == []
+
+
+def test_the_deploy_channel_is_counted_not_rejected() -> None:
+    collector = Collector(FleetStore())
+    for topic in ("edgekit/v1/f/cam-1/agent", "edgekit/v1/f/cam-1/cmd", "edgekit/v1/f/cam-1/cmd/result"):
+        assert collector.handle(topic, b'{"schema": "edgekit/v1/cmd"}') == "deploy"
+    assert collector.handle("edgekit/v1/f/cam-1/cmd/other", b"{}") == "rejected:topic"
+    assert collector.handle("edgekit/v1/f/a..b/cmd", b"{}") == "rejected:bad-id"
+    assert collector.seen["deploy"] == 3 and sum(collector.rejected.values()) == 2

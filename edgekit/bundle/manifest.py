@@ -30,17 +30,14 @@ SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 ARTIFACTS_DIR = "artifacts"
+EVAL_DIR = "eval"
+MAX_EVAL_FRAMES = 64
 
 _SHA256 = r"^[0-9a-f]{64}$"
 _KEY_ID = r"^[0-9a-f]{16}$"
 
 
-def check_relpath(path: str) -> str:
-    """``path`` if it is a plain relative POSIX path under ``artifacts/``; else ``ValueError``.
-
-    A manifest names files a device will open, so a name that could leave the bundle
-    (``..``, absolute, a backslash that Windows reads as a separator) is refused outright.
-    """
+def _check_under(path: str, top: str) -> str:
     parts = path.split("/")
     if (
         not path
@@ -50,12 +47,27 @@ def check_relpath(path: str) -> str:
         or any(part in ("", ".", "..") for part in parts)
     ):
         raise ValueError(f"{path!r} is not a plain relative path (no '..', '.', '//', '\\' or leading '/')")
-    if len(parts) < 2 or parts[0] != ARTIFACTS_DIR:
-        raise ValueError(f"{path!r} is not under {ARTIFACTS_DIR}/")
+    if len(parts) < 2 or parts[0] != top:
+        raise ValueError(f"{path!r} is not under {top}/")
     return path
 
 
+def check_relpath(path: str) -> str:
+    """``path`` if it is a plain relative POSIX path under ``artifacts/``; else ``ValueError``.
+
+    A manifest names files a device will open, so a name that could leave the bundle
+    (``..``, absolute, a backslash that Windows reads as a separator) is refused outright.
+    """
+    return _check_under(path, ARTIFACTS_DIR)
+
+
+def check_eval_path(path: str) -> str:
+    """``path`` if it is a plain relative POSIX path under ``eval/``; else ``ValueError``."""
+    return _check_under(path, EVAL_DIR)
+
+
 RelPath = Annotated[str, AfterValidator(check_relpath)]
+EvalPath = Annotated[str, AfterValidator(check_eval_path)]
 
 
 class _Schema(BaseModel):
@@ -193,6 +205,28 @@ class SignatureInfo(_Schema):
     algorithm: Literal["ed25519"] = "ed25519"
 
 
+class EvalFrame(_Schema):
+    """One evaluation frame shipped in the bundle (an image file under ``eval/``) and fp32's answer on it.
+
+    ``top1`` and ``margin`` were computed by the fp32 reference on the frame *as stored*
+    (decoded from these very bytes, preprocessed the way a device does), so a device that
+    decodes the file gets the reference's exact input.
+    """
+
+    path: EvalPath
+    sha256: str = Field(pattern=_SHA256)
+    size: int = Field(ge=0)
+    top1: int = Field(ge=0, description="the fp32 reference's best class on this frame")
+    margin: float = Field(ge=0, le=1, description="fp32 softmax probability: best minus second best")
+
+
+class EvalSet(_Schema):
+    """The frames a device's health gate runs before it activates the bundle, with the fp32 reference."""
+
+    frames: tuple[EvalFrame, ...] = Field(min_length=1, max_length=MAX_EVAL_FRAMES)
+    reference: str = Field(min_length=1, description="what computed top1, e.g. onnxruntime-fp32")
+
+
 class Manifest(_Schema):
     """Everything a device needs to know about a bundle, and the hash of every file in it."""
 
@@ -204,6 +238,8 @@ class Manifest(_Schema):
     artifacts: tuple[ArtifactEntry, ...]
     build: BuildInfo
     signature: SignatureInfo | None = None
+    # Optional so that bundles written before the health gate existed still parse.
+    eval_set: EvalSet | None = None
 
     @model_validator(mode="after")
     def _names_and_files_unique(self) -> Manifest:
@@ -212,6 +248,7 @@ class Manifest(_Schema):
         if dup:
             raise ValueError(f"artifact names appear twice: {', '.join(dup)}")
         paths = [f.path for a in self.artifacts for f in a.files]
+        paths += [f.path for f in self.eval_set.frames] if self.eval_set else []
         dup = sorted({p for p in paths if paths.count(p) > 1})
         if dup:
             raise ValueError(f"files listed twice: {', '.join(dup)}")
@@ -227,9 +264,12 @@ class Manifest(_Schema):
             f"its artifacts: {', '.join(a.name for a in self.artifacts) or 'none'}",
         )
 
-    def files(self) -> dict[str, FileEntry]:
-        """Every artifact file by its path in the bundle."""
-        return {f.path: f for a in self.artifacts for f in a.files}
+    def files(self) -> dict[str, FileEntry | EvalFrame]:
+        """Every file the manifest lists (artifacts' files and eval frames) by its path in the bundle."""
+        found: dict[str, FileEntry | EvalFrame] = {f.path: f for a in self.artifacts for f in a.files}
+        if self.eval_set is not None:
+            found.update((f.path, f) for f in self.eval_set.frames)
+        return found
 
     def to_bytes(self) -> bytes:
         """The exact bytes written as ``manifest.json`` (and signed)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import platform
@@ -17,6 +18,7 @@ from edgekit.bundle._fs import check_replaceable, copy_hashed, remove_tree, repl
 from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import (
     ARTIFACTS_DIR,
+    EVAL_DIR,
     MANIFEST_FILE,
     SCHEMA_VERSION,
     SIGNATURE_FILE,
@@ -25,6 +27,8 @@ from edgekit.bundle.manifest import (
     BuildHost,
     BuildInfo,
     DeviceInfo,
+    EvalFrame,
+    EvalSet,
     FileEntry,
     Latency,
     Manifest,
@@ -48,6 +52,24 @@ class ArtifactResults:
 
     latency: Latency | None = None
     accuracy: Accuracy | None = None
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """One evaluation frame to ship: its file name, its encoded bytes, and fp32's answer on them."""
+
+    name: str  # a plain file name such as ``03-coffee.jpg``
+    data: bytes
+    top1: int
+    margin: float
+
+
+@dataclass(frozen=True)
+class EvalSamples:
+    """The frames a device's health gate will run, and what computed their reference answers."""
+
+    frames: tuple[EvalSample, ...]
+    reference: str
 
 
 @dataclass(frozen=True)
@@ -174,18 +196,40 @@ def _copy_artifact(artifact: Artifact, results: ArtifactResults, name: str, into
     )
 
 
+def _write_evals(evals: EvalSamples, into: Path) -> EvalSet:
+    folder = into / EVAL_DIR
+    folder.mkdir()
+    frames = []
+    for sample in evals.frames:
+        rel = f"{EVAL_DIR}/{sample.name}"
+        with (into / rel).open("xb") as f:  # "x": two frames with one name are a bug, not an overwrite
+            f.write(sample.data)
+        frames.append(
+            EvalFrame(
+                path=rel,
+                sha256=hashlib.sha256(sample.data).hexdigest(),
+                size=len(sample.data),
+                top1=sample.top1,
+                margin=sample.margin,
+            )
+        )
+    return EvalSet(frames=tuple(frames), reference=evals.reference)
+
+
 def write_bundle(
     out: Path,
     meta: BundleMeta,
     artifacts: Sequence[tuple[Artifact, ArtifactResults]],
     sign_key: Path | None = None,
+    evals: EvalSamples | None = None,
 ) -> Path:
     """Write a bundle of ``artifacts`` at ``out`` (a folder, or a ``.tar.gz`` by its name); return ``out``.
 
     Each artifact's files are copied to ``artifacts/<name>/`` (``name`` is the artifact's
     key: ``onnxruntime-int8``, ``litert-int8-edgetpu``...) and hashed as they are copied;
     ``manifest.json`` lists them, and with ``sign_key`` (a private key PEM) ``manifest.sig``
-    signs it.  Everything is written in a temp folder beside ``out`` and renamed into place
+    signs it.  ``evals`` go to ``eval/`` and the manifest's ``eval_set`` (what a device's
+    health gate runs before it activates the bundle).  Everything is written in a temp folder beside ``out`` and renamed into place
     at the end, replacing an existing bundle only then; a failure leaves ``out`` as it was.
     """
     from edgekit.bundle.archive import is_archive_name, pack
@@ -203,6 +247,7 @@ def write_bundle(
         taken: set[str] = set()
         entries = tuple(_copy_artifact(a, r, _name(a, taken), tmp) for a, r in artifacts)
         try:
+            eval_set = _write_evals(evals, tmp) if evals is not None and evals.frames else None
             manifest = Manifest(
                 schema_version=SCHEMA_VERSION,
                 model=meta.model,
@@ -212,6 +257,7 @@ def write_bundle(
                 artifacts=entries,
                 build=meta.build,
                 signature=SignatureInfo(key_id=key_id(key.public_key())) if key is not None else None,
+                eval_set=eval_set,
             )
         except ValidationError as err:
             raise BundleError(

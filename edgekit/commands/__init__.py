@@ -13,6 +13,8 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.run",
     "edgekit.commands.telemetry",
     "edgekit.commands.fleet",
+    "edgekit.commands.agent",
+    "edgekit.commands.deploy",
 )
 
 

@@ -87,6 +87,12 @@ def serve_command(
         str,
         typer.Option("--client-id", help="MQTT client id (one per collector: the broker keeps its queue)."),
     ] = "edgekit-fleet-collector",
+    artifacts: Annotated[
+        Path | None,
+        typer.Option(
+            "--artifacts", help="Also serve the bundle archives in DIR at /artifacts/ (fleet deploys)."
+        ),
+    ] = None,
 ) -> None:
     """Collect fleet telemetry from MQTT and serve the dashboard (http://HOST:PORT/) and /metrics."""
     try:
@@ -111,6 +117,11 @@ def serve_command(
         level=os.environ.get("EDGEKIT_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     _check_port(host, port)
+    if artifacts is not None and not artifacts.is_dir():
+        raise EdgekitError(
+            f"--artifacts {artifacts} is not a folder",
+            "create it; edgekit deploy --fleet writes bundles there",
+        )
     store = open_store(db)
     view = FleetView(store, slo=slo)
     view.load()
@@ -132,7 +143,7 @@ def serve_command(
     except BaseException:
         store.close()
         raise
-    app = create_app(view, ticker)
+    app = create_app(view, ticker, artifacts=artifacts)
     err_console.print(
         f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {_describe_db(db)}; "
         f"dashboard on http://{host}:{port}/  (metrics: /metrics)"

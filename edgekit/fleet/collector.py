@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 256 * 1024
 LEAVES = ("status", "telemetry", "labels")
+# The deploy channel shares the tree (agent status, commands and their results): seen, not stored here.
+DEPLOY_LEAVES = ("agent", "cmd")
 SPARKPLUG = "spBv1.0"
 # Sparkplug message kinds a fleet collector has no use for (commands to nodes, host state, node data).
 SPARKPLUG_IGNORED = ("NCMD", "DCMD", "NDATA", "STATE")
@@ -285,6 +287,11 @@ class Collector:
         if known is not None:
             return known
         parts = topic.split("/")
+        deploy = parts[:2] == ["edgekit", "v1"] and len(parts) in (5, 6) and parts[4] in DEPLOY_LEAVES
+        if deploy and (len(parts) == 5 or parts[5] == "result"):
+            if not (safe_name(parts[2]) and safe_name(parts[3])):
+                raise Rejected("bad-id", f"fleet {parts[2]!r} / device {parts[3]!r}")
+            return parts[2], parts[3], "deploy"
         if len(parts) != 5 or parts[0] != "edgekit" or parts[1] != "v1" or parts[4] not in LEAVES:
             raise Rejected("topic", "not edgekit/v1/<fleet>/<device>/{status,telemetry,labels}")
         fleet, device, leaf = parts[2], parts[3], parts[4]
@@ -297,6 +304,8 @@ class Collector:
 
     def _handle(self, topic: str, payload: bytes, at: float) -> str:
         fleet, device, leaf = self._topic(topic)
+        if leaf == "deploy":
+            return "deploy"  # the agents' channel (edgekit.deploy): counted, not the dashboard's to store
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:

@@ -82,8 +82,13 @@ class Ticker:
         self._thread.join(timeout=5)
 
 
-def create_app(view: FleetView, ticker: Ticker | None = None, static_dir: Path = STATIC) -> Any:
-    """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app."""
+def create_app(
+    view: FleetView, ticker: Ticker | None = None, static_dir: Path = STATIC, artifacts: Path | None = None
+) -> Any:
+    """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app.
+
+    With ``artifacts`` (a folder of bundle archives) it also serves ``/artifacts/<name>`` for fleet deploys.
+    """
     from edgekit.fleet import prometheus
 
     @asynccontextmanager
@@ -98,6 +103,10 @@ def create_app(view: FleetView, ticker: Ticker | None = None, static_dir: Path =
 
     app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=static_dir), name="static")
+    if artifacts is not None:
+        from edgekit.deploy.artifacts import artifacts_app
+
+        app.mount("/artifacts", artifacts_app(artifacts), name="artifacts")
 
     def json_response(data: Any) -> Response:
         return Response(_dumps(data), media_type="application/json")

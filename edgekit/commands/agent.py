@@ -1,0 +1,389 @@
+"""``edgekit agent``: the device side of a deploy, one command at a time.
+
+``install BUNDLE`` verifies, unpacks into the inactive slot, health-gates and switches;
+``status`` shows the slots; ``rollback`` switches back; ``trust KEY.pub.pem`` adds a signing
+key; ``unit`` prints the systemd unit that runs the long-lived agent (``agent run``).
+
+With ``--json``, ``install`` and ``rollback`` print one JSON line per step as it starts
+(``{"step": ..., ...}``) and then ``{"result": {...}}``: what ``edgekit deploy`` streams
+over SSH.  Exit codes: 0 done, 1 the bundle was refused (a failed check or health gate;
+the active slot is untouched), 2 a usage error (bad id, unreadable key, no such file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from edgekit.commands.common import JsonOpt, console, print_json, stdout_to_stderr
+
+if TYPE_CHECKING:
+    from edgekit.deploy import InstallResult
+
+agent_app = typer.Typer(
+    help="The device agent: install, health-gate, activate and roll back bundles in A/B slots.",
+    no_args_is_help=True,
+)
+
+RootOpt = Annotated[
+    Path,
+    typer.Option(
+        "--root",
+        envvar="EDGEKIT_AGENT_ROOT",
+        help="The agent's state root (slots, trusted keys, deploy records).",
+    ),
+]
+IdOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--id", help="Deploy id: the same id again returns the recorded outcome (default: a new id)."
+    ),
+]
+UNIT_FILE = Path(__file__).resolve().parents[1] / "deploy" / "edgekit-agent.service"
+_DEFAULT_ROOT = Path("/var/lib/edgekit")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``edgekit agent ...`` to ``app``."""
+    app.add_typer(agent_app, name="agent")
+
+
+def _new_id() -> str:
+    return f"local-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+
+
+class _Lines:
+    """Writes one JSON line per event to the real stdout, flushed at once (a reader may be streaming it)."""
+
+    def __init__(self) -> None:
+        # A runtime may print on fd 1 while a model loads; that goes to stderr (stdout_to_stderr),
+        # so the JSON lines go to a duplicate of the original stdout.
+        try:
+            self.out: IO[str] = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+            self._owned = True
+        except (AttributeError, OSError, ValueError):  # no real fd (a test runner's capture)
+            self.out, self._owned = sys.stdout, False
+
+    def __call__(self, doc: dict[str, Any]) -> None:
+        self.out.write(json.dumps(doc, default=str, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self._owned:
+            self.out.close()
+
+
+def _run_json(action: Any) -> InstallResult:
+    lines = _Lines()
+    try:
+        with stdout_to_stderr():
+            result: InstallResult = action(lambda step, info: lines({"step": step, **info}))
+        lines({"result": result.to_dict()})
+    finally:
+        lines.close()
+    return result
+
+
+def _run_rich(action: Any, title: str) -> InstallResult:
+    started = time.monotonic()
+    with console.status(f"{title}…") as status:
+
+        def progress(step: str, info: dict[str, Any]) -> None:
+            where = f" (slot {info['slot']})" if "slot" in info and step in ("unpack", "switch") else ""
+            console.print(f"  [dim]{time.monotonic() - started:6.1f}s[/] {step}{where}", highlight=False)
+            status.update(f"{title}: {step}…")
+
+        result: InstallResult = action(progress)
+    _print_result(result)
+    return result
+
+
+def _print_result(r: InstallResult) -> None:
+    what = "rollback" if r.action == "rollback" else "install"
+    if r.replayed:
+        console.print(
+            f"[dim]deploy id {r.deploy_id} was seen before: its recorded outcome[/]", highlight=False
+        )
+    if r.ok:
+        console.print(
+            f"[green]ok[/]: {r.model} {r.version} is active (slot {r.slot}, deploy {r.deploy_id})",
+            highlight=False,
+        )
+    else:
+        console.print(f"[red]{what} failed at {r.step}[/]: {r.reason}", highlight=False)
+        if r.hint:
+            console.print(f"[yellow]hint:[/] {r.hint}", highlight=False)
+        console.print(f"active slot unchanged: {r.active or 'none'}", highlight=False)
+    h = r.health or {}
+    if h.get("p99_ms") is not None:
+        agreement = h.get("top1_agreement")
+        console.print(
+            f"health: {h.get('backend')}/{h.get('precision')} p50 {h['p50_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms "
+            f"(budget {h.get('budget_ms')} ms); top-1 agreement "
+            f"{'-' if agreement is None else f'{agreement:.0%}'} on {h.get('frames')} frames "
+            f"(threshold {h.get('threshold')})",
+            highlight=False,
+        )
+
+
+@agent_app.command("install")
+def install_command(
+    bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz (signed by a trusted key).")],
+    root: RootOpt = _DEFAULT_ROOT,
+    deploy_id: IdOpt = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device", "--profile", help="Device profile for the health gate (default: detect this host)."
+        ),
+    ] = None,
+    health_runs: Annotated[
+        int, typer.Option("--health-runs", min=1, help="Frames the health gate times (its p99 is of these).")
+    ] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Install a bundle: verify, unpack into the inactive slot, health-gate, switch. Exit 1 if refused."""
+    from edgekit.deploy import StateRoot, install
+    from edgekit.deploy.install import check_deploy_id
+    from edgekit.errors import DeployError
+
+    deploy_id = deploy_id or _new_id()
+    check_deploy_id(deploy_id)
+    if not bundle.exists():
+        raise DeployError(f"{bundle} does not exist", "pass the bundle folder or .tar.gz to install")
+    if device is not None:
+        from edgekit.profiles import get_profile
+
+        get_profile(device)  # an unknown profile is a usage error, not a failed bundle
+    state = StateRoot(root)
+
+    def action(progress: Any) -> InstallResult:
+        return install(state, bundle, deploy_id, device, progress, health_runs=health_runs)
+
+    result = _run_json(action) if as_json else _run_rich(action, f"installing {bundle.name}")
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@agent_app.command("rollback")
+def rollback_command(
+    root: RootOpt = _DEFAULT_ROOT, deploy_id: IdOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Switch back to the other slot's bundle (it must be complete and still verify). Exit 1 if there is none."""
+    from edgekit.deploy import StateRoot, rollback
+    from edgekit.deploy.install import check_deploy_id
+
+    deploy_id = deploy_id or _new_id()
+    check_deploy_id(deploy_id)
+    state = StateRoot(root)
+
+    def action(progress: Any) -> InstallResult:
+        return rollback(state, deploy_id, progress)
+
+    result = _run_json(action) if as_json else _run_rich(action, "rolling back")
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@agent_app.command("status")
+def status_command(
+    root: RootOpt = _DEFAULT_ROOT,
+    recover: Annotated[
+        bool,
+        typer.Option("--recover", help="First recover from a crash (what the agent does when it starts)."),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the slots, which is active, their versions and the last deploy's health numbers."""
+    from edgekit.deploy import StateRoot
+
+    state = StateRoot(root)
+    recovered = state.recover() if recover else None
+    doc = state.status()
+    if recovered is not None:
+        doc["recovered"] = recovered
+    if as_json:
+        print_json(doc)
+        return
+    console.print(f"state root {doc['root']}", highlight=False)
+    for slot, s in doc["slots"].items():
+        mark = "[green]*[/]" if slot == doc["active"] else " "
+        if s["complete"]:
+            console.print(
+                f" {mark} slot {slot}: {s['model']} {s['version']} (deploy {s['deploy_id']}, {s['installed_at']})",
+                highlight=False,
+            )
+        else:
+            console.print(f" {mark} slot {slot}: empty", highlight=False)
+    if doc["active"] is None:
+        console.print("[yellow]no bundle is active[/]")
+    last = doc.get("last")
+    if last:
+        verdict = (
+            "[green]ok[/]"
+            if last.get("ok")
+            else f"[red]failed at {last.get('step')}[/]: {last.get('reason')}"
+        )
+        console.print(f"last: {last.get('action')} {last.get('deploy_id')} {verdict}", highlight=False)
+        h = last.get("health") or {}
+        if h.get("p99_ms") is not None:
+            console.print(
+                f"  health: {h.get('backend')}/{h.get('precision')} p50 {h.get('p50_ms')} ms, "
+                f"p99 {h.get('p99_ms')} ms (budget {h.get('budget_ms')} ms), top-1 agreement "
+                f"{h.get('top1_agreement')} on {h.get('frames')} frames",
+                highlight=False,
+            )
+    ids = ", ".join(k["key_id"] or f"{k['file']} (unreadable)" for k in doc["trusted_keys"]) or "none"
+    console.print(f"trusted keys: {ids}", highlight=False)
+
+
+@agent_app.command("trust")
+def trust_command(
+    key: Annotated[
+        Path, typer.Argument(help="The builder's public key (.pub.pem, from edgekit keys generate).")
+    ],
+    root: RootOpt = _DEFAULT_ROOT,
+    as_json: JsonOpt = False,
+) -> None:
+    """Trust a bundle-signing public key: bundles it signs can be installed here."""
+    from edgekit.bundle import key_id, load_public_key
+    from edgekit.deploy import StateRoot
+    from edgekit.deploy.slots import write_atomic
+
+    public = load_public_key(key)  # refuses a private key, a non-Ed25519 key, garbage
+    kid = key_id(public)
+    state = StateRoot(root)
+    dest = state.keys_dir / f"{kid}.pub.pem"
+    write_atomic(dest, key.read_bytes())
+    if as_json:
+        print_json({"key_id": kid, "file": str(dest)})
+        return
+    console.print(f"trusted key [bold]{kid}[/] ({dest})", highlight=False)
+
+
+@agent_app.command("unit")
+def unit_command() -> None:
+    """Print the systemd unit for the agent (save it as /etc/systemd/system/edgekit-agent.service)."""
+    sys.stdout.write(UNIT_FILE.read_text())
+
+
+# The long-running `edgekit agent run` (MQTT commands, downloads, the pipeline) is added below
+# as its own function by the MQTT side; keep it last in this file.
+
+
+# -- `edgekit agent run` (the MQTT side) ---------------------------------------------------------
+
+
+@agent_app.command("run")
+def run_agent_command(
+    root: RootOpt = _DEFAULT_ROOT,
+    mqtt: Annotated[
+        str,
+        typer.Option(
+            "--mqtt", envvar="EDGEKIT_MQTT", help="The fleet's broker: mqtt[s]://[user@]host[:port]."
+        ),
+    ] = "mqtt://127.0.0.1:1883",
+    fleet: Annotated[
+        str, typer.Option("--fleet", envvar="EDGEKIT_FLEET", help="Fleet name in the topics.")
+    ] = "default",
+    device_id: Annotated[
+        str | None,
+        typer.Option(
+            "--device-id", envvar="EDGEKIT_DEVICE_ID", help="This device's id (default: the host name)."
+        ),
+    ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group", envvar="EDGEKIT_GROUP", help="Group for `edgekit deploy --fleet F --group G`."
+        ),
+    ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--source",
+            envvar="EDGEKIT_SOURCE",
+            help="Run the active bundle on this source (as `edgekit run --source`); without it, only install.",
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            "--device",
+            envvar="EDGEKIT_PROFILE",
+            help="Device profile (default: detect this host).",
+        ),
+    ] = None,
+    telemetry_interval: Annotated[
+        float, typer.Option("--telemetry-interval", help="Seconds between the pipeline's telemetry messages.")
+    ] = 5.0,
+    budget: Annotated[
+        float | None,
+        typer.Option("--budget", help="The pipeline's frame budget in ms (default: the bundle's)."),
+    ] = None,
+    max_bundle_mb: Annotated[
+        float, typer.Option("--max-bundle-mb", help="Refuse to download a bundle bigger than this.")
+    ] = 2048.0,
+    download_attempts: Annotated[
+        int, typer.Option("--download-attempts", min=1, help="Transfers per download (each resumes).")
+    ] = 5,
+    mqtt_ca: Annotated[
+        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
+    ] = None,
+    mqtt_cert: Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")] = None,
+    mqtt_key: Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")] = None,
+    mqtt_protocol: Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")] = "3.1.1",
+) -> None:
+    """Run the device agent: take deploy/rollback commands over MQTT and keep the active bundle running.
+
+    Commands arrive on edgekit/v1/<fleet>/<device>/cmd (QoS 1, kept by the broker while the
+    agent is away); results go to .../cmd/result; .../agent (retained) says what is installed.
+    """
+    import logging
+    import socket
+
+    from edgekit.deploy.agent import AgentConfig, run_agent
+    from edgekit.errors import DeployError
+    from edgekit.names import safe_name
+    from edgekit.telemetry.broker import BrokerConfig
+
+    device_id = device_id or socket.gethostname()
+    for what, value in (("--fleet", fleet), ("--device-id", device_id), ("--group", group)):
+        if value is not None and not safe_name(value):
+            raise DeployError(
+                f"{what} {value!r} cannot be part of an MQTT topic",
+                "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
+            )
+    if profile is not None:
+        from edgekit.profiles import get_profile
+
+        get_profile(profile)  # an unknown profile is a usage error now, not a failed deploy later
+    if not telemetry_interval > 0 or not max_bundle_mb > 0:
+        raise DeployError("--telemetry-interval and --max-bundle-mb must be positive", "e.g. 5 and 2048")
+    broker = BrokerConfig.from_url(
+        mqtt, ca_file=mqtt_ca, cert_file=mqtt_cert, key_file=mqtt_key, protocol=mqtt_protocol
+    )
+    # A service's log is its record: info lines (each command, each pipeline start) by default.
+    wanted = logging.getLevelName(os.environ.get("EDGEKIT_LOG", "INFO").upper())
+    top = logging.getLogger()
+    if isinstance(wanted, int) and wanted < top.getEffectiveLevel():  # never hide what --debug asked for
+        top.setLevel(wanted)
+    config = AgentConfig(
+        mqtt_url=mqtt,
+        fleet=fleet,
+        device_id=device_id,
+        group=group,
+        profile=profile,
+        source=source,
+        telemetry_interval_s=telemetry_interval,
+        budget_ms=budget,
+        max_bundle_bytes=int(max_bundle_mb * 1024 * 1024),
+        download_attempts=download_attempts,
+    )
+    raise typer.Exit(run_agent(root, config, broker))

@@ -1,0 +1,611 @@
+"""``edgekit deploy``: a bundle (or a model, built first) onto a device over SSH, or onto a fleet.
+
+Two transports, one of them per run: ``--host user@ip`` (SSH; ``edgekit.deploy.ssh``) or
+``--fleet F`` (MQTT commands and a canary rollout; ``edgekit.deploy.rollout``).  Either way
+the device's agent verifies the bundle and health-gates it before it becomes active; a
+refused bundle exits 1 and leaves the device running what it ran.
+
+Exit codes: 0 installed (or rolled back), 1 the device refused it (its step and reason are
+printed), 2 anything that kept it from getting there (host key, login, options).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from edgekit.commands.common import console, err_console, stdout_to_stderr
+from edgekit.errors import DeployError
+
+deploy_app = typer.Typer(
+    help="Build (with --model) and ship a bundle to a device over SSH (--host) or to a fleet over MQTT "
+    "(--fleet). The device activates it only if it passes the health gate. Exit 0: active; 1: the device "
+    "refused it and kept what it ran; 2: it never got there (host key, login, options).",
+    invoke_without_command=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(deploy_app, name="deploy")
+
+
+# Options of the SSH transport, shared by `deploy` and `deploy rollback`.
+HostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--host", help="SSH: the device as user@host (your ssh keys, config and known_hosts apply)."
+    ),
+]
+PortOpt = Annotated[int | None, typer.Option("--port", help="SSH port of the device (default 22).")]
+KeyOpt = Annotated[Path | None, typer.Option("--key", help="SSH private key to log in with (only this one).")]
+KnownHostsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--known-hosts",
+        help="known_hosts file to check the device's host key against (default ~/.ssh/known_hosts).",
+    ),
+]
+AcceptNewOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-key",
+        help="Trust an unknown host key on first use and record it (a changed key is still refused).",
+    ),
+]
+SshConfigOpt = Annotated[
+    str | None,
+    typer.Option("--ssh-config", help="ssh_config file to use (`none`: none; default ~/.ssh/config)."),
+]
+ConnectTimeoutOpt = Annotated[
+    float, typer.Option("--connect-timeout", help="Seconds to wait for the SSH connection.")
+]
+RootOpt = Annotated[str, typer.Option("--root", help="The agent's state root on the device.")]
+RemoteEdgekitOpt = Annotated[
+    str,
+    typer.Option("--remote-edgekit", help="edgekit on the device: a path or a command (~/ means its home)."),
+]
+IdOpt = Annotated[
+    str | None, typer.Option("--id", help="Deploy id (default: a new one); a replayed id is not redone.")
+]
+JsonLinesOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON lines on stdout: each step as it happens, then the result.")
+]
+# Options of the fleet transport (MQTT).
+FleetOpt = Annotated[
+    str | None, typer.Option("--fleet", help="MQTT: the fleet to deploy to.", rich_help_panel="Fleet")
+]
+TargetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--target", help="Fleet: one device id (repeat for several).", rich_help_panel="Fleet"),
+]
+GroupOpt = Annotated[
+    str | None, typer.Option("--group", help="Fleet: every device in this group.", rich_help_panel="Fleet")
+]
+MqttOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--mqtt",
+        help="Fleet: the broker, mqtt://host:port or mqtts://user@host:port.",
+        rich_help_panel="Fleet",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class FleetRequest:
+    """A fleet deploy or rollback as the command line gave it (the MQTT transport reads this)."""
+
+    action: str  # "deploy" | "rollback"
+    fleet: str
+    targets: tuple[str, ...]
+    group: str | None
+    mqtt: str | None
+    bundle: Path | None = None
+    deploy_id: str | None = None
+    canary: str | None = None
+    canary_window: str | None = None
+    slo_p95_ms: float | None = None
+    artifacts: Path | None = None
+    artifact_url: str | None = None
+    as_json: bool = False
+
+
+def _fleet(req: FleetRequest) -> int:
+    """Run a fleet deploy or rollback; its exit code (the MQTT transport: ``_fleet_rollout`` below)."""
+    return _fleet_rollout(req)
+
+
+def _one_transport(host: str | None, fleet: str | None, fleet_only: dict[str, Any]) -> None:
+    if host and fleet:
+        raise DeployError(
+            "give --host or --fleet, not both", "--host deploys to one device over SSH, --fleet over MQTT"
+        )
+    if not host and not fleet:
+        raise DeployError(
+            "say where to deploy: --host user@ip (one device, SSH) or --fleet F (MQTT)",
+            "for example: edgekit deploy --device jetson --model models/efficientnet-lite0 --sign-key KEY.pem "
+            "--host nvidia@192.168.1.20",
+        )
+    given = [name for name, value in fleet_only.items() if value]
+    if host and given:
+        raise DeployError(
+            f"{', '.join(given)} need --fleet", "these choose devices of a fleet; --host is one device"
+        )
+
+
+def _target(
+    host: str,
+    port: int | None,
+    key: Path | None,
+    known_hosts: Path | None,
+    accept_new: bool,
+    ssh_config: str | None,
+    connect_timeout: float,
+    remote_edgekit: str,
+) -> Any:
+    from edgekit.deploy.ssh import SshTarget
+
+    return SshTarget(
+        host=host,
+        port=port,
+        key=key,
+        known_hosts=known_hosts,
+        accept_new_host_key=accept_new,
+        ssh_config=ssh_config,
+        connect_timeout=connect_timeout,
+        remote_edgekit=remote_edgekit,
+    )
+
+
+@deploy_app.callback()
+def deploy_command(
+    ctx: typer.Context,
+    device: Annotated[
+        str | None, typer.Option("--device", "-d", help="Device profile or alias (edgekit devices list).")
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", "-m", help="A model card directory: built for --device first.")
+    ] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option("--bundle", "-b", help="A bundle folder or .tar.gz (edgekit build wrote it)."),
+    ] = None,
+    sign_key: Annotated[
+        Path | None,
+        typer.Option("--sign-key", help="With --model: sign the bundle (devices install signed ones only)."),
+    ] = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    key: KeyOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    ssh_config: SshConfigOpt = None,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    root: RootOpt = "/var/lib/edgekit",
+    remote_edgekit: RemoteEdgekitOpt = "edgekit",
+    deploy_id: IdOpt = None,
+    fleet: FleetOpt = None,
+    target: TargetOpt = None,
+    group: GroupOpt = None,
+    mqtt: MqttOpt = None,
+    canary: Annotated[
+        str | None,
+        typer.Option("--canary", help="Fleet: deploy to this share first (10%).", rich_help_panel="Fleet"),
+    ] = None,
+    canary_window: Annotated[
+        str | None,
+        typer.Option(
+            "--canary-window", help="Fleet: watch the canaries this long (60s).", rich_help_panel="Fleet"
+        ),
+    ] = None,
+    slo_p95_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--slo-p95-ms", help="Fleet: canary p95 limit (default: the budget).", rich_help_panel="Fleet"
+        ),
+    ] = None,
+    artifacts: Annotated[
+        Path | None,
+        typer.Option("--artifacts", help="Fleet: folder edgekit fleet serve hosts.", rich_help_panel="Fleet"),
+    ] = None,
+    artifact_url: Annotated[
+        str | None,
+        typer.Option(
+            "--artifact-url", help="Fleet: URL of that folder for the agents.", rich_help_panel="Fleet"
+        ),
+    ] = None,
+    as_json: JsonLinesOpt = False,
+) -> None:
+    """Build (with --model) and ship a bundle to a device; it becomes active only if it passes the health gate.
+
+    Exit 0: installed and active. Exit 1: the device refused it and kept what it ran.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    fleet_only = {
+        "--target": target,
+        "--group": group,
+        "--mqtt": mqtt,
+        "--canary": canary,
+        "--canary-window": canary_window,
+        "--slo-p95-ms": slo_p95_ms,
+        "--artifacts": artifacts,
+        "--artifact-url": artifact_url,
+    }
+    _one_transport(host, fleet, fleet_only)
+    if (model is None) == (bundle is None):
+        raise DeployError(
+            "give exactly one of --model DIR (built for --device first) or --bundle B",
+            "for example --model models/efficientnet-lite0 --sign-key KEY.pem, or --bundle bundles/enl0-x86",
+        )
+    if model is not None and device is None:
+        raise DeployError("--model needs --device: the bundle is built for it", "for example --device jetson")
+    profile = _profile(device) if device else None
+    if model is not None:
+        assert profile is not None
+        bundle = _build(model, profile, sign_key, as_json)
+    assert bundle is not None
+    _check_bundle(bundle, profile)
+    if fleet:
+        req = FleetRequest(
+            "deploy",
+            fleet,
+            tuple(target or ()),
+            group,
+            mqtt,
+            bundle=bundle,
+            deploy_id=deploy_id,
+            canary=canary,
+            canary_window=canary_window,
+            slo_p95_ms=slo_p95_ms,
+            artifacts=artifacts,
+            artifact_url=artifact_url,
+            as_json=as_json,
+        )
+        raise typer.Exit(_fleet(req))
+    assert host is not None
+    from edgekit.deploy.ssh import deploy_over_ssh
+
+    ssh = _target(
+        host, port, key, known_hosts, accept_new_host_key, ssh_config, connect_timeout, remote_edgekit
+    )
+    with _Display(as_json, f"deploy {bundle.name} to {host}") as show:
+        outcome = deploy_over_ssh(ssh, bundle, root=root, deploy_id=deploy_id, profile=profile, progress=show)
+        show.finish(outcome.result)
+    _report(outcome, as_json, "deploy")
+    raise typer.Exit(0 if outcome.ok else 1)
+
+
+@deploy_app.command("rollback")
+def rollback_command(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    key: KeyOpt = None,
+    known_hosts: KnownHostsOpt = None,
+    accept_new_host_key: AcceptNewOpt = False,
+    ssh_config: SshConfigOpt = None,
+    connect_timeout: ConnectTimeoutOpt = 10.0,
+    root: RootOpt = "/var/lib/edgekit",
+    remote_edgekit: RemoteEdgekitOpt = "edgekit",
+    deploy_id: IdOpt = None,
+    fleet: FleetOpt = None,
+    target: TargetOpt = None,
+    group: GroupOpt = None,
+    mqtt: MqttOpt = None,
+    as_json: JsonLinesOpt = False,
+) -> None:
+    """Make the device's previous bundle active again (it is health-checked before the switch)."""
+    _one_transport(host, fleet, {"--target": target, "--group": group, "--mqtt": mqtt})
+    if fleet:
+        req = FleetRequest(
+            "rollback", fleet, tuple(target or ()), group, mqtt, deploy_id=deploy_id, as_json=as_json
+        )
+        raise typer.Exit(_fleet(req))
+    assert host is not None
+    from edgekit.deploy.ssh import rollback_over_ssh
+
+    ssh = _target(
+        host, port, key, known_hosts, accept_new_host_key, ssh_config, connect_timeout, remote_edgekit
+    )
+    with _Display(as_json, f"rollback on {host}") as show:
+        outcome = rollback_over_ssh(ssh, root=root, deploy_id=deploy_id, progress=show)
+        show.finish(outcome.result)
+    _report(outcome, as_json, "rollback")
+    raise typer.Exit(0 if outcome.ok else 1)
+
+
+def _profile(device: str) -> str:
+    from edgekit.profiles import get_profile
+
+    return get_profile(device).name
+
+
+def _build(model: Path, profile: str, sign_key: Path | None, as_json: bool) -> Path:
+    """``edgekit build --model MODEL --device PROFILE`` with its defaults: the same folder and cache."""
+    from edgekit.build.builder import BuildRequest, build
+    from edgekit.commands.build import _with_progress
+    from edgekit.modelcard import read_card
+
+    if sign_key is None:
+        raise DeployError(
+            "a device installs signed bundles only: --model needs --sign-key KEY.pem",
+            "make a key with `edgekit keys generate`, and trust its .pub.pem on the device once: "
+            "edgekit agent trust KEY.pub.pem",
+        )
+    card = read_card(model)
+    out = Path("bundles") / f"{card.name}-{profile}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    req = BuildRequest(card=card, device=profile, out=out, sign_key=sign_key)
+    if as_json:
+        with stdout_to_stderr():  # stdout carries the deploy's JSON lines only
+            result = build(req)
+    else:
+        result = _with_progress(req, build)
+    return Path(result.bundle)
+
+
+def _check_bundle(bundle: Path, profile: str | None) -> None:
+    """Refuse here, before any copy, what the device would refuse: not a bundle, broken, unsigned, wrong device."""
+    from edgekit.bundle.verify import verify
+
+    report = verify(bundle)
+    if not report.ok:
+        first = report.failures[0]
+        raise DeployError(
+            f"{bundle} does not verify: {first.detail}", first.hint or "rebuild it with edgekit build"
+        )
+    if report.signature == "unsigned":
+        raise DeployError(
+            f"{bundle} is not signed, and devices install signed bundles only",
+            "build it with --sign-key KEY.pem (edgekit keys generate) and trust the .pub.pem on the device",
+        )
+    manifest = report.manifest
+    if profile and manifest is not None and manifest.device.profile != profile:
+        raise DeployError(
+            f"{bundle} was built for {manifest.device.profile}, not {profile}",
+            f"build it for the device: edgekit build --device {profile} ...",
+        )
+
+
+class _Display:
+    """Progress of a deploy: a live list of steps (terminal), plain lines (pipe) or JSON lines (``--json``)."""
+
+    def __init__(self, as_json: bool, title: str) -> None:
+        self.as_json = as_json
+        self.title = title
+        self.live = not as_json and err_console.is_terminal
+        self._bar: Any = None
+        self._tasks: dict[str, Any] = {}  # step -> rich task id, in the order the steps came
+        self._done: set[str] = set()
+
+    def __enter__(self) -> _Display:
+        if self.live:
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn
+
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[size]}"),
+                console=err_console,
+                transient=False,
+            )
+            self._bar.__enter__()
+        elif not self.as_json:
+            err_console.print(self.title, highlight=False, markup=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
+
+    def __call__(self, step: str, info: dict[str, Any]) -> None:
+        copying = step == "copy"
+        last_chunk = copying and info.get("bytes") == info.get("total")
+        if self.as_json:
+            if not copying or last_chunk:  # one line per step, not one per chunk copied
+                sys.stdout.write(json.dumps({"step": step, **info}, default=str) + "\n")
+                sys.stdout.flush()
+            return
+        new = step not in self._tasks
+        if new:
+            self._mark_done()
+        if self._bar is None:
+            if new or last_chunk:
+                self._tasks.setdefault(step, None)
+            if copying and last_chunk:
+                err_console.print(f"  copy {_mb(info.get('total'))}", highlight=False, markup=False)
+            elif new and not copying:
+                # The device's temp path of the archive is noise to a person; the rest is short.
+                shown = {k: v for k, v in info.items() if k != "bundle" or step == "pack"}
+                detail = " ".join(f"{k}={v}" for k, v in shown.items() if isinstance(v, str | int | float))
+                err_console.print(f"  {step} {detail}".rstrip(), highlight=False, markup=False)
+            return
+        if new:
+            self._tasks[step] = self._bar.add_task(
+                f"{step} …", total=info.get("total") if copying else None, size=""
+            )
+        if copying:
+            size = f"{_mb(info.get('bytes'))} of {_mb(info.get('total'))}"
+            self._bar.update(self._tasks[step], completed=info.get("bytes", 0), size=size)
+
+    def _mark_done(self, failed: str | None = None) -> None:
+        if self._bar is None:
+            return
+        for step, task in self._tasks.items():
+            if step == failed:
+                self._bar.update(task, total=1, completed=0, description=f"{step} [red]✗[/]")
+            elif step not in self._done:
+                self._done.add(step)
+                self._bar.update(task, total=1, completed=1, description=f"{step} [green]✓[/]")
+
+    def finish(self, result: dict[str, Any]) -> None:
+        """Mark every step done, or the failed one failed."""
+        failed = None if result.get("ok") else str(result.get("step"))
+        if failed and failed not in self._tasks and self._bar is not None:
+            self._tasks[failed] = self._bar.add_task(failed, total=1, size="")
+        self._mark_done(failed)
+
+
+def _mb(n: Any) -> str:
+    return f"{n / 1e6:.1f} MB" if isinstance(n, int | float) else "?"
+
+
+def _report(outcome: Any, as_json: bool, what: str) -> None:
+    """The final word: a JSON line, or the verdict and the health gate's numbers."""
+    from rich.markup import escape
+
+    if as_json:
+        sys.stdout.write(json.dumps(outcome.to_dict(), default=str) + "\n")
+        return
+    r = outcome.result
+    if outcome.ok:
+        replayed = " (already done: this deploy id's recorded outcome)" if r.get("replayed") else ""
+        console.print(
+            f"[green]✓[/] {what} {escape(outcome.deploy_id)} on {escape(outcome.host)}: "
+            f"{escape(str(r.get('version') or ''))} active in slot {escape(str(r.get('slot') or '?'))}"
+            f"{replayed} ({outcome.seconds:.1f} s)",
+            highlight=False,
+        )
+    _health_table(r.get("health") or {})
+    if not outcome.ok:
+        # The device's words are data: printed, never read as markup.
+        err_console.print(
+            f"[bold red]{what} refused[/] at step [bold]{escape(str(r.get('step') or '?'))}[/]: "
+            f"{escape(str(r.get('reason') or 'no reason given'))}",
+            highlight=False,
+        )
+        if r.get("hint"):
+            err_console.print(f"[yellow]hint:[/] {escape(str(r['hint']))}", highlight=False)
+        err_console.print(f"the device keeps running what it ran before this {what}", highlight=False)
+
+
+def _health_table(health: dict[str, Any]) -> None:
+    if not health:
+        return
+    table = Table(title="health gate on the device", title_justify="left")
+    for col in ("backend", "p50 ms", "p99 ms", "budget ms", "top-1 agreement", "frames"):
+        table.add_column(col)
+    agree = health.get("top1_agreement")
+    table.add_row(
+        "-".join(str(health[k]) for k in ("backend", "precision") if health.get(k)) or "-",
+        _num(health.get("p50_ms")),
+        _num(health.get("p99_ms")),
+        _num(health.get("budget_ms")),
+        f"{agree:.0%}" if isinstance(agree, int | float) else "-",
+        str(health.get("frames", "-")),
+    )
+    console.print(table)
+
+
+def _num(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, int | float) else "-"
+
+
+# -- fleet mode (MQTT): the canary rollout of edgekit.deploy.rollout -----------------------------
+
+
+def _fleet_rollout(req: FleetRequest) -> int:
+    """``edgekit deploy --fleet`` / ``edgekit deploy rollback --fleet``: progress lines, then the report."""
+    from edgekit.deploy.rollout import run
+
+    show = _FleetDisplay(req.as_json)
+    report = run(
+        req.fleet,
+        req.mqtt or "mqtt://127.0.0.1:1883",
+        bundle=req.bundle,
+        targets=req.targets,
+        group=req.group,
+        artifacts=req.artifacts,
+        artifact_url=req.artifact_url,
+        deploy_id=req.deploy_id,
+        canary=req.canary,
+        canary_window=req.canary_window,
+        slo_p95_ms=req.slo_p95_ms,
+        action=req.action,
+        on_event=show,
+    )
+    show.finish(report.to_dict())
+    return 0 if report.ok else 1
+
+
+class _FleetDisplay:
+    """A fleet rollout's events as plain lines on stderr, or JSON lines on stdout (``--json``)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self._steps: dict[str, str] = {}  # device -> the last step shown
+
+    def _say(self, text: str) -> None:
+        err_console.print(text, highlight=False, markup=False)
+
+    def __call__(self, kind: str, info: dict[str, Any]) -> None:
+        if self.as_json:
+            sys.stdout.write(json.dumps({"event": kind, **info}, default=str) + "\n")
+            sys.stdout.flush()
+            return
+        if kind == "artifact":
+            self._say(
+                f"artifact {info['name']} ({_mb(info['size'])}, sha256 {info['sha256'][:12]}) at {info['url']}"
+            )
+            if info.get("warning"):
+                self._say(f"  warning: {info['warning']}")
+        elif kind == "members":
+            skipped = "; ".join(f"{d}: {why}" for d, why in info["skipped"].items())
+            self._say(
+                f"devices: {', '.join(info['members']) or 'none'}"
+                + (f" (left out: {skipped})" if skipped else "")
+            )
+        elif kind == "send":
+            self._say(f"{info['phase']}: {info['action']} {info['id']} -> {info['device']}")
+        elif kind == "progress":
+            device, step = str(info.get("device")), str(info.get("step"))
+            if self._steps.get(device) != step:
+                self._steps[device] = step
+                self._say(f"  {device}: {step}")
+        elif kind == "result":
+            mark = "ok" if info.get("ok") else f"FAILED at {info.get('step')}: {info.get('reason')}"
+            replayed = " (recorded outcome of this id)" if info.get("replayed") else ""
+            self._say(f"  {info['device']} {info['phase']}: {mark}{replayed}")
+        elif kind == "watch":
+            limit = f"p95 <= {info['slo_p95_ms']:g} ms" if info.get("slo_p95_ms") else "p95 <= the budget"
+            self._say(
+                f"watching {', '.join(info['devices'])} for {info['window_s']:g} s ({limit}, misses <= 1%)"
+            )
+        elif kind == "verdict":
+            for device, h in info["health"].items():
+                p95 = "-" if h.get("p95_ms") is None else f"{h['p95_ms']:.2f} ms"
+                verdict = f"BREACH: {h['breach']}" if h.get("breach") else "held"
+                self._say(
+                    f"  {device}: p95 {p95} over {h.get('frames', 0)} frames, {h.get('missed', 0)} missed: {verdict}"
+                )
+
+    def finish(self, report: dict[str, Any]) -> None:
+        """The last word: the report as one JSON line, or the outcome."""
+        if self.as_json:
+            sys.stdout.write(json.dumps(report, default=str) + "\n")
+            return
+        outcome = report["outcome"]
+        if report["ok"]:
+            console.print(
+                f"[green]✓[/] {report['action']} {report['id']}: {len(report['results'])} device(s) done",
+                highlight=False,
+            )
+        else:
+            from rich.markup import escape
+
+            err_console.print(
+                f"[bold red]{report['action']} {escape(outcome)}[/]: {escape(report['reason'])}",
+                highlight=False,
+            )
+            if report.get("rolled_back"):
+                err_console.print(
+                    f"rolled back: {', '.join(report['rolled_back'])}; not sent to: {', '.join(report['rest']) or 'nobody'}",
+                    highlight=False,
+                )

@@ -1,0 +1,624 @@
+"""``edgekit agent run``: the device's deploy service — MQTT commands in, downloads, installs, the pipeline.
+
+One process per device (systemd unit ``edgekit-agent.service``)::
+
+    paho's thread     cmd messages (QoS 1, persistent session) -> a queue; acknowledged only
+                      when handled, so a command that arrives while the agent is down, or
+                      that was being handled when it died, is delivered (again) on reconnect
+    worker thread     one command at a time: check it (edgekit.deploy.commands), answer a
+                      replayed id from deploys/<id>.json, download with Range resume into
+                      incoming/, install() / rollback() (edgekit.deploy.install), report each
+                      step and the outcome on cmd/result, restart the pipeline after a switch
+    supervisor        ``edgekit run <active bundle> --mqtt ... --fleet F --device-id D``
+                      as a child; restarted after a switch, and with back-off when it crashes
+    main thread       waits for SIGTERM/SIGINT, then stops the rest in order
+
+The retained ``edgekit/v1/<fleet>/<device>/agent`` message says what is installed and
+active, the group and the profile (``edgekit deploy --fleet`` finds its members there);
+the Last Will turns it ``offline``.  Bad input never ends the agent: each refusal is a
+log line and, when the command's id was readable, a final ``ok: false`` result.
+
+Who may send commands is the broker's ACL (the agent still refuses a command naming
+another device, and installs only bundles its trusted keys signed).  With Mosquitto and
+one user per device named like the device id (``%u``)::
+
+    pattern read  edgekit/v1/+/%u/cmd
+    pattern write edgekit/v1/+/%u/cmd/result
+    pattern write edgekit/v1/+/%u/agent
+    pattern write edgekit/v1/+/%u/status
+    pattern write edgekit/v1/+/%u/telemetry
+    pattern write edgekit/v1/+/%u/labels
+
+and for the user ``edgekit deploy`` runs as: ``write edgekit/v1/<fleet>/+/cmd`` and
+``read`` on ``.../+/agent``, ``.../+/cmd/result``, ``.../+/status``, ``.../+/telemetry``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit._version import __version__
+from edgekit.deploy.commands import (
+    SCHEMA_AGENT,
+    Command,
+    CommandError,
+    parse_command,
+    result_message,
+    topic,
+)
+from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download
+from edgekit.errors import EdgekitError
+
+if TYPE_CHECKING:
+    from edgekit.deploy.install import InstallResult
+    from edgekit.deploy.slots import StateRoot
+    from edgekit.telemetry.broker import BrokerConfig
+
+log = logging.getLogger(__name__)
+
+# A child that ran this long before it exited was healthy: the next crash starts the back-off again.
+HEALTHY_RUN_S = 60.0
+MAX_BACKOFF_S = 60.0
+STOP_CHILD_S = 10.0
+PROGRESS_EVERY_S = 1.0
+SESSION_EXPIRY_S = 7 * 86400  # MQTT 5: how long the broker keeps our queue while we are away
+
+
+@dataclass
+class AgentConfig:
+    """What ``edgekit agent run`` was told: where the broker is, who this device is, what to run."""
+
+    mqtt_url: str
+    fleet: str
+    device_id: str
+    group: str | None = None
+    profile: str | None = None
+    source: str | None = None
+    telemetry_interval_s: float = 5.0
+    budget_ms: float | None = None
+    max_bundle_bytes: int = DEFAULT_MAX_BYTES
+    download_attempts: int = 5
+    download_backoff_s: float = 1.0
+    child_args: Sequence[str] = field(default_factory=tuple)
+
+
+class PipelineSupervisor:
+    """Keeps ``edgekit run <active bundle> ...`` running: restart on request, back off when it crashes."""
+
+    def __init__(
+        self,
+        command: Callable[[Path], list[str]],
+        active_bundle: Callable[[], Path | None],
+        on_state: Callable[[str], None] = lambda state: None,
+    ) -> None:
+        self._command = command
+        self._active_bundle = active_bundle
+        self._on_state = on_state
+        self.state = "stopped"
+        self.starts = 0
+        self.bundle: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._restart = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgekit-agent-pipeline", daemon=True)
+
+    def start(self) -> PipelineSupervisor:
+        self._thread.start()
+        return self
+
+    def restart(self) -> None:
+        """Stop the child (if any) and start it again on the bundle that is active now."""
+        self._restart.set()
+
+    def stop(self) -> None:
+        """Stop the child and the supervising thread."""
+        self._stop.set()
+        self._restart.set()
+        if self._thread.is_alive():
+            self._thread.join(STOP_CHILD_S + 5)
+        self._end_child()
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _set(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            try:
+                self._on_state(state)
+            except Exception:  # the status message is a report; supervising goes on without it
+                log.exception("agent: reporting the pipeline state failed")
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            self._restart.clear()
+            bundle = self._active_bundle()
+            if bundle is None:
+                self._set("none")  # nothing installed yet: wait for a deploy
+                self._restart.wait()
+                continue
+            started = time.monotonic()
+            try:
+                self._spawn(bundle)
+            except OSError as err:
+                log.error("agent: cannot start the pipeline: %s", err)
+            else:
+                self._set("running")
+                while not self._restart.wait(0.5):
+                    if self._proc is not None and self._proc.poll() is not None:
+                        break
+            if self._restart.is_set():  # a switch or a stop: end the child, start again at once
+                self._end_child()
+                backoff = 1.0
+                continue
+            code = self._proc.returncode if self._proc is not None else None
+            ran = time.monotonic() - started
+            backoff = 1.0 if ran >= HEALTHY_RUN_S else min(backoff * 2, MAX_BACKOFF_S)
+            log.warning(
+                "agent: the pipeline on %s exited with %s after %.0f s; starting it again in %g s",
+                bundle, code, ran, backoff,
+            )  # fmt: skip
+            self._set("backoff")
+            self._restart.wait(backoff)
+
+    def _spawn(self, bundle: Path) -> None:
+        argv = self._command(bundle)
+        log.info("agent: starting the pipeline: %s", " ".join(argv))
+        self.bundle = bundle
+        self.starts += 1
+        # stdout would be the per-frame view; the child's log lines (stderr) go where ours go.
+        self._proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+
+    def _end_child(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        # SIGINT first: `edgekit run` then ends its window, says offline and closes the camera.
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(STOP_CHILD_S)
+        except subprocess.TimeoutExpired:
+            log.warning("agent: the pipeline did not stop within %g s; killing it", STOP_CHILD_S)
+            proc.kill()
+            proc.wait(5)
+
+
+_prctl: Any = None
+if sys.platform == "linux":
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before any fork
+
+
+def _die_with_parent() -> None:
+    # In the child, before exec: if the agent is killed (SIGKILL, OOM), its pipeline goes too,
+    # so a restarted agent never finds a second pipeline reporting under the same device id.
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Agent:
+    """The long-running agent on one state root; ``run()`` blocks until ``stop()`` (or a signal)."""
+
+    def __init__(self, root: StateRoot, broker: BrokerConfig, config: AgentConfig) -> None:
+        self.root = root
+        self.broker = broker
+        self.config = config
+        self.session = uuid.uuid4().hex[:12]
+        self.cmd_topic = topic(config.fleet, config.device_id, "cmd")
+        self.result_topic = topic(config.fleet, config.device_id, "cmd/result")
+        self.agent_topic = topic(config.fleet, config.device_id, "agent")
+        self.handled = 0
+        self.refused = 0
+        self.busy: str | None = None
+        self._queue: queue.Queue[tuple[int, int, bytes] | None] = queue.Queue()
+        self._queued: set[str] = set()  # digests of payloads waiting or in progress (redelivery)
+        self._queued_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._connected = threading.Event()
+        self._worker = threading.Thread(target=self._work, name="edgekit-agent-worker", daemon=True)
+        self.supervisor = PipelineSupervisor(
+            self._child_argv, self._active_bundle, lambda state: self.publish_status()
+        )
+        self._client = self._make_client()
+
+    # -- MQTT ----------------------------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+
+        b = self.broker
+        v5 = b.protocol == "5"
+        kwargs: dict[str, Any] = {
+            "callback_api_version": CallbackAPIVersion.VERSION2,
+            # Not the device id: the pipeline child connects with that one, and a broker
+            # disconnects the older of two clients with one id.
+            "client_id": f"edgekit-agent-{self.config.device_id}",
+            "protocol": mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+        }
+        if not v5:
+            kwargs["clean_session"] = False  # the broker keeps commands for us while we are away
+        client = mqtt.Client(**kwargs)
+        client.manual_ack_set(True)  # a command is acknowledged once handled, not once received
+        client.will_set(self.agent_topic, self._status_payload("offline"), qos=1, retain=True)
+        if b.username:
+            client.username_pw_set(b.username, b.password)
+        if b.tls:
+            from edgekit.errors import TelemetryError
+
+            try:
+                client.tls_set(
+                    ca_certs=str(b.ca_file) if b.ca_file else None,
+                    certfile=str(b.cert_file) if b.cert_file else None,
+                    keyfile=str(b.key_file) if b.key_file else None,
+                )
+            except (OSError, ValueError) as err:
+                raise TelemetryError(
+                    f"TLS setup for {b.describe()} failed: {err}", "check the CA/cert/key files"
+                ) from err
+        client.reconnect_delay_set(min_delay=1, max_delay=10)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if reason.is_failure:
+            log.error(
+                "agent: %s refused the connection: %s (check the user, password and ACL)",
+                self.broker.describe(), reason,
+            )  # fmt: skip
+            return
+        log.info(
+            "agent: connected to %s as %s (session %s); commands on %s",
+            self.broker.describe(), self.config.device_id,
+            "resumed" if flags.session_present else "new", self.cmd_topic,
+        )  # fmt: skip
+        client.subscribe(self.cmd_topic, qos=1)
+        self._connected.set()
+        self.publish_status()
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        if self._connected.is_set() and not self._stop.is_set():
+            log.warning("agent: lost %s (%s); reconnecting", self.broker.describe(), reason)
+        self._connected.clear()
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        # paho's network thread: only queue it; a slow install must not stop keep-alives.
+        payload = bytes(msg.payload)
+        digest = hashlib.sha256(payload).hexdigest()
+        with self._queued_lock:
+            if digest in self._queued:  # redelivered after a reconnect while still waiting here
+                return
+            self._queued.add(digest)
+        self._queue.put((msg.mid, msg.qos, payload))
+
+    def _publish(self, topic_: str, body: dict[str, Any], retain: bool = False) -> None:
+        data = json.dumps(body, separators=(",", ":"), default=str).encode()
+        # While disconnected paho keeps QoS 1 messages and sends them on reconnect.
+        self._client.publish(topic_, data, qos=1, retain=retain)
+
+    def _status_payload(self, state: str) -> bytes:
+        body: dict[str, Any] = {
+            "schema": SCHEMA_AGENT,
+            "state": state,
+            "device": self.config.device_id,
+            "fleet": self.config.fleet,
+            "group": self.config.group,
+            "profile": self.config.profile,
+        }
+        if state == "online":
+            status = self._root_status()
+            body |= {
+                "ts": round(time.time(), 3),
+                "session": self.session,
+                "edgekit": __version__,
+                "active": _active_of(status),
+                "slots": status.get("slots", status),
+                "pipeline": self.supervisor.state if self.config.source else "none",
+                "busy": self.busy,
+            }
+        return json.dumps(body, separators=(",", ":"), default=str).encode()
+
+    def publish_status(self) -> None:
+        """Publish the retained agent message (what is installed, active, running)."""
+        try:
+            self._client.publish(self.agent_topic, self._status_payload("online"), qos=1, retain=True)
+        except Exception:  # a status is a report: never let it stop a deploy
+            log.exception("agent: publishing the status failed")
+
+    def _root_status(self) -> dict[str, Any]:
+        try:
+            return dict(self.root.status())
+        except Exception as err:  # a damaged root must still be reported, not end the agent
+            log.exception("agent: reading the state root failed")
+            return {"error": str(err)}
+
+    # -- the pipeline ----------------------------------------------------------------------
+
+    def _active_bundle(self) -> Path | None:
+        try:
+            bundle = self.root.active_bundle()
+        except Exception:
+            log.exception("agent: cannot read the active slot")
+            return None
+        # The slot's own path: a later switch of ``active`` must not move the files under the child.
+        return bundle.resolve() if bundle is not None else None
+
+    def _child_argv(self, bundle: Path) -> list[str]:
+        c = self.config
+        assert c.source is not None
+        argv = [sys.executable, "-m", "edgekit.cli", "run", str(bundle), "--source", c.source, "--json"]
+        argv += ["--mqtt", c.mqtt_url, "--fleet", c.fleet, "--device-id", c.device_id]
+        argv += ["--telemetry-interval", f"{c.telemetry_interval_s:g}"]
+        # In the state root: the one place the agent's unit lets it write, kept across restarts.
+        argv += ["--spool", str(Path(self.root.path) / "telemetry.db")]
+        b = self.broker
+        for flag, path in (
+            ("--mqtt-ca", b.ca_file),
+            ("--mqtt-cert", b.cert_file),
+            ("--mqtt-key", b.key_file),
+        ):
+            if path is not None:
+                argv += [flag, str(path)]
+        if b.protocol != "3.1.1":
+            argv += ["--mqtt-protocol", b.protocol]
+        if c.profile:
+            argv += ["--device", c.profile]
+        if c.budget_ms is not None:
+            argv += ["--budget", f"{c.budget_ms:g}"]
+        return argv + list(c.child_args)
+
+    # -- commands ----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            mid, qos, payload = item
+            try:
+                self.handle(payload)
+            except Exception:  # a bug in one command's handling must not end the agent
+                log.exception("agent: handling a command failed")
+            finally:
+                with self._queued_lock:
+                    self._queued.discard(hashlib.sha256(payload).hexdigest())
+                if qos > 0:
+                    self._client.ack(mid, qos)
+
+    def handle(self, payload: bytes) -> dict[str, Any]:
+        """Handle one command payload; publishes progress and the final result, and returns the latter."""
+        try:
+            cmd = parse_command(payload, self.config.device_id)
+        except CommandError as err:
+            self.refused += 1
+            log.warning(
+                "agent: refused a command (%d bytes, id %s): %s", len(payload), err.deploy_id, err.message
+            )
+            return self._final(err.deploy_id, None, "command", ok=False, reason=err.message, hint=err.hint)
+        self.handled += 1
+        recorded = self._recorded(cmd.id)
+        if recorded is not None:
+            log.info(
+                "agent: %s %s was handled before: answering with its recorded outcome", cmd.action, cmd.id
+            )
+            return self._final(
+                cmd.id,
+                cmd.action,
+                str(recorded.get("step") or "done"),
+                ok=bool(recorded.get("ok")),
+                reason=str(recorded.get("reason") or ""),
+                hint=str(recorded.get("hint") or ""),
+                health=recorded.get("health") if isinstance(recorded.get("health"), dict) else None,
+                version=recorded.get("version") if isinstance(recorded.get("version"), str) else None,
+                replayed=True,
+            )
+        log.info("agent: %s %s", cmd.action, cmd.id)
+        self.busy = cmd.id
+        self.publish_status()
+        try:
+            return self._run_command(cmd)
+        except EdgekitError as err:  # the root refused (a lock held too long, a disk that is full)
+            log.error("agent: %s %s: %s", cmd.action, cmd.id, err.message)
+            return self._final(cmd.id, cmd.action, "install", ok=False, reason=err.message, hint=err.hint)
+        except Exception as err:  # a bug: still answer, so a rollout does not wait for nothing
+            log.exception("agent: %s %s failed", cmd.action, cmd.id)
+            return self._final(
+                cmd.id, cmd.action, "agent", ok=False, reason=f"the agent failed: {err}", hint="see its log"
+            )
+        finally:
+            self.busy = None
+            self.publish_status()
+
+    def _run_command(self, cmd: Command) -> dict[str, Any]:
+        self._progress(cmd, "received", {})
+        if cmd.action == "rollback":
+            from edgekit.deploy.install import rollback
+
+            result = rollback(self.root, cmd.id, lambda step, info: self._progress(cmd, step, dict(info)))
+        else:
+            outcome = self._deploy(cmd)
+            if isinstance(outcome, dict):  # the download failed: already answered
+                return outcome
+            result = outcome
+        if result.ok and not result.replayed and self.config.source:
+            self.supervisor.restart()  # the switch happened: run what is active now
+        if result.ok:
+            log.info("agent: %s %s done (version %s)", cmd.action, cmd.id, result.version)
+        else:
+            log.warning("agent: %s %s failed at %s: %s", cmd.action, cmd.id, result.step, result.reason)
+        return self._final(
+            cmd.id,
+            cmd.action,
+            result.step,
+            ok=result.ok,
+            reason=result.reason or "",
+            hint=result.hint or "",
+            health=dict(result.health or {}),
+            version=result.version,
+            replayed=bool(result.replayed),
+        )
+
+    def _deploy(self, cmd: Command) -> InstallResult | dict[str, Any]:
+        from edgekit.deploy.install import install
+
+        assert cmd.url is not None and cmd.sha256 is not None and cmd.size is not None
+        last = [0.0]
+
+        def fetched(have: int, size: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= PROGRESS_EVERY_S or have == size:
+                last[0] = now
+                self._progress(cmd, "download", {"bytes": have, "size": size})
+
+        try:
+            archive = download(
+                cmd.url,
+                self._incoming(),
+                sha256=cmd.sha256,
+                size=cmd.size,
+                max_bytes=self.config.max_bundle_bytes,
+                attempts=self.config.download_attempts,
+                backoff_s=self.config.download_backoff_s,
+                progress=fetched,
+            )
+        except DownloadError as err:
+            log.warning("agent: deploy %s: %s", cmd.id, err.message)
+            return self._final(cmd.id, cmd.action, "download", ok=False, reason=err.message, hint=err.hint)
+        try:
+            return install(
+                self.root,
+                archive,
+                cmd.id,
+                profile=self.config.profile,
+                progress=lambda step, info: self._progress(cmd, step, dict(info)),
+            )
+        finally:
+            archive.unlink(missing_ok=True)  # installed or refused: the slot holds what is kept
+
+    def _incoming(self) -> Path:
+        return Path(self.root.incoming)
+
+    def _recorded(self, deploy_id: str) -> dict[str, Any] | None:
+        """The recorded outcome of ``deploy_id`` (deploys/<id>.json), if it was handled before."""
+        # A damaged record reads as None: install() then decides again, under its lock.
+        return self.root.deploy_record(deploy_id)
+
+    def _progress(self, cmd: Command, step: str, info: dict[str, Any]) -> None:
+        body = result_message(
+            self.config.device_id, cmd.id, step, final=False, action=cmd.action, info=_plain(info)
+        )
+        self._publish(self.result_topic, body)
+
+    def _final(
+        self, deploy_id: str | None, action: str | None, step: str, *, ok: bool, **fields: Any
+    ) -> dict[str, Any]:
+        body = result_message(
+            self.config.device_id, deploy_id, step, final=True, ok=ok, action=action, **fields
+        )
+        self._publish(self.result_topic, body)
+        return body
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Agent:
+        """Recover the root, start the pipeline, connect (in the background) and take commands."""
+        self.root.recover()
+        if self.config.source:
+            self.supervisor.start()
+        b = self.broker
+        kwargs: dict[str, Any] = {}
+        if b.protocol == "5":
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = SESSION_EXPIRY_S
+            kwargs = {"clean_start": False, "properties": props}
+        self._client.connect_async(b.host, b.port, keepalive=b.keepalive_s, **kwargs)
+        self._client.loop_start()
+        self._worker.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finish the command in progress (up to ``timeout_s``), stop the pipeline, say offline, disconnect."""
+        self._stop.set()
+        self._queue.put(None)
+        self._worker.join(timeout_s)
+        if self._worker.is_alive():
+            log.warning("agent: a command is still running; leaving it (the install is crash-safe)")
+        self.supervisor.stop()
+        if self._connected.is_set():
+            info = self._client.publish(self.agent_topic, self._status_payload("offline"), qos=1, retain=True)
+            with contextlib.suppress(RuntimeError, ValueError):
+                info.wait_for_publish(2.0)
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def run(self) -> int:
+        """Start, then wait for SIGTERM or SIGINT; returns the exit code."""
+        done = threading.Event()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            log.info("agent: %s: stopping", signal.Signals(signum).name)
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        while not done.wait(1.0):
+            pass
+        self.stop()
+        return 0
+
+
+def _active_of(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The active slot's facts (slot, model, version, deploy id) out of ``StateRoot.status()``."""
+    if not status.get("active"):
+        return None
+    return {"slot": status["active"]} | {k: status.get(k) for k in ("model", "version", "deploy_id")}
+
+
+def _plain(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with what JSON cannot carry (paths, numpy numbers) as text."""
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if value is None or isinstance(value, (bool, int, float, str)):
+            out[str(key)] = value
+        elif isinstance(value, dict):
+            out[str(key)] = _plain(value)
+        elif isinstance(value, (list, tuple)):
+            out[str(key)] = [v if isinstance(v, (bool, int, float, str)) else str(v) for v in value]
+        else:
+            out[str(key)] = str(value)
+    return out
+
+
+def run_agent(root_path: Path, config: AgentConfig, broker: BrokerConfig) -> int:
+    """Run the agent on ``root_path`` until a signal; the ``edgekit agent run`` entry point."""
+    from edgekit.deploy.slots import StateRoot
+
+    root = StateRoot(root_path)
+    return Agent(root, broker, config).run()

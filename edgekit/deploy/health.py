@@ -1,0 +1,207 @@
+"""The health gate: before a bundle is activated, it must run here, fast enough and right enough.
+
+The bundle is loaded exactly as ``edgekit run`` will load it (``edgekit.load`` with the
+device profile's selection, so the artifact checked is the artifact that will run), warmed
+up, then its evaluation frames (``eval/``, JPEGs written by the build) are run through the
+whole frame path: decode, preprocess, infer.  It passes when
+
+* p99 of the per-frame latency is within the bundle's budget (``device.budget_ms``), and
+* top-1 agrees with the manifest's fp32 reference on at least the build's accuracy
+  threshold (``build.accuracy_threshold``, 0.98 by default) of the frames.  As in the
+  build's gate, frames where fp32 itself was undecided (margin under ``TIE_MARGIN``) are
+  reported but do not count, unless no frame is decisive.
+
+Percentiles are nearest-rank over the timed runs, never averaged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import EdgekitError
+
+TIE_MARGIN = 0.10  # the build's rule (edgekit.build.accuracy); not imported: a device has no build extra
+DEFAULT_RUNS = 100  # timed frames: nearest-rank p99 of 100 runs ignores one outlier on a busy device
+DEFAULT_WARMUP = 3
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """What the health gate measured, and whether the bundle passed (``reason`` says why not)."""
+
+    ok: bool
+    reason: str = ""
+    hint: str = ""
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    budget_ms: float | None = None
+    top1_agreement: float | None = None
+    threshold: float | None = None
+    frames: int = 0
+    decisive_frames: int = 0
+    runs: int = 0
+    flipped: tuple[str, ...] = field(default=())
+    backend: str | None = None
+    precision: str | None = None
+    candidate: str | None = None
+    load_ms: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The numbers as plain data: ``p50_ms, p99_ms, budget_ms, top1_agreement, frames, backend, precision`` and more."""
+        return {
+            "ok": self.ok,
+            "p50_ms": _round(self.p50_ms),
+            "p99_ms": _round(self.p99_ms),
+            "budget_ms": self.budget_ms,
+            "top1_agreement": _round(self.top1_agreement, 4),
+            "threshold": self.threshold,
+            "frames": self.frames,
+            "decisive_frames": self.decisive_frames,
+            "runs": self.runs,
+            "flipped": list(self.flipped),
+            "backend": self.backend,
+            "precision": self.precision,
+            "candidate": self.candidate,
+            "load_ms": _round(self.load_ms, 1),
+            "reason": self.reason or None,
+        }
+
+
+def _round(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(x, digits)
+
+
+def nearest_rank(sorted_ms: Sequence[float], q: float) -> float:
+    """The ``q`` percentile (0-100) of already sorted values by the nearest-rank rule (an observed value)."""
+    rank = max(1, math.ceil(q / 100 * len(sorted_ms)))
+    return float(sorted_ms[rank - 1])
+
+
+def check_health(
+    bundle: Path,
+    profile: str | None = None,
+    trusted_keys: Sequence[Path] = (),
+    *,
+    runs: int = DEFAULT_RUNS,
+    warmup: int = DEFAULT_WARMUP,
+) -> HealthReport:
+    """Run the health gate on the bundle folder ``bundle`` for device ``profile`` (None: detect this host).
+
+    Returns a report; raises nothing for a bundle that does not load or run (that is a
+    failed gate, with the runtime's reason).
+    """
+    import cv2
+    import numpy as np
+
+    from edgekit.bundle import read_manifest
+    from edgekit.model import load
+
+    try:
+        manifest = read_manifest(bundle)
+    except EdgekitError as err:
+        return HealthReport(False, err.message, err.hint)
+    budget = manifest.device.budget_ms
+    threshold = manifest.build.accuracy_threshold
+    evals = manifest.eval_set
+    if evals is None:
+        return HealthReport(
+            False,
+            "the bundle carries no evaluation frames, so its accuracy on this device cannot be checked",
+            "rebuild it with this edgekit version (edgekit build writes eval/ frames into every bundle)",
+            budget_ms=budget,
+            threshold=threshold,
+        )
+    frames = []
+    for f in evals.frames:
+        # The path was validated (under eval/) and, by the install's verify step, hashed.
+        image = cv2.imdecode(np.frombuffer((bundle / f.path).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+        if image is None:
+            return HealthReport(
+                False, f"evaluation frame {f.path} cannot be decoded", "rebuild the bundle", budget_ms=budget
+            )
+        frames.append(image)
+
+    t0 = time.perf_counter()
+    try:
+        model = load(bundle, device=profile or "auto", trusted_keys=trusted_keys, require_signature=True)
+    except EdgekitError as err:
+        return HealthReport(
+            False,
+            f"the bundle does not load here: {err.message}",
+            err.hint,
+            budget_ms=budget,
+            threshold=threshold,
+        )
+    load_ms = (time.perf_counter() - t0) * 1000
+    with model:
+        cand = next((c for c in model.candidates if c.key == model.candidate), None)
+        backend, precision, candidate = model.backend, cand.precision if cand else None, model.candidate
+        try:
+            for _ in range(warmup):
+                model.infer(frames[0])
+            times: list[float] = []
+            agree: list[bool] = []
+            for i in range(max(runs, len(frames))):
+                frame = frames[i % len(frames)]
+                start = time.perf_counter()
+                row = model.infer(frame)
+                times.append((time.perf_counter() - start) * 1000)
+                if i < len(frames):
+                    agree.append(int(np.argmax(row)) == evals.frames[i].top1)
+        except EdgekitError as err:
+            return HealthReport(
+                False,
+                f"the bundle loads but does not run here: {err.message}",
+                err.hint,
+                budget_ms=budget,
+                threshold=threshold,
+                backend=backend,
+                precision=precision,
+                candidate=candidate,
+            )
+    decisive = [i for i, f in enumerate(evals.frames) if f.margin >= TIE_MARGIN] or list(range(len(frames)))
+    agreement = sum(agree[i] for i in decisive) / len(decisive)
+    flipped = tuple(
+        ("" if evals.frames[i].margin >= TIE_MARGIN else "~") + Path(evals.frames[i].path).name
+        for i, a in enumerate(agree)
+        if not a
+    )
+    ordered = sorted(times)
+    p50, p99 = nearest_rank(ordered, 50), nearest_rank(ordered, 99)
+    problems = []
+    if p99 > budget:
+        problems.append(f"p99 {p99:.1f} ms is over the budget of {budget:g} ms")
+    if agreement < threshold:
+        problems.append(
+            f"top-1 agrees with the fp32 reference on {agreement:.0%} of {len(decisive)} frames, "
+            f"under the build's threshold of {threshold:.0%} (flipped: {', '.join(flipped)})"
+        )
+    hint = ""
+    if problems:
+        hint = (
+            f"the {candidate} artifact is what this device selects: rebuild the bundle, "
+            "or deploy one built for this device's profile"
+        )
+    return HealthReport(
+        ok=not problems,
+        reason="; ".join(problems),
+        hint=hint,
+        p50_ms=p50,
+        p99_ms=p99,
+        budget_ms=budget,
+        top1_agreement=agreement,
+        threshold=threshold,
+        frames=len(frames),
+        decisive_frames=len(decisive),
+        runs=len(times),
+        flipped=flipped,
+        backend=backend,
+        precision=precision,
+        candidate=candidate,
+        load_ms=load_ms,
+    )
