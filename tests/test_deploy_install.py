@@ -235,6 +235,10 @@ def test_a_bundle_over_its_budget_fails_the_health_gate(installed: StateRoot, bu
     assert not result.ok and result.step == "health" and "over the budget of 0.01 ms" in result.reason
     assert result.health is not None and result.health["top1_agreement"] == 1.0  # only the budget failed
     assert_untouched(installed, bundles.public_key)
+    # A device that runs at a looser budget of its own (agent --budget) holds the gate to that one.
+    loose = install(installed, slow, "tight-but-device-budget", PROFILE, health_runs=RUNS, budget_ms=60_000)
+    assert loose.ok and loose.health is not None and loose.health["budget_ms"] == 60_000
+    assert installed.status()["version"] == "tight" == loose.version
 
 
 def test_second_install_goes_to_the_other_slot_then_rollback(installed: StateRoot, bundles: Bundles) -> None:

@@ -276,12 +276,16 @@ def test_a_download_cut_off_midway_resumes_with_a_range_request(tmp_path: Path) 
 
 
 def test_canary_share_and_durations() -> None:
-    from edgekit.deploy.rollout import canary_count, parse_seconds, parse_share
-    from edgekit.errors import DeployError
+    from edgekit.deploy.rollout import canary_count, parse_share
+    from edgekit.errors import DeployError, EdgekitError
+    from edgekit.units import parse_seconds
 
     assert [canary_count(n, 0.1) for n in (0, 1, 3, 10, 11)] == [0, 1, 1, 1, 2]
     assert parse_share("10%") == pytest.approx(0.1) and parse_share("0.25") == 0.25
-    assert parse_seconds("2m", "--canary-window") == 120
+    assert parse_seconds("2m", "--canary-window") == 120 and parse_seconds("1d", "--keep") == 86400
+    for nonsense in ("0s", "-5m", "nan", "soon", ""):
+        with pytest.raises(EdgekitError, match="is not a duration"):
+            parse_seconds(nonsense, "--canary-window")
     for bad in ("0%", "150%", "lots"):
         with pytest.raises(DeployError):
             parse_share(bad)

@@ -207,6 +207,16 @@ def test_deploy_over_ssh_then_the_bundle_runs_and_a_broken_int8_keeps_it(
     assert _copies(sshd) == []
 
 
+def test_the_device_budget_holds_the_health_gate_over_ssh(
+    sshd: Sshd, device_root: Path, cache_env: dict[str, str], x86_bundle: tuple[Path, dict[str, Any]]
+) -> None:
+    """The bundle as built (its 33.3 ms budget), gated at the budget this device runs at (--budget)."""
+    r = _deploy(cache_env, sshd, device_root, x86_bundle[0], "--id", "at-device-budget", "--budget", "60000")
+    assert r.returncode == 0, _why(r)
+    assert _lines(r)[-1]["result"]["health"]["budget_ms"] == 60000
+    assert _active_id(device_root) == "at-device-budget"
+
+
 def test_deploy_from_a_model_then_an_archive_then_rollback_over_ssh(
     sshd: Sshd,
     device_root: Path,
@@ -389,6 +399,8 @@ def test_options_are_checked_before_any_connection(cache_env: dict[str, str], tm
     assert r.returncode == 2 and "--host" in r.stderr and "--fleet" in r.stderr, r.stderr
     r = edgekit(cache_env, "deploy", "--bundle", str(tmp_path), "--host", "pi@h", "--fleet", "f")
     assert r.returncode == 2 and "not both" in r.stderr, r.stderr
+    r = edgekit(cache_env, "deploy", "--bundle", str(tmp_path), "--budget", "50", "--fleet", "f")
+    assert r.returncode == 2 and "--budget is for --host" in r.stderr, r.stderr
 
 
 def test_ssh_failures_are_named_from_what_ssh_says() -> None:

@@ -147,6 +147,14 @@ def install_command(
     health_runs: Annotated[
         int, typer.Option("--health-runs", min=1, help="Frames the health gate times (its p99 is of these).")
     ] = 100,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            min=0.001,
+            help="Frame budget (ms) the device runs at: the gate's p99 limit (default: the bundle's).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Install a bundle: verify, unpack into the inactive slot, health-gate, switch. Exit 1 if refused."""
@@ -165,7 +173,7 @@ def install_command(
     state = StateRoot(root)
 
     def action(progress: Any) -> InstallResult:
-        return install(state, bundle, deploy_id, device, progress, health_runs=health_runs)
+        return install(state, bundle, deploy_id, device, progress, health_runs=health_runs, budget_ms=budget)
 
     result = _run_json(action) if as_json else _run_rich(action, f"installing {bundle.name}")
     raise typer.Exit(0 if result.ok else 1)

@@ -190,6 +190,14 @@ def deploy_command(
     root: RootOpt = "/var/lib/edgekit",
     remote_edgekit: RemoteEdgekitOpt = "edgekit",
     deploy_id: IdOpt = None,
+    budget: Annotated[
+        float | None,
+        typer.Option(
+            "--budget",
+            min=0.001,
+            help="SSH: the budget (ms) the device runs at; its health gate holds p99 to it.",
+        ),
+    ] = None,
     fleet: FleetOpt = None,
     target: TargetOpt = None,
     group: GroupOpt = None,
@@ -239,6 +247,11 @@ def deploy_command(
         "--artifact-url": artifact_url,
     }
     _one_transport(host, fleet, fleet_only)
+    if fleet and budget is not None:
+        raise DeployError(
+            "--budget is for --host: over MQTT each agent gates at the budget it runs with",
+            "start the agents with `edgekit agent run --budget MS` instead",
+        )
     if (model is None) == (bundle is None):
         raise DeployError(
             "give exactly one of --model DIR (built for --device first) or --bundle B",
@@ -276,7 +289,9 @@ def deploy_command(
         host, port, key, known_hosts, accept_new_host_key, ssh_config, connect_timeout, remote_edgekit
     )
     with _Display(as_json, f"deploy {bundle.name} to {host}") as show:
-        outcome = deploy_over_ssh(ssh, bundle, root=root, deploy_id=deploy_id, profile=profile, progress=show)
+        outcome = deploy_over_ssh(
+            ssh, bundle, root=root, deploy_id=deploy_id, profile=profile, progress=show, budget_ms=budget
+        )
         show.finish(outcome.result)
     _report(outcome, as_json, "deploy")
     raise typer.Exit(0 if outcome.ok else 1)

@@ -11,6 +11,7 @@ import typer
 
 from edgekit.commands.common import err_console
 from edgekit.errors import EdgekitError
+from edgekit.units import parse_seconds
 
 fleet_app = typer.Typer(help="The fleet: collect telemetry, store it, show it.", no_args_is_help=True)
 
@@ -19,19 +20,6 @@ log = logging.getLogger(__name__)
 
 def register(app: typer.Typer) -> None:
     app.add_typer(fleet_app, name="fleet")
-
-
-def _seconds(text: str, what: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h``, ``30d`` -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise EdgekitError(f"{what} {text!r} is not a duration", "write e.g. 90s, 5m, 1h or 30d")
-    return value
 
 
 def _describe_db(db: str) -> str:
@@ -110,8 +98,8 @@ def serve_command(
 
     if not 0 < slo_quantile < 1:
         raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")
-    raw_keep_s, keep_s = _seconds(raw_keep, "--raw-keep"), _seconds(keep, "--keep")
-    slo = SloPolicy(quantile=slo_quantile, for_s=_seconds(slo_for, "--slo-for"))
+    raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
+    slo = SloPolicy(quantile=slo_quantile, for_s=parse_seconds(slo_for, "--slo-for"))
     broker = BrokerConfig.from_url(mqtt, ca_file=ca_file)
     logging.basicConfig(
         level=os.environ.get("EDGEKIT_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -157,10 +157,7 @@ def tail_command(
         view.add(msg.topic, body)
 
     client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="")
-    if broker.username:
-        client.username_pw_set(broker.username, broker.password)
-    if broker.tls:
-        client.tls_set(ca_certs=str(broker.ca_file) if broker.ca_file else None)
+    broker.secure(client)
     client.on_connect = on_connect
     client.on_message = on_message
     try:

@@ -262,21 +262,7 @@ class Agent:
         client = mqtt.Client(**kwargs)
         client.manual_ack_set(True)  # a command is acknowledged once handled, not once received
         client.will_set(self.agent_topic, self._status_payload("offline"), qos=1, retain=True)
-        if b.username:
-            client.username_pw_set(b.username, b.password)
-        if b.tls:
-            from edgekit.errors import TelemetryError
-
-            try:
-                client.tls_set(
-                    ca_certs=str(b.ca_file) if b.ca_file else None,
-                    certfile=str(b.cert_file) if b.cert_file else None,
-                    keyfile=str(b.key_file) if b.key_file else None,
-                )
-            except (OSError, ValueError) as err:
-                raise TelemetryError(
-                    f"TLS setup for {b.describe()} failed: {err}", "check the CA/cert/key files"
-                ) from err
+        b.secure(client)
         client.reconnect_delay_set(min_delay=1, max_delay=10)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
@@ -514,6 +500,7 @@ class Agent:
                 cmd.id,
                 profile=self.config.profile,
                 progress=lambda step, info: self._progress(cmd, step, dict(info)),
+                budget_ms=self.config.budget_ms,  # gate at the budget the pipeline will be held to
             )
         finally:
             archive.unlink(missing_ok=True)  # installed or refused: the slot holds what is kept

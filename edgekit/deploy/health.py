@@ -89,6 +89,7 @@ def check_health(
     *,
     runs: int = DEFAULT_RUNS,
     warmup: int = DEFAULT_WARMUP,
+    budget_ms: float | None = None,
 ) -> HealthReport:
     """Run the health gate on the bundle folder ``bundle`` for device ``profile`` (None: detect this host).
 
@@ -105,7 +106,8 @@ def check_health(
         manifest = read_manifest(bundle)
     except EdgekitError as err:
         return HealthReport(False, err.message, err.hint)
-    budget = manifest.device.budget_ms
+    # The device's own budget when it runs the pipeline at another one (agent --budget), else the bundle's.
+    budget = budget_ms if budget_ms is not None else manifest.device.budget_ms
     threshold = manifest.build.accuracy_threshold
     evals = manifest.eval_set
     if evals is None:

@@ -141,11 +141,13 @@ def install(
     *,
     health_runs: int = DEFAULT_RUNS,
     lock_timeout: float = 600.0,
+    budget_ms: float | None = None,
 ) -> InstallResult:
     """Install the bundle folder or ``.tar.gz`` ``bundle`` into ``root``'s inactive slot and switch to it.
 
     ``profile`` is the device profile whose selection the health gate loads with (None:
-    detect this host).  ``health_runs`` is how many frames the gate times.  See the module
+    detect this host).  ``health_runs`` is how many frames the gate times; ``budget_ms`` the
+    budget it holds p99 to when the device runs at another than the bundle's.  See the module
     docstring for the steps.  Raises ``DeployError`` only for a bad deploy id, an unusable
     state root or a lock held longer than ``lock_timeout`` seconds.
     """
@@ -169,7 +171,9 @@ def install(
             report("unpack", {"slot": target})
             _unpack(root, target, bundle, data, sig, manifest, keys)
             report("health", {"slot": target, "profile": profile or "auto", "runs": health_runs})
-            health = check_health(root.slot_bundle(target), profile, keys, runs=health_runs)
+            health = check_health(
+                root.slot_bundle(target), profile, keys, runs=health_runs, budget_ms=budget_ms
+            )
             if not health.ok:
                 root.clear_slot(target)  # free the space: a bundle that failed its gate is never used
                 raise _Failed("health", health.reason, health.hint, health.to_dict())

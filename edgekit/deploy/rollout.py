@@ -49,6 +49,7 @@ from edgekit.deploy.commands import (
 from edgekit.errors import DeployError
 from edgekit.names import safe_name
 from edgekit.sketch import LatencySketch
+from edgekit.units import parse_seconds
 
 Event = Callable[[str, dict[str, Any]], None]
 """``on_event(kind, info)``: ``members``, ``send``, ``progress``, ``result``, ``watch``, ``verdict``, ``done``."""
@@ -241,19 +242,6 @@ def parse_share(text: str) -> float:
     return value
 
 
-def parse_seconds(text: str, what: str) -> float:
-    """``90``, ``90s``, ``5m``, ``1h`` -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip().lower()
-    try:
-        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise DeployError(f"{what} {text!r} is not a duration", "write e.g. 30s, 5m or 1h")
-    return value
-
-
 def canary_count(members: int, share: float) -> int:
     """ceil(share x members), at least one when there is anyone."""
     return min(members, max(1, math.ceil(share * members - 1e-9))) if members else 0
@@ -309,14 +297,7 @@ class FleetLink:
         if b.protocol != "5":
             kwargs["clean_session"] = True  # the rollout's own queue is not worth keeping
         client = mqtt.Client(**kwargs)
-        if b.username:
-            client.username_pw_set(b.username, b.password)
-        if b.tls:
-            client.tls_set(
-                ca_certs=str(b.ca_file) if b.ca_file else None,
-                certfile=str(b.cert_file) if b.cert_file else None,
-                keyfile=str(b.key_file) if b.key_file else None,
-            )
+        b.secure(client)
         client.reconnect_delay_set(min_delay=1, max_delay=5)
         client.on_connect = self._on_connect
         client.on_subscribe = self._on_subscribe

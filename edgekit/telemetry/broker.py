@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from edgekit.errors import TelemetryError
@@ -67,6 +68,23 @@ class BrokerConfig:
             key_file=key_file,
             protocol=protocol,
         )
+
+    def secure(self, client: Any) -> None:
+        """Give a paho client this broker's user, password and TLS files (``TelemetryError`` if unusable)."""
+        if self.username:
+            client.username_pw_set(self.username, self.password)
+        if not self.tls:
+            return
+        try:
+            client.tls_set(
+                ca_certs=str(self.ca_file) if self.ca_file else None,
+                certfile=str(self.cert_file) if self.cert_file else None,
+                keyfile=str(self.key_file) if self.key_file else None,
+            )
+        except (OSError, ValueError) as err:
+            raise TelemetryError(
+                f"TLS setup for {self.describe()} failed: {err}", "check the CA/cert/key files"
+            ) from err
 
     def describe(self) -> str:
         who = f"{self.username}@" if self.username else ""

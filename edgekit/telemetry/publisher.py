@@ -168,19 +168,7 @@ class TelemetryPublisher:
             kwargs["clean_session"] = True
         client = mqtt.Client(**kwargs)
         self._set_will(client)
-        if b.username:
-            client.username_pw_set(b.username, b.password)
-        if b.tls:
-            try:
-                client.tls_set(
-                    ca_certs=str(b.ca_file) if b.ca_file else None,
-                    certfile=str(b.cert_file) if b.cert_file else None,
-                    keyfile=str(b.key_file) if b.key_file else None,
-                )
-            except (OSError, ValueError) as err:
-                raise TelemetryError(
-                    f"TLS setup for {b.describe()} failed: {err}", "check the CA/cert/key files"
-                ) from err
+        b.secure(client)
         # Back off to at most 5 s: a device should be reporting again soon after its broker is.
         client.reconnect_delay_set(min_delay=1, max_delay=5)
         client.on_connect = self._on_connect
