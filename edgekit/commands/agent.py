@@ -22,7 +22,16 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from edgekit.commands.common import JsonOpt, console, print_json, stdout_to_stderr
+from edgekit.commands.common import (
+    JsonOpt,
+    MqttCaOpt,
+    MqttCertOpt,
+    MqttKeyOpt,
+    MqttProtocolOpt,
+    console,
+    print_json,
+    stdout_to_stderr,
+)
 
 if TYPE_CHECKING:
     from edgekit.deploy import InstallResult
@@ -341,12 +350,10 @@ def run_agent_command(
     download_attempts: Annotated[
         int, typer.Option("--download-attempts", min=1, help="Transfers per download (each resumes).")
     ] = 5,
-    mqtt_ca: Annotated[
-        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
-    ] = None,
-    mqtt_cert: Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")] = None,
-    mqtt_key: Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")] = None,
-    mqtt_protocol: Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")] = "3.1.1",
+    mqtt_ca: MqttCaOpt = None,
+    mqtt_cert: MqttCertOpt = None,
+    mqtt_key: MqttKeyOpt = None,
+    mqtt_protocol: MqttProtocolOpt = "3.1.1",
 ) -> None:
     """Run the device agent: take deploy/rollback commands over MQTT and keep the active bundle running.
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -16,6 +17,11 @@ console = Console()
 err_console = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+# How a command reaches an MQTT broker over TLS: the same options wherever one does (run, agent, fleet, tail).
+MqttCaOpt = Annotated[Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")]
+MqttCertOpt = Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")]
+MqttKeyOpt = Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")]
+MqttProtocolOpt = Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")]
 
 
 @contextlib.contextmanager

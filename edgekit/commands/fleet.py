@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from edgekit.commands.common import err_console
+from edgekit.commands.common import MqttCaOpt, err_console
 from edgekit.errors import EdgekitError
 from edgekit.units import parse_seconds
 
@@ -68,9 +68,7 @@ def serve_command(
     slo_quantile: Annotated[
         float, typer.Option("--slo-quantile", help="The latency quantile held to each device's budget.")
     ] = 0.95,
-    ca_file: Annotated[
-        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
-    ] = None,
+    ca_file: MqttCaOpt = None,
     client_id: Annotated[
         str,
         typer.Option("--client-id", help="MQTT client id (one per collector: the broker keeps its queue)."),

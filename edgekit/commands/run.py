@@ -13,7 +13,17 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from edgekit.commands.common import JsonOpt, console, err_console, print_json, stdout_to_stderr
+from edgekit.commands.common import (
+    JsonOpt,
+    MqttCaOpt,
+    MqttCertOpt,
+    MqttKeyOpt,
+    MqttProtocolOpt,
+    console,
+    err_console,
+    print_json,
+    stdout_to_stderr,
+)
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -142,12 +152,10 @@ def run_command(
     spool: Annotated[
         Path | None, typer.Option("--spool", help="SQLite file holding telemetry until the broker has it.")
     ] = None,
-    mqtt_ca: Annotated[
-        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
-    ] = None,
-    mqtt_cert: Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")] = None,
-    mqtt_key: Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")] = None,
-    mqtt_protocol: Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")] = "3.1.1",
+    mqtt_ca: MqttCaOpt = None,
+    mqtt_cert: MqttCertOpt = None,
+    mqtt_key: MqttKeyOpt = None,
+    mqtt_protocol: MqttProtocolOpt = "3.1.1",
     telemetry_format: Annotated[
         str,
         typer.Option("--telemetry-format", help="json (edgekit/v1/... topics) or sparkplug (Sparkplug B)."),

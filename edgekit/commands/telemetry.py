@@ -11,14 +11,13 @@ import math
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
-from edgekit.commands.common import console, err_console
+from edgekit.commands.common import MqttCaOpt, console, err_console
 from edgekit.errors import TelemetryError
 
 telemetry_app = typer.Typer(help="Telemetry devices publish over MQTT.", no_args_is_help=True)
@@ -116,9 +115,7 @@ class FleetView:
 def tail_command(
     mqtt: Annotated[str, typer.Option("--mqtt", help="The broker: mqtt[s]://[user@]host[:port].")],
     fleet: Annotated[str, typer.Option("--fleet", help="Only this fleet (default: every fleet).")] = "+",
-    ca_file: Annotated[
-        Path | None, typer.Option("--mqtt-ca", help="CA certificate (PEM) of the broker.")
-    ] = None,
+    ca_file: MqttCaOpt = None,
     duration: Annotated[float | None, typer.Option("--duration", help="Stop after S seconds.")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON line per message: topic, retain, payload.")

@@ -32,12 +32,15 @@ STATIC = Path(__file__).with_name("static")
 KEEPALIVE_S = 5.0
 
 
-def _dumps(data: Any) -> bytes:
-    try:
-        import orjson
+try:
+    import orjson
 
+    def _dumps(data: Any) -> bytes:
         return orjson.dumps(data)
-    except ImportError:  # orjson is in the fleet extra; plain json is slower, not wrong
+
+except ImportError:  # orjson is in the fleet extra; plain json is slower, not wrong
+
+    def _dumps(data: Any) -> bytes:
         return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
 
 
