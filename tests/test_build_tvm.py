@@ -211,3 +211,40 @@ def test_default_x86_64_build_applies_the_shipped_database(
     assert EGYPTIAN_CAT in np.argsort(-got[0])[:3]
     assert int(np.argmax(got[1])) == ESPRESSO
     assert float(np.abs(got - want).max()) < 1e-3
+
+
+def test_tvm_imports_an_int8_qdq_model_as_float_convolutions(tiny: TinyArtifacts, tmp_path: Path) -> None:
+    """Why no profile gets a TVM int8 library (edgekit.build.tvm.INT8_NOT_BUILT): its convolutions stay fp32.
+
+    If a TVM release lowers quantized ONNX to integer convolutions, this fails: then a
+    tvm-int8 recipe is worth building and the note should go.
+    """
+    pytest.importorskip("tvm")
+    import onnx
+    from onnxruntime.quantization import QuantFormat, quantize_static
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from edgekit.build.onnx_int8 import _Reader
+    from edgekit.build.tvm import INT8_NOT_BUILT
+
+    qdq = tmp_path / "tiny-int8.onnx"
+    calib = np.repeat(tiny.input_nchw, 4, axis=0).astype(np.float32)
+    input_name = onnx.load(str(tiny.onnx)).graph.input[0].name
+    quantize_static(str(tiny.onnx), str(qdq), _Reader(calib, input_name), quant_format=QuantFormat.QDQ)
+    mod = from_onnx(onnx.load(str(qdq)), keep_params_in_input=False)
+    conv_inputs: list[str] = []
+    ops: set[str] = set()
+
+    import tvm
+
+    def visit(e: object) -> None:
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            ops.add(e.op.name)
+            if e.op.name == "relax.nn.conv2d":
+                conv_inputs.extend(str(a.ty.dtype) for a in e.args)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    assert {"relax.quantize", "relax.dequantize"} <= ops
+    assert conv_inputs and set(conv_inputs) == {"float32"}
+    assert "fp32" in INT8_NOT_BUILT

@@ -107,8 +107,10 @@ class TVMBackend:
                 "the copy was probably interrupted: copy or rebuild it again",
             )
         inputs, outputs = read_io(artifact)
+        # tvm.runtime's VM (the class relax.VirtualMachine names), not tvm.relax: importing the
+        # compiler's Python needs libtvm_compiler.so, which a device may leave out (runtime only).
         import tvm
-        from tvm import relax
+        from tvm.runtime.vm import VirtualMachine
 
         device_name = str(opts.get("device", "cpu"))
         if "num_threads" in opts:
@@ -117,7 +119,7 @@ class TVMBackend:
         try:
             lib = tvm.runtime.load_module(str(artifact))
             device = tvm.device(device_name, 0)
-            vm = relax.VirtualMachine(lib, device)
+            vm = VirtualMachine(lib, device)
         except Exception as err:
             raise load_failed(NAME, artifact, err, f"a TVM Relax library compiled for {here}") from err
         return TVMSession(artifact, inputs, outputs, vm, device)

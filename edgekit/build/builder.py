@@ -17,7 +17,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -288,7 +288,7 @@ def _recipe_artifacts(
             "tune_trials": req.tune_trials,
             "database": tvm_tuning.fingerprint(database),
         }
-        return b.step(
+        made = b.step(
             recipe,
             step_key(recipe, [fp32_hash], params),
             lambda d: [
@@ -301,6 +301,10 @@ def _recipe_artifacts(
                 )
             ],
         )
+        if any(c.precision == "int8" for c in b.profile.candidates):
+            # Said here, outside the cached step, so bundles built from an older cache say it too.
+            made = [replace(a, notes={**a.notes, "no-tvm-int8": tvm_build.INT8_NOT_BUILT}) for a in made]
+        return made
     if backend == "tensorrt":
         from edgekit.build.tensorrt import tensorrt_artifact
 

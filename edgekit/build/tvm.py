@@ -28,6 +28,20 @@ CROSS_COMPILERS = {
     "aarch64-linux-gnu": "aarch64-linux-gnu-gcc",
     "arm-linux-gnueabihf": "arm-linux-gnueabihf-gcc",
 }
+# Why a device profile gets no TVM int8 library (measured on EfficientNet-Lite0, x86_64 AVX2,
+# TVM 0.27; tools/profile_tvm.py): the Relax ONNX importer turns a QDQ model's
+# DequantizeLinear/QuantizeLinear into relax.dequantize/quantize around *float* conv2d (and
+# refuses QOperator models: no QLinearConv, QLinearAdd, QGemm converters), and no Relax pass
+# rewrites that pattern into integer convolutions.  The library compiled from edgekit's
+# onnxruntime-int8 model passed the accuracy gate, but ran 469 ms against 57 ms for tvm-fp32
+# (one thread): fp32 arithmetic plus rounding, with 38 of 48 fused functions off the tuned
+# schedules.  The builder records this in the tvm-fp32 artifact's notes (``no-tvm-int8``),
+# which ``edgekit bench`` shows in place of a tvm int8 row.
+INT8_NOT_BUILT = (
+    "TVM 0.27 Relax has no integer lowering for quantized ONNX: it imports the int8 QDQ model as "
+    "fp32 conv2d between quantize/dequantize ops (QLinearConv models do not import at all), so a "
+    "TVM int8 library computes in fp32 with int8 rounding; measured ~8x slower than tvm-fp32"
+)
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64"}
 
 
