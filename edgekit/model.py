@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
@@ -74,6 +75,7 @@ class Model:
         root: Path,
         cleanup: Path | None = None,
         candidates: Sequence[Candidate] = (),
+        load_ms: Mapping[str, float] | None = None,
     ) -> None:
         self.manifest = manifest
         self.session = session
@@ -83,6 +85,9 @@ class Model:
         self.labels: tuple[str, ...] = tuple(manifest.labels)
         self.candidates: tuple[Candidate, ...] = tuple(candidates)  # what load() chose among, in order
         self._preps: dict[tuple[int, str], Preprocessor] = {}
+        #: What ``load()`` spent, in ms, by phase (``imports``, ``unpack``, ``verify``, ``profile``,
+        #: ``session``; a runtime's import counts where it happens): the cold-start breakdown.
+        self.load_ms: Mapping[str, float] = MappingProxyType(dict(load_ms or {}))
 
     @property
     def name(self) -> str:
@@ -130,9 +135,11 @@ class Model:
         """Every other artifact of the bundle that loads here, each as its own session (caller closes).
 
         What the ``degrade`` policy measures and switches between; an artifact that does not
-        load here is skipped with a log line.
+        load here is skipped with a log line.  Each one's files are hashed first (``load()``
+        hashed only its own): one that differs from the manifest raises ``VerificationError``.
         """
         from edgekit.backends import registry
+        from edgekit.bundle.verify import check_files
         from edgekit.selection import backend_availability
 
         sessions: list[Session] = []
@@ -142,6 +149,12 @@ class Model:
             art = artifact_for(cand, self.manifest.artifacts)
             if art is None or not backend_availability(cand).ok:
                 continue
+            try:
+                check_files(self.root, self.manifest, [f.path for f in art.files])
+            except EdgekitError:
+                for opened in sessions:
+                    opened.close()
+                raise
             try:
                 s = registry.get(cand.backend).load(self.root / art.path, cand.options)
             except EdgekitError as err:
@@ -177,11 +190,23 @@ def load(
     require_signature: bool = False,
 ) -> Model:
     """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``."""
+    load_ms: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal t0
+        now = time.perf_counter()
+        load_ms[name] = (now - t0) * 1e3
+        t0 = now
+
+    from edgekit.bench.selection import measured_order, with_threads
     from edgekit.bundle import read_manifest, unpack, verify
+    from edgekit.bundle.verify import check_files
     from edgekit.host import match_profile
     from edgekit.profiles import get_profile
     from edgekit.selection import select
 
+    phase("imports")
     path = Path(bundle)
     cleanup: Path | None = None
     if not path.is_dir():
@@ -191,22 +216,40 @@ def load(
         except BaseException:
             shutil.rmtree(cleanup, ignore_errors=True)
             raise
+        phase("unpack")
     try:
-        verify(path, trusted_keys, require_signature=require_signature).raise_if_failed()
+        # Every file's presence and size now; an artifact's hashes just before it loads (resolve).
+        verify(path, trusted_keys, require_signature=require_signature, hash_files=()).raise_if_failed()
         manifest = read_manifest(path)
+        phase("verify")
         profile = match_profile() if device == "auto" else get_profile(device)
+        phase("profile")
         artifacts = manifest.artifacts
 
         def resolve(c: Candidate) -> Path | None:
             a = artifact_for(c, artifacts)
-            return path / a.path if a is not None else None
+            if a is None:
+                return None
+            if a.name not in hashed:
+                t = time.perf_counter()
+                check_files(path, manifest, [f.path for f in a.files])
+                hashed.add(a.name)
+                load_ms["hash"] = load_ms.get("hash", 0.0) + (time.perf_counter() - t) * 1e3
+            return path / a.path
+
+        hashed: set[str] = set()
 
         candidates = candidates_for(profile, artifacts)
-        session = select(candidates, resolve)
+        # Measured on a device like this one (edgekit bench --write-selection): fastest first.
+        latency, threads = measured_order(manifest, profile.name, candidates, host_arch())
+        candidates = [with_threads(c, threads.get(c.key)) for c in candidates]
+        session = select(candidates, resolve, latency or None)
     except BaseException:
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
         raise
+    phase("session")
+    load_ms["session"] -= load_ms.get("hash", 0.0)
     if session.fallbacks:
         log.warning(
             "%s runs on %s after: %s",
@@ -214,4 +257,4 @@ def load(
             session.candidate,
             "; ".join(f"{who}: {why}" for who, why in session.fallbacks),
         )
-    return Model(manifest, session, path, cleanup, candidates)
+    return Model(manifest, session, path, cleanup, candidates, load_ms)

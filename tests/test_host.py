@@ -131,3 +131,13 @@ def test_detect_reads_this_machine_once() -> None:
         first.arch = "sparc"  # type: ignore[misc]
     assert "CPUExecutionProvider" in first.ort_providers and "CPU" in first.openvino_devices
     assert match_profile(first).arch == first.arch
+
+
+def test_openvino_is_probed_only_where_the_device_node_exists(tmp_path: Path) -> None:
+    from edgekit.host import _may_have
+
+    assert not _may_have("NPU", tmp_path) and not _may_have("GPU.0", tmp_path)
+    assert _may_have("CPU", tmp_path)  # no node to look for: probe
+    (tmp_path / "dev/accel").mkdir(parents=True)
+    (tmp_path / "dev/accel/accel0").touch()
+    assert _may_have("NPU", tmp_path) and not _may_have("GPU", tmp_path)

@@ -114,6 +114,56 @@ def test_a_tampered_bundle_does_not_load(tiny_bundles: dict[str, Path], tmp_path
     assert onnx.name in str(err.value)
 
 
+def test_load_hashes_what_it_loads_and_checks_the_rest_by_size(
+    tiny_bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    # Hashing every artifact was a tenth of a cold start: load hashes an artifact just before it
+    # loads it (alternatives included) and checks every other file's presence and size.
+    copy = tmp_path / "unused-tampered"
+    shutil.copytree(tiny_bundles["x86_64-cpu"], copy)
+    bin_file = next(copy.glob("artifacts/openvino-fp32/*.bin"))
+    data = bin_file.read_bytes()
+    bin_file.write_bytes(data[:-4] + bytes(b ^ 0xFF for b in data[-4:]))  # same size, other bytes
+    with edgekit.load(copy, device="x86_64-cpu") as model:
+        assert model.candidate == "onnxruntime-fp32" and model.load_ms["hash"] >= 0
+        with pytest.raises(EdgekitError) as err:
+            model.load_alternatives()
+        assert bin_file.name in str(err.value) and "tampered" in str(err.value)
+    bin_file.write_bytes(data + b"x")  # another size: caught without hashing
+    with pytest.raises(EdgekitError, match=bin_file.name):
+        edgekit.load(copy, device="x86_64-cpu")
+
+
+def test_a_bundle_records_its_interpolation_and_a_device_preprocesses_with_it(
+    tiny: TinyArtifacts, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from edgekit.build.builder import BuildRequest, build
+    from edgekit.modelcard import card_for_file
+
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join(LABELS) + "\n")
+    card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0), labels=labels)
+    card = replace(card, preprocess=replace(card.preprocess, interpolation="box2-linear"))
+    req = BuildRequest(
+        card=card,
+        device="x86_64-cpu",
+        out=tmp_path / "bundle",
+        onnx=tiny.onnx,
+        backends=("onnxruntime",),
+        precisions=("fp32",),
+        use_cache=False,
+        measure_latency=False,
+    )
+    bundle = build(req).bundle
+    assert read_manifest(bundle).preprocess.interpolation == "box2-linear"
+    img = np.random.default_rng(5).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    with edgekit.load(bundle, device="x86_64-cpu") as model:
+        assert model.preprocess.interpolation == "box2-linear"
+        np.testing.assert_allclose(model.infer(img), expected_logits(model, img), atol=1e-4)
+
+
 def test_a_bundle_with_nothing_for_this_host_lists_every_cause(tiny_bundles: dict[str, Path]) -> None:
     with pytest.raises(NoUsableBackendError) as err:
         edgekit.load(tiny_bundles["rpi5"], device="x86_64-cpu")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from edgekit.backends.base import Quantization, TensorSpec
-from edgekit.errors import InputError, PipelineError
+from edgekit.errors import EdgekitError, InputError, PipelineError
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters
-from edgekit.preprocessing import Preprocessor, PreprocessSpec, preprocess
+from edgekit.preprocessing import Preprocessor, PreprocessSpec, fit, preprocess
 from edgekit.sketch import LatencySketch
 from edgekit.tensors import to_input
 
@@ -123,15 +123,19 @@ SPEC = PreprocessSpec((224, 224), (127.0, 127.0, 127.0), (128.0, 128.0, 128.0))
         (TensorSpec("x", (1, 224, 224, 3), "float32"), 0.0),
         (TensorSpec("x", (1, 224, 224, 3), "int8", Quantization(0.0078125, -1)), 1.0),
         (TensorSpec("x", (1, 224, 224, 3), "uint8", Quantization(0.0079, 128)), 1.0),
+        (TensorSpec("x", (1, 3, 224, 224), "int8", Quantization(0.0078125, -1)), 1.0),
     ],
 )
 @pytest.mark.parametrize("size", [(480, 640), (300, 451), (224, 224), (120, 90)])
+@pytest.mark.parametrize("color", ["BGR", "RGB"])
 def test_preprocessor_gives_the_reference_numbers_in_the_sessions_dtype(
-    tensor: TensorSpec, tolerance: float, size: tuple[int, int]
+    tensor: TensorSpec, tolerance: float, size: tuple[int, int], color: str
 ) -> None:
     img = np.random.default_rng(1).integers(0, 256, (*size, 3), dtype=np.uint8)
-    got = Preprocessor(SPEC, tensor, image_color="BGR")(img)
-    want = to_input(preprocess(img, SPEC, image_color="BGR"), tensor)
+    prep = Preprocessor(SPEC, tensor, image_color=color)
+    prep(255 - img)  # the buffers are reused: nothing of an earlier frame may show through
+    got = prep(img)
+    want = to_input(preprocess(img, SPEC, image_color=color), tensor)
     assert got.dtype == want.dtype and got.shape == want.shape
     # float: identical; quantized: at most one step where rounding meets a .5
     assert np.abs(got.astype(np.float64) - want.astype(np.float64)).max() <= tolerance + 1e-6
@@ -144,3 +148,24 @@ def test_preprocessor_reuses_its_buffer_and_refuses_a_mismatched_input() -> None
     assert a is b  # no allocation per frame
     with pytest.raises(InputError, match="does not match"):
         Preprocessor(SPEC, TensorSpec("x", (1, 3, 256, 256), "float32"))
+
+
+def test_box2_linear_interpolation_is_recorded_and_matches_its_definition() -> None:
+    from dataclasses import replace
+
+    import cv2
+
+    fast = replace(SPEC, interpolation="box2-linear")
+    assert "interpolation" not in SPEC.to_dict()  # the default is not written: old readers stay happy
+    assert PreprocessSpec.from_dict(fast.to_dict()) == fast
+    with pytest.raises(EdgekitError, match="interpolation"):
+        replace(SPEC, interpolation="cubic")
+    img = np.random.default_rng(2).integers(0, 256, (481, 641, 3), dtype=np.uint8)
+    crop = img[:, 80:561]  # the centred 481x481 square of a 481x641 frame
+    halved = cv2.resize(crop[:480, :480], (240, 240), interpolation=cv2.INTER_AREA)
+    want = cv2.resize(halved, (224, 224), interpolation=cv2.INTER_LINEAR)
+    assert np.array_equal(fit(img, fast), want)
+    assert not np.array_equal(fit(img, SPEC), want)  # a different filter: a bundle must say which
+    tensor = TensorSpec("x", (1, 3, 224, 224), "float32")
+    got = Preprocessor(fast, tensor, image_color="BGR")(img)
+    assert np.array_equal(got, to_input(preprocess(img, fast, image_color="BGR"), tensor))

@@ -97,6 +97,9 @@ class Preprocess(_Schema):
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     color: Literal["RGB", "BGR"] = "RGB"
     resize: Literal["squash", "center-crop", "letterbox"] = "center-crop"
+    # How a shrinking resize filters (edgekit.preprocessing.INTERPOLATIONS).  Not written when
+    # "area", so a bundle that does not use it reads the same to devices that predate it.
+    interpolation: Literal["area", "box2-linear"] = Field(default="area", exclude_if=lambda v: v == "area")
 
     def to_spec(self) -> PreprocessSpec:
         """This as the ``PreprocessSpec`` that ``edgekit.preprocessing.preprocess`` takes."""
@@ -227,6 +230,37 @@ class EvalSet(_Schema):
     reference: str = Field(min_length=1, description="what computed top1, e.g. onnxruntime-fp32")
 
 
+class MeasuredCandidate(_Schema):
+    """One candidate ``edgekit bench`` measured on a device: SingleStream latencies and agreement with fp32."""
+
+    artifact: str
+    backend: str
+    precision: str
+    threads: int = Field(ge=1)
+    p50_ms: float = Field(ge=0)
+    p90_ms: float = Field(ge=0)
+    p99_ms: float = Field(ge=0)
+    queries: int = Field(ge=1)
+    top1_agreement: float | None = Field(default=None, ge=0, le=1)
+
+
+class Selection(_Schema):
+    """The candidate measured fastest (p90, SingleStream) on a host of ``profile`` that passed the accuracy gate.
+
+    ``edgekit.load`` on a host of the same profile and architecture tries the measured
+    candidates fastest first (with the chosen thread count) instead of the profile's order.
+    """
+
+    by: str = Field(min_length=1, description="what measured it, e.g. 'edgekit bench 0.9.0'")
+    measured: AwareDatetime
+    profile: str = Field(min_length=1)
+    host: BuildHost
+    metric: Literal["p90_ms"] = "p90_ms"
+    chosen: str = Field(min_length=1, description="the artifact name")
+    threads: int = Field(ge=1)
+    candidates: tuple[MeasuredCandidate, ...] = Field(min_length=1)
+
+
 class Manifest(_Schema):
     """Everything a device needs to know about a bundle, and the hash of every file in it."""
 
@@ -240,6 +274,8 @@ class Manifest(_Schema):
     signature: SignatureInfo | None = None
     # Optional so that bundles written before the health gate existed still parse.
     eval_set: EvalSet | None = None
+    # Written by `edgekit bench --write-selection` / `edgekit build --select fastest`.
+    selection: Selection | None = None
 
     @model_validator(mode="after")
     def _names_and_files_unique(self) -> Manifest:
@@ -252,6 +288,15 @@ class Manifest(_Schema):
         dup = sorted({p for p in paths if paths.count(p) > 1})
         if dup:
             raise ValueError(f"files listed twice: {', '.join(dup)}")
+        if self.selection is not None:
+            known = set(names)
+            unknown = sorted(
+                ({self.selection.chosen} | {c.artifact for c in self.selection.candidates}) - known
+            )
+            if unknown:
+                raise ValueError(
+                    f"the selection names artifacts the bundle does not have: {', '.join(unknown)}"
+                )
         return self
 
     def artifact(self, name: str) -> ArtifactEntry:

@@ -15,6 +15,7 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.fleet",
     "edgekit.commands.agent",
     "edgekit.commands.deploy",
+    "edgekit.commands.bench",
 )
 
 

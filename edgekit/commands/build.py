@@ -88,6 +88,14 @@ def build_command(
         bool, typer.Option(help="Write the bundle even if an artifact fails the gate (recorded).")
     ] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every step.")] = False,
+    select: Annotated[
+        str | None,
+        typer.Option(
+            "--select",
+            help="fastest: bench the built bundle here (edgekit bench) and record the fastest candidate "
+            "that passes the accuracy gate, so the device runs what was measured best.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
@@ -101,6 +109,8 @@ def build_command(
             "for the reference model: --model models/efficientnet-lite0",
         )
     profile = get_profile(device)
+    if select is not None:
+        _check_select(select, profile.arch)
     if model is not None:
         card = read_card(model)
     else:
@@ -136,10 +146,59 @@ def build_command(
     if as_json:
         with stdout_to_stderr():
             result = build(req)
-        print_json(result.to_dict())
+            chosen = _select_fastest(target, sign_key, quiet=True) if select else None
+        print_json({**result.to_dict(), "selection": chosen})
         return
     result = _with_progress(req, build)
     _summary(result.to_dict())
+    if select:
+        chosen = _select_fastest(target, sign_key, quiet=False)
+        console.print(
+            f"selected by measurement: [bold]{chosen['artifact']}[/] with {chosen['threads']} threads "
+            f"(p90 {chosen['p90_ms']:.2f} ms), recorded in the bundle"
+        )
+
+
+def _check_select(select: str, profile_arch: str) -> None:
+    """Before building: --select must be a known rule and the bundle must be runnable here to be measured."""
+    from edgekit.elf import host_arch
+
+    if select != "fastest":
+        raise BuildError(f"--select takes 'fastest', got {select!r}", "use --select fastest, or leave it out")
+    if profile_arch != host_arch():
+        raise BuildError(
+            f"--select fastest measures the bundle on this host, but this host is {host_arch()} "
+            f"and the device is {profile_arch}",
+            "build without --select, then run `edgekit bench BUNDLE --write-selection --sign-key KEY` on the device",
+        )
+
+
+def _select_fastest(bundle: Path, sign_key: Path | None, quiet: bool) -> dict[str, Any]:
+    """Bench the built bundle (edgekit bench's defaults) and write the fastest gated candidate into it."""
+    from edgekit.bench.runner import plan, run
+    from edgekit.bench.selection import selection_from, write_selection
+    from edgekit.bundle import open_bundle
+
+    with open_bundle(bundle) as root:
+        cands, skipped = plan(root)
+        if quiet:
+            report = run(root, cands, skipped)
+        else:
+            from edgekit.bench.runner import Settings
+            from edgekit.commands.bench import _with_progress as bench_progress
+
+            report = bench_progress(root, cands, skipped, Settings(), run)
+    selection = selection_from(report)
+    write_selection(bundle, selection, sign_key)
+    best = next(
+        c for c in selection.candidates if c.artifact == selection.chosen and c.threads == selection.threads
+    )
+    return {
+        "artifact": selection.chosen,
+        "threads": selection.threads,
+        "p90_ms": best.p90_ms,
+        "bench": report.to_dict(),
+    }
 
 
 def _with_progress(req: Any, run: Any) -> Any:

@@ -177,6 +177,14 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
             gate,
         )
     console.print(table)
+    sel = m.selection
+    if sel is not None:
+        ranked = ", ".join(f"{c.artifact} t{c.threads} {c.p90_ms:.2f}" for c in sel.candidates[:4])
+        console.print(
+            f"selected by measurement: [bold]{sel.chosen}[/] with {sel.threads} threads on {sel.host.cpu or sel.host.arch} "
+            f"({sel.profile}, {sel.measured:%Y-%m-%d}; p90 ms: {ranked})",
+            highlight=False,
+        )
     if any(a.accuracy and a.accuracy.smoke_set for a in m.artifacts):
         err_console.print("[dim]smoke set: a sanity check on a few built-in images, not an accuracy claim[/]")
 

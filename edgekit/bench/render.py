@@ -1,0 +1,173 @@
+"""How a bench report is shown: a terminal table, and a plot of each candidate's latencies against the budget."""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from edgekit.bench.stats import HEADLINE, label, min_queries
+from edgekit.errors import EdgekitError
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+#: The percentiles the terminal table shows (the JSON has every one in ``PERCENTILES``).
+TABLE_PERCENTILES: tuple[float, ...] = (50.0, HEADLINE, 99.0)
+
+
+def table(report: dict[str, Any]) -> Table:
+    """The candidates that ran, fastest headline first (what could not run: ``not_run_lines``)."""
+    rows = sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"])
+    t = Table(
+        title=f"{report['model']} · SingleStream on {report['host']['cpu'] or report['host']['arch']}"
+        f" ({report['host']['cores']} cores) · budget {report['budget_ms']:g} ms",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    t.add_column("candidate", overflow="fold", min_width=12)
+    t.add_column("queries", justify="right", no_wrap=True)
+    for q in TABLE_PERCENTILES:
+        bold = q == HEADLINE
+        t.add_column(
+            label(q) + ("★" if bold else ""), justify="right", style="bold" if bold else None, no_wrap=True
+        )
+    for col in ("×best", "cold", "RSS", "top-1"):
+        t.add_column(col, justify="right", no_wrap=True)
+    best = rows[0]["summary"]["p90_ms"] if rows else None
+    one_count = len({c["threads"] for c in rows}) == 1  # then "-t2" on every row says nothing
+    if one_count and rows:
+        t.title = f"{t.title} · {rows[0]['threads']} threads"
+    for c in rows:
+        s = c["summary"]
+        name = f"{c['backend']}-{c['precision']}" if one_count else c["key"]
+        cells = [name + (" ✓" if c["key"] == report.get("fastest") else ""), str(s["count"])]
+        for q in TABLE_PERCENTILES:
+            v = _ms(s[f"{label(q)}_ms"])
+            cells.append(f"[dim]{v}*[/]" if label(q) in s["underpowered"] else v)
+        agree = c["top1_agreement"]
+        cells += [
+            f"{s['p90_ms'] / best:.2f}" if best else "-",
+            f"{c['cold_start_s']:.2f}s" if c["cold_start_s"] is not None else "-",
+            f"{c['peak_rss_mb']:.0f}M" if c["peak_rss_mb"] is not None else "-",
+            "-" if agree is None else f"{agree:.0%}",
+        ]
+        t.add_row(*cells)
+    return t
+
+
+def not_run_lines(report: dict[str, Any]) -> list[str]:
+    """One rich-markup line per candidate that failed or could not run here, with the reason."""
+    lines = [
+        f"[red]✗ {c['key']}[/]: failed: {escape(c['error'] or '?')}"
+        for c in report["candidates"]
+        if not c["ok"]
+    ]
+    lines += [f"[dim]– {s['backend']}-{s['precision']}: {escape(s['reason'])}[/]" for s in report["skipped"]]
+    return lines
+
+
+LEGEND = (
+    "ms per query (mean, max, p95, p97, p99.9 in --json); ★ p90 is SingleStream's headline; * underpowered: fewer queries than LoadGen's "
+    f"early-stopping rule needs for that percentile (p99: {min_queries(99.0)}); cold: process start → "
+    "first label; top-1: agreement with the fp32 reference on the bundle's evaluation frames; "
+    "✓ fastest that passes the accuracy gate"
+)
+
+
+def plot(report: dict[str, Any], out: Path) -> Path:
+    """Draw each candidate's latency distribution against the budget to ``out`` (.png, .svg or .html)."""
+    suffix = out.suffix.lower()
+    if suffix not in (".png", ".svg", ".html"):
+        raise EdgekitError(f"cannot write a plot as {out.name}", "name the file .png, .svg or .html")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise EdgekitError(
+            "plotting needs matplotlib, which is not installed", 'pip install "edgekit[plot]"'
+        ) from err
+    rows = [c for c in report["candidates"] if c["ok"] and c.get("latencies_ms")]
+    if not rows:
+        raise EdgekitError("no candidate ran, so there is nothing to plot", "see the table for why")
+    rows.sort(key=lambda c: c["summary"]["p90_ms"])
+    budget = report["budget_ms"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.8), dpi=110)
+    data = [c["latencies_ms"] for c in rows]
+    parts = ax.violinplot(data, showextrema=False, widths=0.8)
+    for body in parts["bodies"]:  # type: ignore[attr-defined]
+        body.set_alpha(0.45)
+    ax.boxplot(data, widths=0.18, showfliers=False, medianprops={"color": "black"})
+    for i, c in enumerate(rows, start=1):
+        p90 = c["summary"]["p90_ms"]
+        ax.plot([i - 0.3, i + 0.3], [p90, p90], color="tab:blue", lw=2)
+        ax.annotate(f"p90 {p90:.1f}", (i + 0.32, p90), fontsize=7, va="center")
+    ax.axhline(budget, color="tab:red", ls="--", lw=1.2, label=f"budget {budget:g} ms")
+    ax.set_yscale("log")
+    from matplotlib.ticker import ScalarFormatter
+
+    for axis_formatter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        fmt = ScalarFormatter()
+        fmt.set_scientific(False)
+        axis_formatter(fmt)
+    ax.set_xticks(range(1, len(rows) + 1), [c["key"] for c in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("query latency (ms, log scale)")
+    ax.set_title(
+        f"{report['model']}: SingleStream latency per candidate ({report['host']['arch']})", fontsize=10
+    )
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(axis="y", alpha=0.3, which="both")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".html":
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        out.write_text(_page(report, buf.getvalue()), encoding="utf-8")
+    else:
+        fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def _page(report: dict[str, Any], svg: str) -> str:
+    head = ["candidate", "queries", "p50", "p90", "p99", "cold start s", "peak RSS MB", "top-1 vs fp32"]
+    body = []
+    for c in sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"]):
+        s = c["summary"]
+        agree = c["top1_agreement"]
+        cells = [
+            c["key"],
+            s["count"],
+            _ms(s["p50_ms"]),
+            _ms(s["p90_ms"]),
+            _ms(s["p99_ms"]) + ("" if s["p99_valid"] else "*"),
+            c["cold_start_s"],
+            c["peak_rss_mb"],
+            "-" if agree is None else f"{agree:.0%}",
+        ]
+        body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
+    return (
+        "<!doctype html><meta charset=utf-8><title>edgekit bench</title>"
+        "<style>body{font:14px system-ui;margin:2em}td,th{padding:2px 10px;text-align:right}"
+        "td:first-child{text-align:left}</style>"
+        f"<h1>{html.escape(report['model'])} on {html.escape(str(report['host']['cpu']))}</h1>"
+        f"<p>{html.escape(report['started'])} · budget {report['budget_ms']:g} ms · SingleStream</p>"
+        + svg
+        + "<table><tr>"
+        + "".join(f"<th>{h}</th>" for h in head)
+        + "</tr>"
+        + "".join(body)
+        + "</table><p>* fewer than 662 queries: LoadGen would not report this p99.</p>"
+    )

@@ -1,0 +1,439 @@
+"""``edgekit bench``'s engine: which candidates can run here, each run in its own process, in turns.
+
+A candidate is one artifact of the bundle on its backend, with the profile's options and
+a thread count.  Every candidate runs in a fresh worker process (``edgekit.bench.worker``)
+per round; with several rounds the candidates take turns, so that a noisy machine slows
+all of them alike, and the latencies of a candidate's rounds are pooled.  What cannot
+run here is listed with the reason, never silently left out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from edgekit.bench.selection import THREAD_OPTION
+from edgekit.bench.stats import LatencySummary, min_queries, summarize
+from edgekit.errors import EdgekitError
+
+log = logging.getLogger(__name__)
+
+#: Every backend and precision ``edgekit bench`` looks for, so a missing one is listed with its reason.
+BACKENDS = ("onnxruntime", "openvino", "litert", "tvm", "tensorrt")
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+class BenchError(EdgekitError):
+    """A benchmark could not be set up or run."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long each candidate runs (per round) and how many rounds there are.
+
+    The defaults keep ``edgekit bench`` on a reference bundle under three minutes: each
+    candidate runs until it has LoadGen's 662 queries for a p99 *and* ``min_duration_s``,
+    but never past ``max_duration_s`` (a slow candidate then reports fewer queries and a
+    p99 marked as underpowered).
+    """
+
+    min_queries: int = min_queries(99.0)
+    min_duration_s: float = 4.0
+    max_duration_s: float = 15.0
+    warmup_s: float = 0.5
+    warmup_queries: int = 10
+    rounds: int = 1
+    timeout_s: float = 180.0  # one worker: load + warm-up + run, before it is killed and reported
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One thing to measure: an artifact of the bundle on its backend with these options and threads."""
+
+    artifact: str
+    backend: str
+    precision: str
+    threads: int
+    options: dict[str, Any]
+    #: False when the build's accuracy gate did not pass this artifact (shipped under --allow-accuracy-drop).
+    build_gate: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}-{self.precision}-t{self.threads}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A backend/precision that was asked for (or is in the bundle) but cannot be measured here."""
+
+    backend: str
+    precision: str
+    reason: str
+    artifact: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "precision": self.precision,
+            "artifact": self.artifact,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class Result:
+    """What one candidate measured, its rounds pooled."""
+
+    candidate: Candidate
+    latencies_ms: list[float] = field(default_factory=list)
+    duration_s: float = 0.0
+    cpu_s: float = 0.0
+    cold_start_s: list[float] = field(default_factory=list)
+    cold_parts: list[dict[str, float]] = field(default_factory=list)
+    peak_rss_mb: float | None = None
+    top1: list[int] = field(default_factory=list)
+    reference_top1: list[int] = field(default_factory=list)
+    device: str = ""
+    error: str | None = None
+    summary: LatencySummary | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.summary is not None and self.summary.count > 0
+
+    @property
+    def agreement(self) -> float | None:
+        """Top-1 agreement with the bundle's fp32 reference on its evaluation frames (None: no frames)."""
+        pairs = [(a, r) for a, r in zip(self.top1, self.reference_top1, strict=False) if r >= 0]
+        return sum(a == r for a, r in pairs) / len(pairs) if pairs else None
+
+    def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
+        c = self.candidate
+        cold = statistics.median(self.cold_start_s) if self.cold_start_s else None
+        parts = (
+            {k: round(statistics.median(p[k] for p in self.cold_parts), 4) for k in self.cold_parts[0]}
+            if self.cold_parts
+            else {}
+        )
+        out: dict[str, Any] = {
+            "key": c.key,
+            "artifact": c.artifact,
+            "backend": c.backend,
+            "precision": c.precision,
+            "threads": c.threads,
+            "options": c.options,
+            "device": self.device,
+            "ok": self.ok,
+            "error": self.error,
+            "summary": self.summary.to_dict() if self.summary else None,
+            # CPU time of every thread of the process per query: on a shared machine it moves less
+            # than wall time (it does not count waiting for a core), but it counts spinning threads.
+            "cpu_ms_per_query": round(1e3 * self.cpu_s / len(self.latencies_ms), 4)
+            if self.latencies_ms
+            else None,
+            "cold_start_s": round(cold, 4) if cold is not None else None,
+            "cold_start_parts_s": parts,
+            "peak_rss_mb": round(self.peak_rss_mb, 1) if self.peak_rss_mb is not None else None,
+            "top1_agreement": self.agreement,
+            "eval_frames": sum(r >= 0 for r in self.reference_top1),
+        }
+        if with_samples:
+            out["latencies_ms"] = [round(x, 4) for x in self.latencies_ms]
+        return out
+
+
+@dataclass
+class Report:
+    """A whole ``edgekit bench`` run."""
+
+    bundle: str
+    model: str
+    profile: str
+    budget_ms: float
+    host: dict[str, Any]
+    settings: Settings
+    results: list[Result]
+    skipped: list[Skipped]
+    threshold: float
+    started: str
+    wall_s: float = 0.0
+
+    def gated(self) -> list[Result]:
+        """Candidates that ran and agree with fp32 at least as well as the bundle's accuracy gate asks."""
+        return [
+            r
+            for r in self.results
+            if r.ok
+            and r.candidate.build_gate
+            and (r.agreement is None or r.agreement >= self.threshold - 1e-9)
+        ]
+
+    def fastest(self) -> Result | None:
+        """The candidate with the lowest headline (p90) latency that passes the accuracy gate."""
+        ok = self.gated()
+        return min(ok, key=lambda r: r.summary.headline_ms if r.summary else float("inf")) if ok else None
+
+    def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
+        best = self.fastest()
+        return {
+            "bundle": self.bundle,
+            "model": self.model,
+            "profile": self.profile,
+            "budget_ms": self.budget_ms,
+            "host": self.host,
+            "started": self.started,
+            "wall_s": round(self.wall_s, 2),
+            "scenario": "SingleStream",
+            "settings": {
+                "min_queries": self.settings.min_queries,
+                "min_duration_s": self.settings.min_duration_s,
+                "max_duration_s": self.settings.max_duration_s,
+                "warmup_s": self.settings.warmup_s,
+                "rounds": self.settings.rounds,
+            },
+            "accuracy_threshold": self.threshold,
+            "fastest": best.candidate.key if best else None,
+            "candidates": [r.to_dict(with_samples) for r in self.results],
+            "skipped": [s.to_dict() for s in self.skipped],
+        }
+
+
+def host_facts() -> dict[str, Any]:
+    """The machine the numbers come from."""
+    import platform
+
+    from edgekit.host import read_host
+
+    h = read_host(probe_runtimes=False)
+    return {
+        "arch": h.arch,
+        "cpu": h.cpu_model,
+        "cores": h.cpu_count,
+        "python": platform.python_version(),
+        "hostname": platform.node(),
+    }
+
+
+def plan(
+    root: Path,
+    backends: Sequence[str] = (),
+    precisions: Sequence[str] = (),
+    threads: Sequence[int] = (),
+) -> tuple[list[Candidate], list[Skipped]]:
+    """The candidates of the bundle at ``root`` that can run here, and what was left out and why."""
+    from edgekit.backends import registry
+    from edgekit.bundle import read_manifest
+    from edgekit.elf import host_arch
+    from edgekit.model import artifact_for, candidates_for
+    from edgekit.profiles import get_profile
+
+    manifest = read_manifest(root)
+    for b in backends:
+        if b not in registry.names():
+            raise BenchError(f"unknown backend {b!r}", f"known backends: {', '.join(registry.names())}")
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise BenchError(f"unknown precision {p!r}", f"use one of {', '.join(PRECISIONS)}")
+    if any(t < 1 for t in threads):
+        raise BenchError(f"thread counts must be 1 or more, got {list(threads)}", "for example --threads 1,2")
+    want_b = tuple(backends) or BACKENDS
+    want_p = tuple(precisions) or ("fp32", "int8")
+    thread_counts = tuple(dict.fromkeys(threads)) or (os.cpu_count() or 1,)
+    try:
+        profile = get_profile(manifest.device.profile)
+        options = {(c.backend, c.precision): dict(c.options) for c in candidates_for(profile, ())}
+    except EdgekitError:  # a bundle for a profile this edgekit does not know: backend defaults
+        options = {}
+
+    cands: list[Candidate] = []
+    skipped: list[Skipped] = []
+    seen: set[tuple[str, str]] = set()
+    for a in manifest.artifacts:
+        if a.backend not in want_b or a.precision not in want_p:
+            continue
+        if a.kind in ("tflite-edgetpu", "tflite-edgetpu-src"):
+            skipped.append(Skipped(a.backend, a.precision, "an Edge TPU model needs a Coral", a.name))
+            continue
+        if a.arch not in ("any", host_arch()):
+            skipped.append(
+                Skipped(a.backend, a.precision, f"built for {a.arch}, this host is {host_arch()}", a.name)
+            )
+            continue
+        from edgekit.profiles import Candidate as ProfileCandidate
+
+        probe = ProfileCandidate(a.backend, a.precision)
+        if artifact_for(probe, (a,)) is None:
+            skipped.append(Skipped(a.backend, a.precision, "not runnable on this CPU", a.name))
+            continue
+        avail = registry.get(a.backend).available(options.get((a.backend, a.precision)))
+        if not avail.ok:
+            skipped.append(
+                Skipped(
+                    a.backend, a.precision, avail.reason + (f" ({avail.hint})" if avail.hint else ""), a.name
+                )
+            )
+            continue
+        if (a.backend, a.precision) in seen:
+            continue
+        seen.add((a.backend, a.precision))
+        base = dict(options.get((a.backend, a.precision), {}))
+        for n in thread_counts:
+            opts = dict(base)
+            if a.backend in THREAD_OPTION:
+                opts[THREAD_OPTION[a.backend]] = n
+            gate = a.accuracy is None or a.accuracy.passed
+            cands.append(Candidate(a.name, a.backend, a.precision, n, opts, build_gate=gate))
+    have = {(a.backend, a.precision) for a in manifest.artifacts}
+    for b in want_b:
+        for p in want_p:
+            if (b, p) not in have and (backends or b != "tensorrt") and (precisions or p != "fp16"):
+                skipped.append(Skipped(b, p, _why_missing(manifest, b, p)))
+    return cands, skipped
+
+
+def _why_missing(manifest: Any, backend: str, precision: str) -> str:
+    """Why the bundle has no artifact for this backend/precision (the build notes it when it could not)."""
+    for a in manifest.artifacts:
+        note = a.notes.get(f"no-{backend}-{precision}")
+        if note:
+            return f"not built: {note}"
+    return (
+        f"the bundle has no {backend} {precision} artifact "
+        f"(the {manifest.device.profile} profile does not ask for one)"
+    )
+
+
+Progress = Callable[[Candidate, str, dict[str, Any]], None]
+
+
+def _run_worker(root: Path, cand: Candidate, settings: Settings, progress: Progress | None) -> dict[str, Any]:
+    """Run one worker process; return its loaded and result events plus the parent's start time."""
+    spec = {
+        "bundle": str(root),
+        "artifact": cand.artifact,
+        "options": cand.options,
+        "min_queries": settings.min_queries,
+        "min_duration_s": settings.min_duration_s,
+        "max_duration_s": settings.max_duration_s,
+        "warmup_s": settings.warmup_s,
+        "warmup_queries": settings.warmup_queries,
+    }
+    env = dict(os.environ)
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    t_spawn = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgekit.bench.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(spec))
+    proc.stdin.close()
+    events: dict[str, Any] = {"t_spawn": t_spawn}
+    deadline = t_spawn + settings.timeout_s
+    try:
+        for line in proc.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # a runtime printing to stdout: not ours
+            kind = ev.get("event")
+            if kind in ("loaded", "result", "error"):
+                events[kind] = ev
+            if progress is not None and kind in ("loaded", "progress"):
+                progress(cand, kind, ev)
+            if time.monotonic() > deadline:
+                proc.kill()
+                events["error"] = {"message": f"still running after {settings.timeout_s:.0f} s: stopped"}
+                break
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        events.setdefault("error", {"message": f"did not finish within {settings.timeout_s:.0f} s"})
+    stderr = proc.stderr.read() if proc.stderr else ""
+    if "result" not in events and "error" not in events:
+        tail = [ln for ln in stderr.strip().splitlines() if ln.strip()][-1:] or [
+            f"exit status {proc.returncode}"
+        ]
+        events["error"] = {"message": f"the worker died (exit {proc.returncode}): {tail[0][:300]}"}
+    return events
+
+
+def run(
+    bundle_root: Path,
+    candidates: Sequence[Candidate],
+    skipped: Sequence[Skipped],
+    settings: Settings = Settings(),
+    progress: Progress | None = None,
+) -> Report:
+    """Measure every candidate (each round: each in turn, in a fresh process) and summarize."""
+    from edgekit.bundle import read_manifest
+
+    manifest = read_manifest(bundle_root)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    results = {c.key: Result(c) for c in candidates}
+    for _ in range(settings.rounds):
+        for cand in candidates:
+            res = results[cand.key]
+            if res.error is not None:
+                continue  # it failed once: do not spend every round on it
+            ev = _run_worker(bundle_root, cand, settings, progress)
+            if "error" in ev:
+                err = ev["error"]
+                res.error = err["message"] + (f" ({err['hint']})" if err.get("hint") else "")
+                log.warning("%s: %s", cand.key, res.error)
+                if progress is not None:
+                    progress(cand, "error", {"message": res.error})
+                continue
+            loaded, out = ev["loaded"], ev["result"]
+            res.cold_start_s.append(loaded["t_first"] - ev["t_spawn"])
+            res.cold_parts.append(
+                {
+                    "interpreter": loaded["t_main"] - ev["t_spawn"],
+                    "imports": loaded["t_imported"] - loaded["t_main"],
+                    "load": loaded["t_loaded"] - loaded["t_imported"],
+                    "first_result": loaded["t_first"] - loaded["t_loaded"],
+                }
+            )
+            res.latencies_ms += out["latencies_ms"]
+            res.duration_s += out["duration_s"]
+            res.cpu_s += out.get("cpu_s", 0.0)
+            rss = out.get("peak_rss_mb")
+            if rss is not None:
+                res.peak_rss_mb = max(res.peak_rss_mb or 0.0, rss)
+            res.top1, res.reference_top1 = out["top1"], out["reference_top1"]
+            res.device = loaded.get("device", "")
+            if progress is not None:
+                progress(cand, "done", {"queries": len(out["latencies_ms"])})
+    for res in results.values():
+        if res.latencies_ms:
+            res.summary = summarize(res.latencies_ms, res.duration_s)
+    return Report(
+        bundle=str(bundle_root),
+        model=manifest.model.name,
+        profile=manifest.device.profile,
+        budget_ms=manifest.device.budget_ms,
+        host=host_facts(),
+        settings=settings,
+        results=list(results.values()),
+        skipped=list(skipped),
+        threshold=manifest.build.accuracy_threshold,
+        started=started,
+        wall_s=time.monotonic() - t0,
+    )

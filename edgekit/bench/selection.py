@@ -1,0 +1,210 @@
+"""Choose by measurement: write what ``edgekit bench`` measured into a bundle, and read it back at load.
+
+``write_selection`` records the fastest candidate (p90) that passed the accuracy gate,
+with every measured candidate's numbers, in the manifest's ``selection``; a signed
+bundle is signed again (the manifest changed), so a bundle is never left with a
+signature that no longer matches, and an unsigned one stays unsigned.  ``measured_order``
+turns a selection into what ``edgekit.selection.plan`` takes: measured latencies per
+candidate, used only on a host of the same architecture and profile as the one measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgekit.errors import EdgekitError
+
+if TYPE_CHECKING:
+    from edgekit.bench.runner import Report
+    from edgekit.bundle.manifest import Manifest, Selection
+    from edgekit.profiles import Candidate
+
+log = logging.getLogger(__name__)
+
+#: The option that sets a backend's CPU threads (what ``edgekit bench --threads`` sweeps).
+THREAD_OPTION = {
+    "onnxruntime": "intra_op_threads",
+    "openvino": "num_threads",
+    "litert": "num_threads",
+    "tvm": "num_threads",
+}
+
+
+class SelectionError(EdgekitError):
+    """The measured selection cannot be written into this bundle."""
+
+
+def selection_from(report: Report) -> Selection:
+    """The manifest ``selection`` for a bench report; ``SelectionError`` when nothing qualifies."""
+    from edgekit._version import __version__
+    from edgekit.bundle.manifest import BuildHost, MeasuredCandidate, Selection
+
+    best = report.fastest()
+    if best is None or best.summary is None:
+        failed = "; ".join(
+            f"{r.candidate.key}: {r.error or 'below the accuracy gate'}" for r in report.results
+        )
+        raise SelectionError(
+            "no candidate both ran and passed the accuracy gate, so there is nothing to select"
+            + (f" ({failed})" if failed else ""),
+            "run edgekit bench without --write-selection to see each candidate, or rebuild the bundle",
+        )
+    measured = []
+    for r in report.results:
+        if not r.ok or r.summary is None:
+            continue
+        p = r.summary.percentiles
+        measured.append(
+            MeasuredCandidate(
+                artifact=r.candidate.artifact,
+                backend=r.candidate.backend,
+                precision=r.candidate.precision,
+                threads=r.candidate.threads,
+                p50_ms=p["p50"],
+                p90_ms=p["p90"],
+                p99_ms=p["p99"],
+                queries=r.summary.count,
+                top1_agreement=r.agreement,
+            )
+        )
+    measured.sort(key=lambda m: m.p90_ms)
+    return Selection(
+        by=f"edgekit bench {__version__}",
+        measured=datetime.fromisoformat(report.started),
+        profile=report.profile,
+        host=BuildHost(arch=report.host["arch"], cpu=report.host.get("cpu", "")),
+        chosen=best.candidate.artifact,
+        threads=best.candidate.threads,
+        candidates=tuple(measured),
+    )
+
+
+def write_selection(bundle: Path, selection: Selection, sign_key: Path | None = None) -> Path:
+    """Write ``selection`` into the manifest of ``bundle`` (a folder or ``.tar.gz``) and re-sign it.
+
+    A signed bundle needs ``sign_key`` (its manifest changes, so its signature must be made
+    again).  The folder's new ``manifest.json`` and ``manifest.sig`` are written beside the
+    old ones and renamed over them; an archive is repacked to a temp file and renamed.
+    """
+    from edgekit.bundle.archive import is_archive_name, pack, unpack
+
+    bundle = Path(bundle)
+    if is_archive_name(bundle) and bundle.is_file():
+        work = Path(tempfile.mkdtemp(prefix=".edgekit-select-", dir=bundle.parent))
+        try:
+            root = unpack(bundle, work / "bundle")
+            _rewrite(root, selection, sign_key)
+            pack(root, bundle)  # atomic: a temp file renamed over the archive
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return bundle
+    if not (bundle / "manifest.json").is_file():
+        raise SelectionError(
+            f"{bundle} is not a bundle (no manifest.json)",
+            "give a bundle folder or a .tar.gz from edgekit build",
+        )
+    _rewrite(bundle, selection, sign_key)
+    return bundle
+
+
+def _rewrite(root: Path, selection: Selection, sign_key: Path | None) -> None:
+    from edgekit.bundle.keys import key_id, load_private_key, sign
+    from edgekit.bundle.manifest import (
+        MANIFEST_FILE,
+        SIGNATURE_FILE,
+        SignatureInfo,
+        parse_manifest,
+        read_manifest,
+    )
+
+    manifest = read_manifest(root)
+    # The selection must name artifacts this bundle has: check before anything else.
+    parse_manifest(manifest.model_copy(update={"selection": selection}).to_bytes(), str(root / MANIFEST_FILE))
+    signed = manifest.signature is not None or (root / SIGNATURE_FILE).exists()
+    if signed and sign_key is None:
+        raise SelectionError(
+            f"{root} is signed, and recording the selection changes its manifest, so it must be signed again",
+            "pass --sign-key with the private key that signs your bundles (edgekit keys generate)",
+        )
+    key = load_private_key(sign_key) if sign_key is not None else None
+    new = manifest.model_copy(
+        update={
+            "selection": selection,
+            "signature": SignatureInfo(key_id=key_id(key.public_key())) if key is not None else None,
+        }
+    )
+    data = new.to_bytes()
+    _replace(root / MANIFEST_FILE, data)
+    if key is not None:
+        _replace(root / SIGNATURE_FILE, sign(key, data))
+    log.info("recorded selection %s (threads %d) in %s", selection.chosen, selection.threads, root)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).chmod(0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def measured_order(
+    manifest: Manifest, profile: str, candidates: Sequence[Candidate], arch: str
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Measured p90 per candidate key, and the measured thread count per key, when the selection fits.
+
+    Empty unless the bundle carries a selection measured on a host of this architecture
+    and this profile: a ranking measured on one kind of device says nothing about another.
+    """
+    sel = manifest.selection
+    if sel is None:
+        return {}, {}
+    if sel.profile != profile or sel.host.arch != arch:
+        log.info(
+            "bundle selection was measured on %s/%s, this is %s/%s: using the profile's order",
+            sel.host.arch,
+            sel.profile,
+            arch,
+            profile,
+        )
+        return {}, {}
+    from edgekit.model import artifact_for
+
+    # The fastest thread count per artifact (and backend: one file may run on two).
+    best: dict[tuple[str, str], tuple[float, int]] = {}
+    for m in sel.candidates:
+        k = (m.artifact, m.backend)
+        if k not in best or m.p90_ms < best[k][0]:
+            best[k] = (m.p90_ms, m.threads)
+    latency: dict[str, float] = {}
+    threads: dict[str, int] = {}
+    for c in candidates:
+        art = artifact_for(c, manifest.artifacts)
+        hit = best.get((art.name, c.backend)) if art is not None else None
+        if hit is not None:
+            latency[c.key], threads[c.key] = hit
+    return latency, threads
+
+
+def with_threads(candidate: Candidate, threads: int | None) -> Candidate:
+    """``candidate`` with its backend's thread option set to ``threads`` unless its profile sets one."""
+    from dataclasses import replace
+    from types import MappingProxyType
+
+    option = THREAD_OPTION.get(candidate.backend)
+    if threads is None or option is None or option in candidate.options:
+        return candidate
+    return replace(candidate, options=MappingProxyType({**candidate.options, option: threads}))

@@ -1,0 +1,158 @@
+"""One benchmark candidate in its own process: ``python -m edgekit.bench.worker`` (spec as JSON on stdin).
+
+A fresh process per candidate is what a device is: one runtime in one process, started
+cold.  The worker loads the artifact, labels the first evaluation frame (the cold-start
+point), warms up, then issues SingleStream queries back to back (the next query is
+issued when the last one returned, as LoadGen's SingleStream does) until it has both
+``min_queries`` and ``min_duration_s``, or ``max_duration_s`` has passed.  A query is one
+``session.run`` on a preprocessed sample, samples taken in turn from the bundle's
+evaluation frames.
+
+It writes JSON lines on stdout: ``{"event": "loaded", ...}``, ``{"event": "progress",
+"queries": n}`` about four times a second, then ``{"event": "result", ...}`` with every
+query latency, the top-1 answers on the evaluation frames and the peak RSS.  Timestamps
+are ``time.monotonic()``, one clock for every process on the machine, so the parent
+turns them into a cold start measured from the moment it started this process.
+
+It imports only what a device has (numpy, OpenCV, the runtime, the manifest schema).
+"""
+
+from __future__ import annotations
+
+import time
+
+T_MAIN = time.monotonic()  # first thing: how long the interpreter took to get here is the parent's to see
+
+import json  # noqa: E402  (after the timestamp on purpose)
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set (VmHWM) in MiB; None where /proc is not there."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return None
+
+
+def emit(event: str, **data: Any) -> None:
+    sys.stdout.write(json.dumps({"event": event, "t": time.monotonic(), **data}) + "\n")
+    sys.stdout.flush()
+
+
+def run(spec: dict[str, Any]) -> None:
+    import numpy as np
+
+    t_import0 = time.monotonic()
+    import cv2
+
+    from edgekit.backends import registry
+    from edgekit.bundle import read_manifest
+    from edgekit.preprocessing import Preprocessor
+    from edgekit.tensors import from_output
+
+    root = Path(spec["bundle"])
+    manifest = read_manifest(root)
+    art = manifest.artifact(spec["artifact"])
+    backend = registry.get(art.backend)
+    t_imported = time.monotonic()
+
+    evals = manifest.eval_set
+    frames = []
+    for f in evals.frames if evals else ():
+        image = cv2.imdecode(np.frombuffer((root / f.path).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+        if image is not None:
+            frames.append((image, f.top1))
+    if not frames:  # an old bundle without evaluation frames: a mid-grey frame still times the model
+        frames.append((np.full((480, 640, 3), 128, np.uint8), -1))
+
+    session = backend.load(root / art.path, spec["options"])  # runtime import happens here, if lazy
+    t_loaded = time.monotonic()
+    prep = Preprocessor(manifest.preprocess.to_spec(), session.inputs[0])
+    out_spec = session.outputs[0]
+
+    def top1(x: np.ndarray) -> int:
+        return int(np.argmax(from_output(session.run(x)[0], out_spec).reshape(-1)))
+
+    first = top1(prep(frames[0][0]))
+    t_first = time.monotonic()
+    emit(
+        "loaded",
+        t_main=T_MAIN,
+        t_import0=t_import0,
+        t_imported=t_imported,
+        t_loaded=t_loaded,
+        t_first=t_first,
+        first_top1=first,
+        device=session.device,
+    )
+
+    samples = [prep(image).copy() for image, _ in frames]
+    answers = [top1(x) for x in samples]
+    reference = [ref for _, ref in frames]
+
+    warm_end = time.monotonic() + spec["warmup_s"]
+    n = 0
+    while n < spec["warmup_queries"] or time.monotonic() < warm_end:
+        session.run(samples[n % len(samples)])
+        n += 1
+
+    min_q, min_s, max_s = spec["min_queries"], spec["min_duration_s"], spec["max_duration_s"]
+    lat: list[float] = []
+    clock = time.perf_counter_ns
+    cpu0 = time.process_time()  # all of this process's threads: steadier than wall time on a busy machine
+    start = clock()
+    next_report = time.monotonic() + 0.25
+    k = len(samples)
+    i = 0
+    while True:
+        x = samples[i % k]
+        t0 = clock()
+        session.run(x)
+        t1 = clock()
+        lat.append((t1 - t0) / 1e6)
+        i += 1
+        elapsed = (t1 - start) / 1e9
+        if (i >= min_q and elapsed >= min_s) or elapsed >= max_s:
+            break
+        if time.monotonic() >= next_report:
+            emit("progress", queries=i, elapsed_s=elapsed)
+            next_report = time.monotonic() + 0.25
+    duration = (clock() - start) / 1e9
+    cpu_s = time.process_time() - cpu0
+    session.close()
+    emit(
+        "result",
+        latencies_ms=lat,
+        duration_s=duration,
+        cpu_s=cpu_s,
+        top1=answers,
+        reference_top1=reference,
+        peak_rss_mb=peak_rss_mb(),
+    )
+
+
+def main() -> int:
+    from edgekit.errors import EdgekitError
+
+    spec = json.loads(sys.stdin.read())
+    try:
+        run(spec)
+    except EdgekitError as err:
+        emit("error", message=err.message, hint=err.hint)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

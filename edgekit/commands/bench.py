@@ -1,0 +1,172 @@
+"""``edgekit bench``: every candidate of a bundle that runs here, measured SingleStream, side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgekit.commands.common import JsonOpt, console, err_console, print_json
+
+
+def _ints(text: str | None) -> tuple[int, ...]:
+    from edgekit.bench.runner import BenchError
+
+    if not text:
+        return ()
+    try:
+        return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+    except ValueError as err:
+        raise BenchError(
+            f"--threads takes whole numbers separated by commas, got {text!r}", "for example --threads 1,2"
+        ) from err
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    return tuple(v for v in (text or "").replace(" ", "").split(",") if v)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)
+
+
+def bench_command(
+    bundle: Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz.")],
+    backends: Annotated[
+        str | None, typer.Option("--backends", help="Only these backends, comma-separated.")
+    ] = None,
+    precisions: Annotated[
+        str | None, typer.Option("--precisions", help="Only these precisions (fp32,fp16,int8).")
+    ] = None,
+    threads: Annotated[
+        str | None, typer.Option("--threads", help="Thread counts to try, e.g. 1,2 (default: all cores).")
+    ] = None,
+    min_duration: Annotated[
+        float, typer.Option("--min-duration", help="Seconds each candidate runs at least (per round).")
+    ] = 4.0,
+    min_queries: Annotated[
+        int,
+        typer.Option(
+            "--min-queries", help="Queries each candidate runs at least (662: a p99 LoadGen accepts)."
+        ),
+    ] = 662,
+    max_duration: Annotated[
+        float, typer.Option("--max-duration", help="Seconds after which a slow candidate stops anyway.")
+    ] = 15.0,
+    rounds: Annotated[
+        int, typer.Option("--rounds", help="Turns each candidate takes, in a fresh process each (pooled).")
+    ] = 1,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write the latency plot: out.png, out.svg or out.html.")
+    ] = None,
+    write_selection: Annotated[
+        bool,
+        typer.Option(
+            "--write-selection",
+            help="Record the fastest candidate that passes the accuracy gate in the bundle.",
+        ),
+    ] = False,
+    sign_key: Annotated[
+        Path | None, typer.Option(help="Private key to sign the bundle again after --write-selection.")
+    ] = None,
+    samples: Annotated[
+        bool, typer.Option("--samples", help="With --json: include every query latency.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measure every (backend, precision, threads) candidate of BUNDLE that can run here, MLPerf-LoadGen style.
+
+    Each candidate runs in a fresh process: cold start (process start to first label), a
+    warm-up that is not counted, then queries one after another until it has --min-queries
+    and --min-duration. p90 is the headline; a p99 from fewer than 662 queries is marked.
+    """
+    from edgekit.bench.runner import BenchError, Settings, plan, run
+    from edgekit.bench.selection import selection_from
+    from edgekit.bench.selection import write_selection as write_sel
+    from edgekit.bundle import open_bundle
+    from edgekit.bundle import verify as verify_bundle
+
+    if min_queries < 1 or min_duration < 0 or max_duration <= 0 or rounds < 1:
+        raise BenchError(
+            "--min-queries and --rounds must be 1 or more, the durations positive",
+            "for example --min-queries 662 --min-duration 4",
+        )
+    settings = Settings(
+        min_queries=min_queries,
+        min_duration_s=min_duration,
+        max_duration_s=max(max_duration, min_duration),
+        rounds=rounds,
+    )
+    with open_bundle(bundle) as root:
+        verify_bundle(root).raise_if_failed()  # hashes: never time a corrupt file
+        cands, skipped = plan(root, _names(backends), _names(precisions), _ints(threads))
+        if not cands:
+            reasons = "; ".join(f"{s.backend}-{s.precision}: {s.reason}" for s in skipped) or "none selected"
+            raise BenchError(
+                f"nothing in {bundle} can run on this host ({reasons})",
+                "run edgekit doctor to see which runtimes are installed, or bench the bundle on its device",
+            )
+        if as_json:
+            report = run(root, cands, skipped, settings)
+        else:
+            report = _with_progress(root, cands, skipped, settings, run)
+    data = report.to_dict(with_samples=True)
+    selected = None
+    if write_selection:
+        selection = selection_from(report)
+        write_sel(bundle, selection, sign_key)
+        selected = {"artifact": selection.chosen, "threads": selection.threads}
+    if plot is not None:
+        from edgekit.bench.render import plot as draw
+
+        draw(data, plot)
+    if as_json:
+        out = report.to_dict(with_samples=samples)
+        out["selection_written"] = selected
+        out["plot"] = str(plot) if plot else None
+        print_json(out)
+        return
+    from edgekit.bench.render import LEGEND, not_run_lines, table
+
+    console.print(table(data))
+    for line in not_run_lines(data):
+        console.print(line)
+    console.print(f"[dim]{LEGEND}[/]")
+    if selected:
+        console.print(
+            f"selection written: [bold]{selected['artifact']}[/] with {selected['threads']} threads"
+        )
+    if plot is not None:
+        console.print(f"plot: {plot}")
+    console.print(f"[dim]{report.wall_s:.0f} s[/]")
+
+
+def _with_progress(root: Path, cands: Any, skipped: Any, settings: Any, run: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
+        total = settings.min_queries * settings.rounds
+        tasks = {c.key: bar.add_task(f"{c.key:28}", total=total) for c in cands}
+        done_rounds: dict[str, int] = {c.key: 0 for c in cands}
+
+        def progress(cand: Any, kind: str, ev: dict[str, Any]) -> None:
+            base = done_rounds[cand.key] * settings.min_queries
+            if kind == "loaded":
+                bar.update(tasks[cand.key], description=f"{cand.key:28} running")
+            elif kind == "progress":
+                bar.update(tasks[cand.key], completed=min(total, base + ev["queries"]))
+            elif kind == "done":
+                done_rounds[cand.key] += 1
+                bar.update(tasks[cand.key], completed=done_rounds[cand.key] * settings.min_queries)
+            elif kind == "error":
+                bar.update(tasks[cand.key], description=f"{cand.key:28} [red]failed[/]", completed=total)
+
+        return run(root, cands, skipped, settings, progress)

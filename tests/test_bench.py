@@ -1,0 +1,185 @@
+"""``edgekit bench`` on the reference bundle, and choosing by measurement (the bundle's ``selection``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import edgekit
+from edgekit.bench.selection import SelectionError, measured_order, write_selection
+from edgekit.bundle import BuildHost, read_manifest, verify
+from edgekit.bundle.manifest import MeasuredCandidate, Selection
+from tests.conftest import CARD
+from tests.conftest import edgekit as run_edgekit
+
+pytestmark = pytest.mark.slow
+
+BACKENDS = ("onnxruntime", "openvino", "litert", "tvm")
+
+
+@pytest.fixture(scope="module")
+def bench_json(
+    x86_bundle: tuple[Path, dict[str, Any]],
+    cache_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[str, Any], Path]:
+    plot = tmp_path_factory.mktemp("bench") / "latency.png"
+    r = run_edgekit(
+        cache_env,
+        "bench",
+        str(x86_bundle[0]),
+        "--min-queries",
+        "40",
+        "--min-duration",
+        "0.2",
+        "--max-duration",
+        "3",
+        "--plot",
+        str(plot),
+        "--samples",
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout), plot
+
+
+def test_bench_lists_every_backend_in_fp32_and_int8(bench_json: tuple[dict[str, Any], Path]) -> None:
+    report, _ = bench_json
+    ran = {(c["backend"], c["precision"]): c for c in report["candidates"]}
+    skipped = {(s["backend"], s["precision"]): s for s in report["skipped"]}
+    for backend in BACKENDS:
+        for precision in ("fp32", "int8"):
+            key = (backend, precision)
+            assert key in ran or key in skipped, f"{key} is neither measured nor listed as skipped"
+            if key in skipped:
+                assert skipped[key]["reason"], f"{key} skipped without a reason"
+    # Everything the reference bundle carries for this CPU runs here.
+    for key in [(b, "fp32") for b in BACKENDS] + [(b, "int8") for b in ("onnxruntime", "openvino", "litert")]:
+        assert key in ran and ran[key]["ok"], ran.get(key, {}).get("error")
+    assert report["scenario"] == "SingleStream" and report["host"]["arch"] == "x86_64"
+    assert report["fastest"] in {c["key"] for c in report["candidates"]}
+
+
+def test_bench_summary_fields(bench_json: tuple[dict[str, Any], Path]) -> None:
+    report, _ = bench_json
+    for c in report["candidates"]:
+        s = c["summary"]
+        assert s["count"] == len(c["latencies_ms"]) >= 1
+        # the run stops at --min-queries once --min-duration has passed, or at --max-duration
+        assert s["count"] >= 40 or s["duration_s"] >= 3.0
+        assert s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p95_ms"] <= s["p99_ms"] <= s["max_ms"]
+        assert s["headline"] == "p90_ms"
+        assert s["p99_valid"] is False and "p99" in s["underpowered"]  # 40 queries < 662
+        assert s["qps"] == pytest.approx(s["count"] / s["duration_s"], rel=1e-3)
+        assert c["cold_start_s"] > 0 and set(c["cold_start_parts_s"]) == {
+            "interpreter",
+            "imports",
+            "load",
+            "first_result",
+        }
+        assert 10 < c["peak_rss_mb"] < 4000
+        # agreement with the fp32 reference on the bundle's own evaluation frames
+        assert c["eval_frames"] >= 1 and c["top1_agreement"] is not None
+        if c["precision"] == "fp32":
+            assert c["top1_agreement"] == 1.0, c["key"]
+
+
+def test_bench_plot_is_written(bench_json: tuple[dict[str, Any], Path]) -> None:
+    _, plot = bench_json
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def _selection(chosen: str, profile: str = "x86_64-cpu", arch: str = "x86_64") -> Selection:
+    """A selection as a device would measure it: ``chosen`` at 1 ms with one thread, ONNX Runtime at 9 ms."""
+
+    def row(artifact: str, ms: float, threads: int) -> MeasuredCandidate:
+        backend, precision = artifact.split("-")[:2]
+        return MeasuredCandidate(
+            artifact=artifact,
+            backend=backend,
+            precision=precision,
+            threads=threads,
+            p50_ms=ms,
+            p90_ms=ms,
+            p99_ms=ms,
+            queries=700,
+        )
+
+    return Selection(
+        by="test",
+        measured=datetime.now(timezone.utc),
+        profile=profile,
+        host=BuildHost(arch=arch, cpu="test"),
+        chosen=chosen,
+        threads=1,
+        candidates=(row(chosen, 1.0, 1), row("onnxruntime-fp32", 9.0, 2)),
+    )
+
+
+def test_selection_is_signed_again_and_load_follows_it(
+    x86_bundle: tuple[Path, dict[str, Any]], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    bundle = tmp_path / "b"
+    shutil.copytree(x86_bundle[0], bundle)
+    with edgekit.load(bundle, device="x86_64-cpu") as m:
+        assert m.candidate == "onnxruntime-fp32"  # the profile's first choice
+
+    # A signed bundle is not changed without a key to sign it again.
+    before = (bundle / "manifest.json").read_bytes()
+    with pytest.raises(SelectionError, match="signed") as err:
+        write_selection(bundle, _selection("litert-fp32"))
+    assert "--sign-key" in err.value.hint
+    assert (bundle / "manifest.json").read_bytes() == before
+
+    write_selection(bundle, _selection("litert-fp32"), keys[0])
+    assert verify(bundle, [keys[1]], require_signature=True).ok
+    assert read_manifest(bundle).selection.chosen == "litert-fp32"  # type: ignore[union-attr]
+    with edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[keys[1]], require_signature=True) as m:
+        assert m.candidate == "litert-fp32"  # measured fastest wins over the profile's order
+        assert m.session.backend == "litert"
+
+    # Measured on another kind of device: the profile's order stands.
+    write_selection(bundle, _selection("litert-fp32", profile="rpi5", arch="aarch64"), keys[0])
+    with edgekit.load(bundle, device="x86_64-cpu") as m:
+        assert m.candidate == "onnxruntime-fp32"
+
+
+def test_measured_order_uses_the_fastest_thread_count(x86_bundle: tuple[Path, dict[str, Any]]) -> None:
+    manifest = read_manifest(x86_bundle[0]).model_copy(update={"selection": _selection("litert-fp32")})
+    from edgekit.model import candidates_for
+    from edgekit.profiles import get_profile
+
+    cands = candidates_for(get_profile("x86_64-cpu"), manifest.artifacts)
+    latency, threads = measured_order(manifest, "x86_64-cpu", cands, "x86_64")
+    assert latency == {"litert-fp32": 1.0, "onnxruntime-fp32": 9.0}
+    assert threads == {"litert-fp32": 1, "onnxruntime-fp32": 2}
+    assert measured_order(manifest, "x86_64-cpu", cands, "aarch64") == ({}, {})
+
+
+def test_selection_naming_a_missing_artifact_is_refused(
+    x86_bundle: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    bundle = tmp_path / "b"
+    shutil.copytree(x86_bundle[0], bundle)
+    before = (bundle / "manifest.json").read_bytes()
+    with pytest.raises(Exception, match="does not have: tensorrt-fp16"):
+        write_selection(bundle, _selection("tensorrt-fp16"), None)
+    assert (bundle / "manifest.json").read_bytes() == before
+
+
+def test_bench_mistakes_are_clear_errors(
+    x86_bundle: tuple[Path, dict[str, Any]], cache_env: dict[str, str]
+) -> None:
+    r = run_edgekit(cache_env, "bench", str(x86_bundle[0]), "--backends", "onnxrt")
+    assert r.returncode == 2 and "unknown backend 'onnxrt'" in r.stderr and "Traceback" not in r.stderr
+    r = run_edgekit(cache_env, "bench", str(x86_bundle[0]), "--backends", "tensorrt")
+    assert r.returncode == 2 and "nothing in" in r.stderr and "tensorrt" in r.stderr
+    r = run_edgekit(cache_env, "bench", str(x86_bundle[0]), "--threads", "two")
+    assert r.returncode == 2 and "--threads" in r.stderr
+    r = run_edgekit(cache_env, "build", "--model", str(CARD), "--device", "rpi5", "--select", "fastest")
+    assert r.returncode == 2 and "edgekit bench" in r.stderr and "aarch64" in r.stderr

@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""The performance report: every speed bar of edgekit measured in one go, as Markdown and plots.
+
+Runs, one after another on the same machine:
+
+1. ``edgekit bench`` on the bundle (every candidate, ``--rounds`` turns each in a fresh
+   process, pooled to at least LoadGen's 662 queries): latency percentiles, cold start,
+   peak RSS, top-1 agreement, and the latency plot;
+2. ``tools/bench_cold_start.py``: process start -> ``edgekit.load`` -> first label, and
+   peak RSS, for the auto-selected artifact and the int8 one;
+3. ``tools/bench_pipeline_efficiency.py``: bare ``session.run`` p50 / end-to-end frame p50
+   from a 640x480 source.
+
+and writes ``REPORT.md`` (the bars, each as a ratio measured side by side in this run,
+then the tables) with ``latency.png`` and the raw JSON beside it.  The README quotes
+the latest report's numbers with its date and machine.
+
+    .venv/bin/python tools/perf_report.py [BUNDLE] [--out reports/perf] [--rounds 3] [--quick]
+
+Without BUNDLE it uses (building if needed) the reference bundle ``edgekit demo`` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "tools"
+
+#: The issue's bars: (name, target, how to compare).
+BARS = {
+    "tvm_vs_fastest": 1.5,  # TVM p50 / fastest runtime p50, at most
+    "int8_speedup": 2.0,  # fp32 p50 / int8 p50 on the best int8 backend, at least
+    "int8_agreement": 0.98,  # top-1 agreement of that int8 artifact with fp32, at least
+    "pipeline_efficiency": 0.95,  # bare runtime p50 / end-to-end frame p50, at least
+    "cold_start_s": 1.0,  # process start -> first label, at most
+    "int8_peak_rss_mb": 200.0,  # device runtime peak RSS with the int8 artifact, at most
+}
+
+
+def step(title: str) -> float:
+    print(f"\n== {title}", flush=True)
+    return time.monotonic()
+
+
+def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
+    """Run a tool that prints one JSON document on stdout (progress on stderr, passed through)."""
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=timeout, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"perf_report: {' '.join(cmd[1:3])} failed with exit {r.returncode}")
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def versions() -> dict[str, str]:
+    from edgekit.cli import doctor_report
+
+    rep = doctor_report()
+    out = {name: b.get("version") or "-" for name, b in rep["backends"].items() if b.get("available")}
+    out["python"] = platform.python_version()
+    return out
+
+
+def bars(bench: dict[str, Any], cold: dict[str, Any], eff: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each bar's measured value from this run's results."""
+    ok = [c for c in bench["candidates"] if c["ok"]]
+    p50 = {(c["backend"], c["precision"]): c["summary"]["p50_ms"] for c in ok}
+    by_key = {(c["backend"], c["precision"]): c for c in ok}
+    fastest_key = min(p50, key=lambda k: p50[k])
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, what: str, value: float | None, target: float, at_most: bool, detail: str) -> None:
+        met = value is not None and (value <= target if at_most else value >= target)
+        rows.append(
+            {
+                "bar": name,
+                "what": what,
+                "target": f"{'≤' if at_most else '≥'} {target:g}",
+                "measured": value,
+                "met": met,
+                "detail": detail,
+            }
+        )
+
+    tvm = p50.get(("tvm", "fp32"))
+    add(
+        "tvm_vs_fastest",
+        "TVM fp32 p50 / fastest runtime p50",
+        tvm / p50[fastest_key] if tvm else None,
+        BARS["tvm_vs_fastest"],
+        True,
+        f"tvm {tvm:.2f} ms vs {'-'.join(fastest_key)} {p50[fastest_key]:.2f} ms"
+        if tvm
+        else "no TVM artifact ran",
+    )
+    int8 = {b: ms for (b, p), ms in p50.items() if p == "int8" and (b, "fp32") in p50}
+    if int8:
+        best = min(int8, key=lambda b: int8[b])
+        speedups = {b: p50[(b, "fp32")] / ms for b, ms in int8.items()}
+        agree = by_key[(best, "int8")]["top1_agreement"]
+        add(
+            "int8_speedup",
+            f"fp32 p50 / int8 p50 on the best int8 backend ({best})",
+            speedups[best],
+            BARS["int8_speedup"],
+            False,
+            ", ".join(f"{b} {s:.2f}x" for b, s in sorted(speedups.items())),
+        )
+        add(
+            "int8_agreement",
+            f"top-1 agreement of {best} int8 with fp32 (bundle eval frames)",
+            agree,
+            BARS["int8_agreement"],
+            False,
+            f"{by_key[(best, 'int8')]['eval_frames']} frames",
+        )
+    add(
+        "pipeline_efficiency",
+        "bare session.run p50 / end-to-end frame p50 (640x480 source)",
+        eff.get("efficiency"),
+        BARS["pipeline_efficiency"],
+        False,
+        f"bare {eff.get('bare_p50_ms', 0):.2f} ms, end-to-end {eff.get('e2e_p50_ms', 0):.2f} ms; "
+        f"per-frame overhead {eff.get('overhead_p50_ms', 0):.2f} ms of which resize "
+        f"({eff.get('interpolation', '?')}) {eff.get('resize_p50_ms', 0):.2f} ms",
+    )
+    auto = cold.get("results", {}).get("auto", {})
+    add(
+        "cold_start_s",
+        f"process start → edgekit.load → first label ({auto.get('candidate', 'auto')})",
+        auto["cold_start_ms"] / 1e3 if "cold_start_ms" in auto else None,
+        BARS["cold_start_s"],
+        True,
+        "median of fresh processes",
+    )
+    i8 = cold.get("results", {}).get("onnxruntime-int8", {})
+    add(
+        "int8_peak_rss_mb",
+        "peak RSS of a device process running the int8 artifact (onnxruntime-int8)",
+        i8.get("peak_rss_mb"),
+        BARS["int8_peak_rss_mb"],
+        True,
+        "VmHWM after the pipeline frames",
+    )
+    return rows
+
+
+def markdown(
+    meta: dict[str, Any],
+    rows: list[dict[str, Any]],
+    bench: dict[str, Any],
+    cold: dict[str, Any],
+    eff: dict[str, Any],
+) -> str:
+    lines = [
+        f"# edgekit performance report — {meta['date']}",
+        "",
+        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['arch']}, {meta['kernel']}; "
+        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        f"Bundle: `{meta['bundle']}` ({bench['model']}, profile {bench['profile']}). "
+        f"Wall time of this report: {meta['wall_s']:.0f} s.",
+        "",
+        "Every ratio below comes from this one run, its parts measured on the same machine minutes apart "
+        "(latencies: candidates in turns, each round in a fresh process). Read ratios, not milliseconds: "
+        "the machine is shared.",
+        "",
+        "## Bars",
+        "",
+        "| bar | measured | target | met | detail |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        v = r["measured"]
+        shown = "-" if v is None else (f"{v:.0%}" if r["bar"] == "int8_agreement" else f"{v:.3g}")
+        lines.append(
+            f"| {r['what']} | **{shown}** | {r['target']} | {'yes' if r['met'] else '**no**'} | {r['detail']} |"
+        )
+    lines += [
+        "",
+        "## Every candidate (edgekit bench, SingleStream, p90 is the headline)",
+        "",
+        "![latency per candidate](latency.png)",
+        "",
+        "| candidate | queries | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | × best p90 | cold start s | peak RSS MB | top-1 vs fp32 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    ok = sorted((c for c in bench["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"])
+    best = ok[0]["summary"]["p90_ms"] if ok else 1.0
+    for c in ok:
+        s = c["summary"]
+        p99 = f"{s['p99_ms']:.2f}" + ("" if s["p99_valid"] else "*")
+        agree = "-" if c["top1_agreement"] is None else f"{c['top1_agreement']:.0%}"
+        lines.append(
+            f"| {c['key']} | {s['count']} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | {p99} | {s['p99.9_ms']:.2f}* | "
+            f"{s['max_ms']:.2f} | {s['p90_ms'] / best:.2f} | {c['cold_start_s']:.2f} | {c['peak_rss_mb']:.0f} | {agree} |"
+        )
+    for c in bench["candidates"]:
+        if not c["ok"]:
+            lines.append(f"| {c['key']} | failed: {c['error']} | | | | | | | | | |")
+    for s in bench["skipped"]:
+        lines.append(f"| {s['backend']}-{s['precision']} | not run: {s['reason']} | | | | | | | | | |")
+    lines += [
+        "",
+        "\\* fewer queries than LoadGen's early-stopping rule needs for that percentile (p99: 662, p99.9: 6636).",
+        "",
+        "## Cold start (tools/bench_cold_start.py)",
+        "",
+        "```json",
+        json.dumps(cold, indent=1)[:4000],
+        "```",
+        "",
+        "## Pipeline efficiency (tools/bench_pipeline_efficiency.py)",
+        "",
+        "```json",
+        json.dumps(eff, indent=1)[:3000],
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("bundle", nargs="?", type=Path)
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "perf")
+    ap.add_argument("--rounds", type=int, default=3, help="turns each bench candidate takes")
+    ap.add_argument(
+        "--quick", action="store_true", help="short runs: a smoke test of the report, not numbers"
+    )
+    args = ap.parse_args(argv)
+    t_all = time.monotonic()
+    if args.bundle is None:
+        from edgekit.demo import host_reference_bundle
+
+        args.bundle = host_reference_bundle()
+    args.out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    per_round = 30 if args.quick else -(-662 // args.rounds)  # pooled: at least LoadGen's 662 for a p99
+
+    t = step(f"edgekit bench ({args.rounds} rounds)")
+    bench = run_json(
+        [
+            py,
+            "-m",
+            "edgekit.cli",
+            "bench",
+            str(args.bundle),
+            "--rounds",
+            str(args.rounds),
+            "--min-queries",
+            str(per_round),
+            "--min-duration",
+            "0.5" if args.quick else "2",
+            "--max-duration",
+            "2" if args.quick else "10",
+            "--plot",
+            str(args.out / "latency.png"),
+            "--json",
+        ],
+        timeout=1800,
+    )
+    print(f"   {time.monotonic() - t:.0f} s")
+
+    t = step("cold start and peak RSS")
+    cold = run_json(
+        [
+            py,
+            str(TOOLS / "bench_cold_start.py"),
+            str(args.bundle),
+            "--artifacts",
+            "auto,onnxruntime-int8",
+            "--runs",
+            "2" if args.quick else "5",
+            "--json",
+        ],
+        timeout=900,
+    )
+    print(f"   {time.monotonic() - t:.0f} s")
+
+    t = step("pipeline efficiency")
+    eff = run_json(
+        [
+            py,
+            str(TOOLS / "bench_pipeline_efficiency.py"),
+            str(args.bundle),
+            "--rounds",
+            "2" if args.quick else "5",
+            "--json",
+        ],
+        timeout=900,
+    )
+    print(f"   {time.monotonic() - t:.0f} s")
+
+    import os
+
+    meta = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": bench["host"]["cpu"],
+        "cores": bench["host"]["cores"],
+        "arch": bench["host"]["arch"],
+        "kernel": platform.release(),
+        "versions": versions(),
+        "bundle": str(args.bundle),
+        "wall_s": time.monotonic() - t_all,
+        "load_average": os.getloadavg(),
+    }
+    rows = bars(bench, cold, eff)
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {"meta": meta, "bars": rows, "bench": bench, "cold_start": cold, "efficiency": eff}, indent=1
+        )
+    )
+    (args.out / "REPORT.md").write_text(markdown(meta, rows, bench, cold, eff), encoding="utf-8")
+    print(f"\nwrote {args.out / 'REPORT.md'} ({meta['wall_s']:.0f} s)\n")
+    for r in rows:
+        v = r["measured"]
+        print(
+            f"  {r['what']:70} {('-' if v is None else f'{v:.3g}'):>8}  {r['target']:>7}  {'met' if r['met'] else 'NOT met'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
