@@ -199,7 +199,7 @@ def markdown(
         p99 = f"{s['p99_ms']:.2f}" + ("" if s["p99_valid"] else "*")
         agree = "-" if c["top1_agreement"] is None else f"{c['top1_agreement']:.0%}"
         lines.append(
-            f"| {c['key']} | {s['count']} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | {p99} | {s['p99.9_ms']:.2f}* | "
+            f"| {c['key']} | {s['count']} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} | {p99} | {s['p99.9_ms']:.2f}{'*' if 'p99.9' in s['underpowered'] else ''} | "
             f"{s['max_ms']:.2f} | {s['p90_ms'] / best:.2f} | {c['cold_start_s']:.2f} | {c['peak_rss_mb']:.0f} | {agree} |"
         )
     for c in bench["candidates"]:

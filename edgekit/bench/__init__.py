@@ -4,13 +4,21 @@
 measures each in its own process, ``stats`` holds the exact percentiles and LoadGen's
 query-count rule, ``selection`` writes the measured choice into the bundle, and
 ``render`` draws the table and the latency plot.
+
+The names below are imported on first use: ``edgekit.load`` imports ``edgekit.bench.selection``
+on every cold start, and must not pay for the runner (subprocess, the summary maths) there.
 """
 
 from __future__ import annotations
 
-from edgekit.bench.runner import Candidate, Report, Result, Settings, Skipped, plan, run
-from edgekit.bench.selection import selection_from, write_selection
-from edgekit.bench.stats import LatencySummary, min_queries, percentile, summarize
+import importlib
+from typing import Any
+
+_WHERE = {
+    **dict.fromkeys(("Candidate", "Report", "Result", "Settings", "Skipped", "plan", "run"), "runner"),
+    **dict.fromkeys(("selection_from", "write_selection"), "selection"),
+    **dict.fromkeys(("LatencySummary", "min_queries", "percentile", "summarize"), "stats"),
+}
 
 __all__ = [
     "Candidate",
@@ -27,3 +35,9 @@ __all__ = [
     "summarize",
     "write_selection",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'edgekit.bench' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"edgekit.bench.{_WHERE[name]}"), name)

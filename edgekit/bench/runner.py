@@ -236,6 +236,7 @@ def plan(
     from edgekit.bundle import read_manifest
     from edgekit.elf import host_arch
     from edgekit.model import artifact_for, candidates_for
+    from edgekit.profiles import Candidate as ProfileCandidate
     from edgekit.profiles import get_profile
 
     manifest = read_manifest(root)
@@ -270,8 +271,6 @@ def plan(
                 Skipped(a.backend, a.precision, f"built for {a.arch}, this host is {host_arch()}", a.name)
             )
             continue
-        from edgekit.profiles import Candidate as ProfileCandidate
-
         probe = ProfileCandidate(a.backend, a.precision)
         if artifact_for(probe, (a,)) is None:
             skipped.append(Skipped(a.backend, a.precision, "not runnable on this CPU", a.name))

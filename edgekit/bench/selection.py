@@ -11,7 +11,6 @@ candidate, used only on a host of the same architecture and profile as the one m
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -123,6 +122,7 @@ def _rewrite(root: Path, selection: Selection, sign_key: Path | None) -> None:
         parse_manifest,
         read_manifest,
     )
+    from edgekit.deploy.slots import write_atomic
 
     manifest = read_manifest(root)
     # The selection must name artifacts this bundle has: check before anything else.
@@ -141,24 +141,10 @@ def _rewrite(root: Path, selection: Selection, sign_key: Path | None) -> None:
         }
     )
     data = new.to_bytes()
-    _replace(root / MANIFEST_FILE, data)
+    write_atomic(root / MANIFEST_FILE, data)
     if key is not None:
-        _replace(root / SIGNATURE_FILE, sign(key, data))
+        write_atomic(root / SIGNATURE_FILE, sign(key, data))
     log.info("recorded selection %s (threads %d) in %s", selection.chosen, selection.threads, root)
-
-
-def _replace(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        Path(tmp).chmod(0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def measured_order(

@@ -16,7 +16,6 @@ Percentiles are nearest-rank over the timed runs, never averaged.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,12 +75,6 @@ def _round(x: float | None, digits: int = 3) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def nearest_rank(sorted_ms: Sequence[float], q: float) -> float:
-    """The ``q`` percentile (0-100) of already sorted values by the nearest-rank rule (an observed value)."""
-    rank = max(1, math.ceil(q / 100 * len(sorted_ms)))
-    return float(sorted_ms[rank - 1])
-
-
 def check_health(
     bundle: Path,
     profile: str | None = None,
@@ -101,6 +94,7 @@ def check_health(
 
     from edgekit.bundle import read_manifest
     from edgekit.model import load
+    from edgekit.pipeline.stats import percentile
 
     try:
         manifest = read_manifest(bundle)
@@ -174,7 +168,7 @@ def check_health(
         if not a
     )
     ordered = sorted(times)
-    p50, p99 = nearest_rank(ordered, 50), nearest_rank(ordered, 99)
+    p50, p99 = percentile(ordered, 50), percentile(ordered, 99)
     problems = []
     if p99 > budget:
         problems.append(f"p99 {p99:.1f} ms is over the budget of {budget:g} ms")
