@@ -48,10 +48,14 @@ def table(report: dict[str, Any]) -> Table:
     one_count = len({c["threads"] for c in rows}) == 1  # then "-t2" on every row says nothing
     if one_count and rows:
         t.title = f"{t.title} · {rows[0]['threads']} threads"
+    notes = []
     for c in rows:
         s = c["summary"]
         name = f"{c['backend']}-{c['precision']}" if one_count else c["key"]
-        cells = [name + (" ✓" if c["key"] == report.get("fastest") else ""), str(s["count"])]
+        if c.get("caveat"):
+            notes.append(f"† {name}: {escape(c['caveat'])}")
+        mark = (" ✓" if c["key"] == report.get("fastest") else "") + (" †" if c.get("caveat") else "")
+        cells = [name + mark, str(s["count"])]
         for q in TABLE_PERCENTILES:
             v = _ms(s[f"{label(q)}_ms"])
             cells.append(f"[dim]{v}*[/]" if label(q) in s["underpowered"] else v)
@@ -63,6 +67,9 @@ def table(report: dict[str, Any]) -> Table:
             "-" if agree is None else f"{agree:.0%}",
         ]
         t.add_row(*cells)
+    if notes:  # below the table, wrapped to its width: a column would not fit in 80
+        t.caption = "\n".join(notes)
+        t.caption_justify = "left"
     return t
 
 
@@ -81,7 +88,7 @@ LEGEND = (
     "ms per query (mean, max, p95, p97, p99.9 in --json); ★ p90 is SingleStream's headline; * underpowered: fewer queries than LoadGen's "
     f"early-stopping rule needs for that percentile (p99: {min_queries(99.0)}); cold: process start → "
     "first label; top-1: agreement with the fp32 reference on the bundle's evaluation frames; "
-    "✓ fastest that passes the accuracy gate"
+    "✓ fastest that passes the accuracy gate; † read with the caveat under the table"
 )
 
 
@@ -143,12 +150,12 @@ def plot(report: dict[str, Any], out: Path) -> Path:
 
 def _page(report: dict[str, Any], svg: str) -> str:
     head = ["candidate", "queries", "p50", "p90", "p99", "cold start s", "peak RSS MB", "top-1 vs fp32"]
-    body = []
+    body, caveats = [], []
     for c in sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"]):
         s = c["summary"]
         agree = c["top1_agreement"]
         cells = [
-            c["key"],
+            c["key"] + (" †" if c.get("caveat") else ""),
             s["count"],
             _ms(s["p50_ms"]),
             _ms(s["p90_ms"]),
@@ -158,6 +165,8 @@ def _page(report: dict[str, Any], svg: str) -> str:
             "-" if agree is None else f"{agree:.0%}",
         ]
         body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
+        if c.get("caveat"):
+            caveats.append(f"<p>† {html.escape(c['key'])}: {html.escape(c['caveat'])}</p>")
     return (
         "<!doctype html><meta charset=utf-8><title>edgekit bench</title>"
         "<style>body{font:14px system-ui;margin:2em}td,th{padding:2px 10px;text-align:right}"
@@ -169,5 +178,7 @@ def _page(report: dict[str, Any], svg: str) -> str:
         + "".join(f"<th>{h}</th>" for h in head)
         + "</tr>"
         + "".join(body)
-        + "</table><p>* fewer than 662 queries: LoadGen would not report this p99.</p>"
+        + "</table>"
+        + "".join(caveats)
+        + "<p>* fewer than 662 queries: LoadGen would not report this p99.</p>"
     )

@@ -24,6 +24,7 @@ from typing import Any
 
 from edgekit.bench.selection import THREAD_OPTION
 from edgekit.bench.stats import LatencySummary, min_queries, summarize
+from edgekit.cpu import CpuFeatures
 from edgekit.errors import EdgekitError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class Candidate:
     options: dict[str, Any]
     #: False when the build's accuracy gate did not pass this artifact (shipped under --allow-accuracy-drop).
     build_gate: bool = True
+    #: What to read next to its timings, from the artifact's notes: a TVM library whose schedules
+    #: were tuned on another CPU than this one (``edgekit.build.tvm_tuning.runtime_caveat``).
+    caveat: str | None = None
 
     @property
     def key(self) -> str:
@@ -133,6 +137,7 @@ class Result:
             "precision": c.precision,
             "threads": c.threads,
             "options": c.options,
+            "caveat": c.caveat,
             "device": self.device,
             "ok": self.ok,
             "error": self.error,
@@ -292,13 +297,37 @@ def plan(
             if a.backend in THREAD_OPTION:
                 opts[THREAD_OPTION[a.backend]] = n
             gate = a.accuracy is None or a.accuracy.passed
-            cands.append(Candidate(a.name, a.backend, a.precision, n, opts, build_gate=gate))
+            cands.append(
+                Candidate(
+                    a.name,
+                    a.backend,
+                    a.precision,
+                    n,
+                    opts,
+                    build_gate=gate,
+                    caveat=caveat(a.backend, a.notes),
+                )
+            )
     have = {(a.backend, a.precision) for a in manifest.artifacts}
     for b in want_b:
         for p in want_p:
             if (b, p) not in have and (backends or b != "tensorrt") and (precisions or p != "fp16"):
                 skipped.append(Skipped(b, p, _why_missing(manifest, b, p)))
     return cands, skipped
+
+
+def caveat(backend: str, notes: dict[str, Any], cpu: CpuFeatures | None = None) -> str | None:
+    """What to read next to an artifact's timings on ``cpu`` (this machine's by default), or ``None``.
+
+    Only TVM has one: its speed is its tuned schedules', and those were timed on the CPU its
+    notes name; on a CPU with other instruction-set flags they are not the fast ones.
+    """
+    if backend != "tvm":
+        return None
+    from edgekit.build.tvm_tuning import runtime_caveat
+    from edgekit.cpu import this_cpu
+
+    return runtime_caveat(notes, cpu or this_cpu())
 
 
 def _why_missing(manifest: Any, backend: str, precision: str) -> str:

@@ -106,7 +106,10 @@ def compile_onnx(
       ``foreign_schedules`` a database of another CPU is a declared fallback (see notes).
 
     Returns the artifact (``.so`` + ``.io.json``); its notes say which database was applied,
-    how many of the model's functions got tuned schedules, and on which CPU they were tuned.
+    how many of the model's functions got tuned schedules, and on which CPU they were tuned
+    (``schedules_tuned_on_cpu``); ``schedules`` says when that is not the CPU the target is
+    for or, for a target of this host's architecture, not this host's CPU
+    (:func:`edgekit.build.tvm_tuning.schedule_note`).
     """
     import onnx
     import tvm
@@ -236,6 +239,8 @@ def _notes(
         return notes
     notes["tuning_trials"] = db.trials
     notes["schedules_tuned_on"] = db.tuned_on
+    # The CPU its schedules were timed on (None: not recorded), for edgekit bench to compare with its own.
+    notes["schedules_tuned_on_cpu"] = db.meta.get("tuned_on_cpu")
     notes["database_model_matches"] = db.meta.get("onnx_sha256") == sha
     warning = tt.schedule_note(db, target)
     if warning:

@@ -5,7 +5,7 @@ EfficientNet-Lite0).  MetaSchedule searches loop schedules per fused operator an
 the best ones in a database; a build that applies the database gets those schedules in
 seconds.  A database directory holds MetaSchedule's two JSON tables (gzipped in the
 repo: ~3.5 MB of JSON is ~0.2 MB) plus ``tuning.json`` saying what it was tuned for
-(model SHA-256, target, trials, host).  They live in:
+(model SHA-256, target, trials, host, the CPU's flags).  They live in:
 
 - the cache, ``<cache>/tvm-tuning/<sha256(onnx)[:16]>-<target key>/`` (``$EDGEKIT_CACHE``
   or ``~/.cache/edgekit``): written by every tuning run on this machine;
@@ -23,6 +23,21 @@ the same size (16 x 32 B on AVX2, 32 x 16 B on NEON), its tiles fit the A76's la
 and its parallel loops spread over however many cores the device has.  So it should be
 far faster than untuned code, though slower than schedules tuned on the device.  That is
 reasoning, not a measurement: there is no ARM CPU here to time it on.
+
+The lookup matches a workload on its TIR alone, so it is just as blind to the CPU within
+one architecture: a schedule's tile sizes, vector width and loop order were chosen by
+timing candidates on one particular CPU, for its vector registers and its cache sizes.
+Applied on a CPU with wider vectors (AVX-512), int8/bf16 matrix units (VNNI, AMX) or
+other caches, the same schedule is valid code but not the fast one for it: on a CPU with
+AVX-512 and VNNI the shipped AMD EPYC (AVX2) schedules gave a tvm-fp32 library of 16.7 ms
+p50, against 1.1-3 ms for the other runtimes on the same machine.  So every database records
+the CPU it was tuned on (``tuned_on_cpu`` in ``tuning.json``: model name, architecture and
+its notable instruction-set flags, :mod:`edgekit.cpu`), and :func:`schedule_note` compares
+it with the CPU the artifact is for: the target's ``mcpu``/``mattr`` and, when the target
+is the build host's architecture, the build host's own flags.  A difference goes into the
+artifact's notes (``schedules``), which ``edgekit inspect`` shows, and ``edgekit bench``
+compares the record with the CPU it measures on (:func:`runtime_caveat`).  Only the flags
+are compared: two CPUs with the same ones but other caches are not told apart.
 
 Pitfalls handled here (each a silent failure, see FACTS.md): MetaSchedule's default
 builder compiles in fresh worker processes whose import of ``tvm.s_tir.tensor_intrin``
@@ -52,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.build.cache import cache_root
+from edgekit.cpu import NOTABLE, CpuFeatures, this_cpu
 from edgekit.elf import host_arch, normalize_arch
 from edgekit.errors import BuildError
 
@@ -201,16 +217,214 @@ def fingerprint(db: TuningDatabase | None) -> str | None:
     return hashlib.sha256(db.table(RECORD_FILE).read_bytes()).hexdigest()[:16]
 
 
-def schedule_note(db: TuningDatabase, target: Mapping[str, Any]) -> str | None:
-    """A sentence for the notes when ``db`` was not tuned on ``target``'s CPU, else ``None``."""
-    key = target_key(target)
-    if db.tuned_on == key:
+# The notable flags (edgekit.cpu.NOTABLE) an LLVM ``mcpu`` implies, for the CPUs device profiles
+# name or a user is likely to; an ``mcpu`` not listed here implies nothing (only ``mattr`` counts).
+_AVX2 = ("sse4_2", "avx", "fma", "avx2")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl")
+_NEON_DOT_FP16 = ("asimd", "asimddp", "fphp", "asimdhp")
+MCPU_FLAGS: Mapping[str, tuple[str, ...]] = {
+    **{c: _AVX2 for c in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "x86-64-v3")},
+    "alderlake": (*_AVX2, "avx_vnni"),
+    "skylake-avx512": _AVX512,
+    "x86-64-v4": _AVX512,
+    **{
+        c: (*_AVX512, "avx512_vnni") for c in ("cascadelake", "icelake-client", "icelake-server", "tigerlake")
+    },
+    "cooperlake": (*_AVX512, "avx512_vnni", "avx512_bf16"),
+    "znver4": (*_AVX512, "avx512_vnni", "avx512_bf16"),
+    "sapphirerapids": (
+        *_AVX512,
+        "avx512_vnni",
+        "avx_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_int8",
+        "amx_bf16",
+    ),
+    **{c: ("asimd",) for c in ("cortex-a53", "cortex-a55", "cortex-a57", "cortex-a72", "cortex-a73")},
+    **{c: _NEON_DOT_FP16 for c in ("cortex-a75", "cortex-a76", "cortex-a77", "cortex-a78", "neoverse-n1")},
+}
+# LLVM ``mattr`` feature names as ``/proc/cpuinfo`` spells them.
+MATTR_FLAGS: Mapping[str, tuple[str, ...]] = {
+    "sse4.2": ("sse4_2",),
+    "avx": ("avx",),
+    "fma": ("fma",),
+    "avx2": ("avx2",),
+    "avx512f": ("avx512f",),
+    "avx512bw": ("avx512bw",),
+    "avx512vl": ("avx512vl",),
+    "avx512vnni": ("avx512_vnni",),
+    "avxvnni": ("avx_vnni",),
+    "avx512bf16": ("avx512_bf16",),
+    "avx512fp16": ("avx512_fp16",),
+    "amx-tile": ("amx_tile",),
+    "amx-int8": ("amx_int8",),
+    "amx-bf16": ("amx_bf16",),
+    "amx-fp16": ("amx_fp16",),
+    "neon": ("asimd",),
+    "dotprod": ("asimddp",),
+    "fullfp16": ("fphp", "asimdhp"),
+    "i8mm": ("i8mm",),
+    "bf16": ("bf16",),
+    "sve": ("sve",),
+    "sve2": ("sve2",),
+}
+RETUNE = "tune on the device (edgekit build --tune-trials N)"
+
+
+def target_flags(target: Mapping[str, Any]) -> frozenset[str] | None:
+    """The notable CPU flags a target compiles for (its ``mcpu``, then ``mattr``); ``None``: not known.
+
+    A ``generic`` or unlisted ``mcpu`` without ``mattr`` says nothing about the CPU.
+    """
+    cpu = str(target.get("mcpu", ""))
+    mattr = target.get("mattr", ())
+    attrs = [a.strip() for a in (mattr.split(",") if isinstance(mattr, str) else mattr) if str(a).strip()]
+    if cpu not in MCPU_FLAGS and not attrs:
         return None
-    if db.arch == target_arch(target):
-        return f"schedules tuned on {db.tuned_on}, not on {key}: re-tune on the device for its best speed"
+    flags = set(MCPU_FLAGS.get(cpu, ()))
+    for attr in attrs:
+        sign, name = (attr[0], attr[1:]) if attr[0] in "+-" else ("+", attr)
+        named = MATTR_FLAGS.get(name, ())
+        if sign == "+":
+            flags.update(named)
+        else:
+            flags.difference_update(named)
+    return frozenset(flags)
+
+
+def cpu_record(cpu: CpuFeatures | None = None, model: str | None = None) -> dict[str, Any]:
+    """What ``tuning.json`` says about the CPU a database was tuned on (``tuned_on_cpu``): this one by default."""
+    cpu = cpu or this_cpu()
+    return {
+        "model": model if model is not None else _cpu_name(),
+        "arch": cpu.arch,
+        "flags": list(cpu.notable),
+    }
+
+
+def _recorded(record: Any) -> tuple[str, CpuFeatures] | None:
+    """A ``tuned_on_cpu`` record as (model name, features), or ``None`` when absent or malformed."""
+    if not isinstance(record, Mapping) or not isinstance(record.get("flags"), list) or not record.get("arch"):
+        return None
+    return str(record.get("model") or "an unnamed CPU"), CpuFeatures(
+        str(record["arch"]), frozenset(str(f) for f in record["flags"])
+    )
+
+
+def _flag_list(flags: frozenset[str] | set[str], arch: str) -> str:
+    """Flags in :data:`edgekit.cpu.NOTABLE` order (then any others, sorted)."""
+    order = NOTABLE.get(arch, ())
+    known = [f for f in order if f in flags]
+    return ", ".join(known + sorted(f for f in flags if f not in order)) or "none of note"
+
+
+def _describe(model: str, cpu: CpuFeatures) -> str:
+    """``AMD EPYC (x86_64: sse4_2, avx, fma, avx2)``."""
+    return f"{model} ({cpu.arch}: {_flag_list(cpu.flags, cpu.arch)})"
+
+
+def _differences(
+    tuned: CpuFeatures, other: frozenset[str], symmetric: bool
+) -> tuple[frozenset[str], frozenset[str]]:
+    """(flags ``other`` has that the tuning CPU lacked, flags it lacks that the tuning CPU had)."""
+    notable = frozenset(NOTABLE.get(tuned.arch, ())) or tuned.flags | other
+    more = (other - tuned.flags) & notable
+    fewer = (tuned.flags - other) & notable if symmetric else frozenset()
+    return frozenset(more), frozenset(fewer)
+
+
+def _has_lacks(more: frozenset[str], fewer: frozenset[str], arch: str) -> str:
+    parts = ([f"has {_flag_list(more, arch)}"] if more else []) + (
+        [f"lacks {_flag_list(fewer, arch)}"] if fewer else []
+    )
+    return "; ".join(parts)
+
+
+def schedule_note(
+    db: TuningDatabase,
+    target: Mapping[str, Any],
+    cpu: CpuFeatures | None = None,
+    cpu_name: str | None = None,
+) -> str | None:
+    """A sentence for the notes when ``db`` was not tuned on the CPU the build is for, else ``None``.
+
+    Compared: the target key (``mcpu``) it was tuned for; the flags of the CPU it was tuned
+    on (``tuned_on_cpu``) against those the target compiles for (``mcpu``/``mattr``: any
+    flag the target has that the tuning CPU lacked) and, when the target is ``cpu``'s
+    architecture, against ``cpu``'s own flags (any difference): ``cpu`` is the build
+    host, this machine's CPU (:func:`edgekit.cpu.this_cpu`) unless given, named
+    ``cpu_name``.  A database without the record says it was tuned on an unrecorded CPU.
+    """
+    key = target_key(target)
+    recorded = _recorded(db.meta.get("tuned_on_cpu"))
+    if db.tuned_on != key:
+        on = f"; measured on {_describe(*recorded)}" if recorded else "; measured on an unrecorded CPU"
+        if db.arch == target_arch(target):
+            return f"schedules tuned on {db.tuned_on}, not on {key}: re-tune on the device for its best speed{on}"
+        return (
+            f"schedules tuned on {db.arch} ({db.tuned_on}), not on this CPU ({key}): a fallback that beats "
+            f"untuned code but is not tuned for it; tune on a {target_arch(target)} machine for its best speed{on}"
+        )
+    if recorded is None:
+        host = db.meta.get("host")
+        named = (
+            f" (tuning.json names the host {host['cpu']!r} but not its flags)"
+            if isinstance(host, Mapping) and host.get("cpu")
+            else ""
+        )
+        return (
+            f"schedules tuned on an unrecorded CPU{named}: whether they suit this CPU is unknown; "
+            f"if TVM is slow, {RETUNE}"
+        )
+    model, tuned = recorded
+    arch = target_arch(target)
+    found: list[str] = []
+    wanted = target_flags(target)
+    if wanted is not None and tuned.arch == arch:
+        more, _ = _differences(tuned, wanted, symmetric=False)
+        if more:
+            found.append(f"the target ({key}) {_has_lacks(more, frozenset(), arch)}")
+    cpu = cpu or this_cpu()
+    if cpu.arch == arch:
+        more, fewer = _differences(tuned, cpu.flags, symmetric=True)
+        if more or fewer:
+            name = cpu_name if cpu_name is not None else (_cpu_name() if cpu == this_cpu() else "")
+            found.append(
+                f"the build host's CPU{f' ({name})' if name else ''} {_has_lacks(more, fewer, arch)}"
+            )
+    if not found:
+        return None
     return (
-        f"schedules tuned on {db.arch} ({db.tuned_on}), not on this CPU ({key}): a fallback that beats "
-        f"untuned code but is not tuned for it; tune on a {target_arch(target)} machine for its best speed"
+        f"schedules tuned on another CPU: {_describe(model, tuned)}, "
+        f"{'; '.join(found)}: expect slower than tuned; {RETUNE}"
+    )
+
+
+def runtime_caveat(notes: Mapping[str, Any], cpu: CpuFeatures) -> str | None:
+    """What to say next to a TVM artifact's timings measured on ``cpu``, from the artifact's notes; ``None``: nothing.
+
+    For ``edgekit bench``: the artifact's schedules were tuned on the CPU in its notes
+    (``schedules_tuned_on_cpu``, written by :func:`edgekit.build.tvm.compile_onnx`); on a
+    CPU with other flags its timings are not what the tuned schedules can do.
+    """
+    if "tuning_database" in notes and notes["tuning_database"] is None:
+        return "untuned schedules: plain loops, tens of times slower than tuned code"
+    if "tuning_database" not in notes and "schedules_tuned_on" not in notes:
+        return None  # not a TVM build's notes
+    recorded = _recorded(notes.get("schedules_tuned_on_cpu"))
+    if recorded is None:
+        return "schedules tuned on an unrecorded CPU: may not suit this one"
+    model, tuned = recorded
+    if tuned.arch != cpu.arch:
+        return f"schedules tuned on another CPU ({model}, {tuned.arch}), not on this {cpu.arch} one"
+    more, fewer = _differences(tuned, cpu.flags, symmetric=True)
+    if not (more or fewer):
+        return None
+    return (
+        f"schedules tuned on another CPU ({model}: {_flag_list(tuned.flags, tuned.arch)}; "
+        f"this one {_has_lacks(more, fewer, cpu.arch)})"
     )
 
 
@@ -540,6 +754,9 @@ def tune(
             "stopped_at_time_limit": tally.stopped_early,
             "tvm": tvm.__version__,
             "host": {"machine": platform.machine(), "cpu": _cpu_name()},
+            # What schedule_note compares with the CPU a build is for (a seed's other CPU is not kept:
+            # re-tuning re-measures every schedule it keeps on this one).
+            "tuned_on_cpu": cpu_record(),
             "seeded_from": f"{seed.source}:{seed.path.name}" if seed else None,
         }
         (staged / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -554,8 +771,21 @@ def tune(
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def ship(db: TuningDatabase, model_dir: Path) -> Path:
-    """Copy a tuned database beside a model card, gzipped: ``<model_dir>/tvm-tuning/<target key>/``."""
+def ship(db: TuningDatabase, model_dir: Path, *, cpu: Mapping[str, Any] | None = None) -> Path:
+    """Copy a tuned database beside a model card, gzipped: ``<model_dir>/tvm-tuning/<target key>/``.
+
+    Its ``tuning.json`` says which CPU it was tuned on (``tuned_on_cpu``): as recorded by
+    :func:`tune`, else ``cpu`` (a :func:`cpu_record`), else this machine's when the
+    database was tuned here (its ``host`` names this CPU model and architecture); a
+    database tuned elsewhere without a record stays without one rather than get this one.
+    """
+    meta = dict(db.meta)
+    if cpu is not None:
+        meta["tuned_on_cpu"] = dict(cpu)
+    elif _recorded(meta.get("tuned_on_cpu")) is None:
+        host = meta.get("host")
+        if isinstance(host, Mapping) and host == {"machine": platform.machine(), "cpu": _cpu_name()}:
+            meta["tuned_on_cpu"] = cpu_record()
     dest = model_dir / TUNING_DIR / db.tuned_on
     dest.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
@@ -565,7 +795,7 @@ def ship(db: TuningDatabase, model_dir: Path) -> Path:
             data = gzip.decompress(src.read_bytes()) if src.suffix == ".gz" else src.read_bytes()
             # mtime=0: the same database gives the same bytes, so the repo sees no change.
             (staged / f"{name}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
-        (staged / META_FILE).write_text(json.dumps(dict(db.meta), indent=2) + "\n", encoding="utf-8")
+        (staged / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         staged.chmod(0o755)  # mkdtemp makes it private; a shipped directory is for everyone
         if dest.exists():
             shutil.rmtree(dest)

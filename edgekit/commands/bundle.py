@@ -22,6 +22,9 @@ keys_app = typer.Typer(help="Signing keys for bundles (Ed25519).", no_args_is_he
 BundleArg = Annotated[Path, typer.Argument(help="A bundle folder or .tar.gz written by edgekit build.")]
 
 _STATUS = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+#: The artifact notes ``edgekit inspect`` prints under the table (all of them are in --json):
+#: a TVM library's schedules tuned on another CPU, or functions left untuned.
+NOTE_KEYS = ("schedules", "untuned_functions")
 
 
 @keys_app.command("generate")
@@ -177,6 +180,12 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
             gate,
         )
     console.print(table)
+    from rich.markup import escape
+
+    for a in m.artifacts:  # what the build says about an artifact's speed (TVM: whose schedules)
+        for key in NOTE_KEYS:
+            if a.notes.get(key):
+                console.print(f"[yellow]{a.name}[/]: {escape(str(a.notes[key]))}", highlight=False)
     sel = m.selection
     if sel is not None:
         ranked = ", ".join(f"{c.artifact} t{c.threads} {c.p90_ms:.2f}" for c in sel.candidates[:4])
