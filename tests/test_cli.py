@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,26 @@ def test_user_mistake_is_an_error_without_traceback() -> None:
     assert r.returncode == 2
     assert "error:" in r.stderr and "did you mean 'jetson'" in r.stderr and "hint:" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_error_and_hint_lines_are_not_wrapped_when_stderr_is_piped() -> None:
+    # Piped, stderr is read by programs and grepped in logs: a message longer than the 80 columns
+    # rich assumes off a terminal still comes as one error line and one hint line.
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_TERMINAL", "TTY_COMPATIBLE")}
+    name = "no-such-device-" + "x" * 150
+    r = subprocess.run(
+        [*EDGEKIT, "devices", "show", name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env | {"COLUMNS": "80"},
+    )
+    assert r.returncode == 2
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, r.stderr
+    error, hint = lines
+    assert error.startswith("error: unknown device") and f"'{name}'" in error and len(error) > 160
+    assert hint.startswith("hint: known devices:") and "rpi5" in hint and len(hint) > 80
 
 
 def test_debug_shows_the_traceback() -> None:

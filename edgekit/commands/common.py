@@ -15,6 +15,9 @@ from rich.console import Console
 
 console = Console()
 err_console = Console(stderr=True)
+# Piped or redirected, stderr is read by programs and by people grepping logs: an error, a hint or
+# a path is never hard-wrapped at rich's 80 columns there.  On a terminal rich wraps to its width.
+err_console.soft_wrap = not err_console.is_terminal
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 # How a command reaches an MQTT broker over TLS: the same options wherever one does (run, agent, fleet, tail).
