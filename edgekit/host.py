@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from edgekit.cpu import read_cpu
 from edgekit.elf import normalize_arch
 from edgekit.errors import DetectionError
 from edgekit.profiles import DeviceProfile, all_profiles
@@ -40,6 +41,10 @@ class HostInfo:
     edgetpu: tuple[str, ...]  # "usb:0", "pci:0", ...
     openvino_devices: tuple[str, ...]
     ort_providers: tuple[str, ...]
+    #: The vector/matrix extensions that decide kernels and precisions (``edgekit.cpu.NOTABLE``),
+    #: and what they add up to (``int8-dot``, ``bf16``, ``fp16``).
+    cpu_flags: tuple[str, ...] = ()
+    cpu_capabilities: tuple[str, ...] = ()
 
     @property
     def l4t_major(self) -> str | None:
@@ -137,6 +142,7 @@ def read_host(root: Path = Path("/"), probe_runtimes: bool = True, arch: str | N
     ``arch`` overrides ``platform.machine()`` (for describing another machine from its files).
     """
     is_real = root == Path("/")
+    cpu = read_cpu(root, arch)
     tegra = (_read(root / "etc/nv_tegra_release") or "").lstrip("# ").splitlines()
     return HostInfo(
         arch=normalize_arch(arch or platform.machine()),
@@ -151,6 +157,8 @@ def read_host(root: Path = Path("/"), probe_runtimes: bool = True, arch: str | N
         edgetpu=_edgetpus(root),
         openvino_devices=_openvino_devices() if probe_runtimes else (),
         ort_providers=_ort_providers() if probe_runtimes else (),
+        cpu_flags=cpu.notable,
+        cpu_capabilities=cpu.capabilities,
     )
 
 
