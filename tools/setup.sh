@@ -5,11 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # System packages the tests and builds use: a cross compiler for ARM64 TVM libraries;
+# the cross C library (crti.o, libc) it links against, only a Recommends of the compiler;
 # Mosquitto (the broker the telemetry tests start on loopback, and its command-line clients);
 # PostgreSQL (the fleet store's big-fleet option, started by its tests); Chromium and its
 # driver (the dashboard's browser test); prometheus for promtool (checks the shipped alert rules);
 # OpenSSH server and client (`edgekit deploy --host` is tested against a real sshd on loopback).
-APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu mosquitto mosquitto-clients
+APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross mosquitto mosquitto-clients
   postgresql chromium chromium-driver prometheus openssh-server openssh-client)
 
 missing=()
