@@ -63,11 +63,14 @@ def _root(
 def doctor_report() -> dict[str, Any]:
     """What ``edgekit doctor`` reports, as plain data."""
     from edgekit.backends import registry
+    from edgekit.cpu import this_cpu
     from edgekit.host import detect, rank_profiles
+    from edgekit.precision import compute_precision
     from edgekit.profiles import all_profiles
     from edgekit.selection import backend_availability
 
     host = detect()
+    cpu = this_cpu()
     backends: dict[str, Any] = {}
     for name in registry.names():
         try:
@@ -98,6 +101,9 @@ def doctor_report() -> dict[str, Any]:
                 "name": cand.key,
                 "backend": cand.backend,
                 "precision": cand.precision,
+                "variant": cand.variant,
+                "requires": list(cand.requires),
+                "computes_in": compute_precision(cand, cpu),
                 "available": a.ok,
                 "reason": a.reason,
             }
@@ -106,6 +112,7 @@ def doctor_report() -> dict[str, Any]:
         "edgekit": __version__,
         "python": platform.python_version(),
         "host": host.to_dict(),
+        "cpu": cpu.to_dict(),
         "profile": profile.name if profile else None,
         "also_matches": [p.name for p in ranked[1:]],
         "backends": backends,
@@ -133,12 +140,18 @@ def doctor(as_json: JsonOpt = False) -> None:
         "edgetpu",
         "openvino_devices",
         "ort_providers",
+        "cpu_flags",
     ):
         value = host[key]
         facts.add_row(
             f"[dim]{key}[/]", ", ".join(value) if isinstance(value, list | tuple) else str(value or "-")
         )
     console.print(facts)
+    for name, c in report["cpu"]["capabilities"].items():  # what decides precisions and int8 recipes
+        console.print(
+            f"[dim]{name:<9}[/]" + ("[green]yes[/]" if c["present"] else "[red]no[/]") + f" ({c['from']})",
+            highlight=False,
+        )
     console.print(
         f"profile: [bold cyan]{report['profile'] or 'none'}[/]"
         + (f" (also fits: {', '.join(report['also_matches'])})" if report["also_matches"] else "")
@@ -158,10 +171,16 @@ def doctor(as_json: JsonOpt = False) -> None:
     console.print(table)
     if report["candidates"]:
         order = Table(title=f"{report['profile']}: candidates in order", title_justify="left")
-        for col in ("#", "candidate", "runs here", "why not"):
+        for col in ("#", "candidate", "computes in", "runs here", "why not"):
             order.add_column(col)
         for i, c in enumerate(report["candidates"], 1):
-            order.add_row(str(i), c["name"], "[green]yes[/]" if c["available"] else "[red]no[/]", c["reason"])
+            order.add_row(
+                str(i),
+                c["name"],
+                c["computes_in"],
+                "[green]yes[/]" if c["available"] else "[red]no[/]",
+                escape(c["reason"]),
+            )
         console.print(order)
 
 

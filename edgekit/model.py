@@ -23,7 +23,7 @@ from edgekit.backends.base import Session
 from edgekit.elf import host_arch
 from edgekit.errors import EdgekitError
 from edgekit.postprocess import Label, top_k
-from edgekit.profiles import Candidate, DeviceProfile
+from edgekit.profiles import Candidate, DeviceProfile, pin_precision
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 def artifact_for(candidate: Candidate, artifacts: Sequence[ArtifactEntry]) -> ArtifactEntry | None:
-    """The bundle artifact a candidate loads: same backend and precision, runnable on this CPU.
+    """The bundle artifact a candidate loads: same backend, precision and variant, runnable on this CPU.
 
     An Edge TPU candidate takes only a compiled ``*_edgetpu.tflite``; every other LiteRT
     candidate takes only a CPU model.
@@ -45,6 +45,7 @@ def artifact_for(candidate: Candidate, artifacts: Sequence[ArtifactEntry]) -> Ar
         if (
             a.backend != candidate.backend
             or a.precision != candidate.precision
+            or a.variant != candidate.variant
             or a.arch not in ("any", host_arch())
         ):
             continue
@@ -60,7 +61,14 @@ def candidates_for(profile: DeviceProfile, artifacts: Sequence[ArtifactEntry]) -
     for a in artifacts:
         if id(a) not in taken and a.kind not in ("tflite-edgetpu", "tflite-edgetpu-src"):
             found.append(
-                Candidate(a.backend, a.precision, MappingProxyType({}), name=f"{a.name} (bundle default)")
+                Candidate(
+                    a.backend,
+                    a.precision,
+                    MappingProxyType(pin_precision(a.backend, a.precision, {})),
+                    name=f"{a.name} (bundle default)",
+                    variant=a.variant,
+                    requires=a.requires,
+                )
             )
     return found
 

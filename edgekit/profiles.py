@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from edgekit.cpu import CAPABILITIES, CpuFeatures
 from edgekit.errors import ProfileError
 
 if sys.version_info >= (3, 11):
@@ -27,7 +28,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 ARCHES = ("x86_64", "aarch64", "armv7l")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 EDGETPU_KINDS = ("usb", "pci", "any")
 _HINT = "see devices/README.md for the profile format"
 
@@ -44,14 +45,26 @@ class Candidate:
     precision: str = "fp32"
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     name: str = ""
+    #: Which recipe of that precision (``""`` the default; ``"full"`` for full-range int8
+    #: weights): an artifact matches a candidate on backend, precision and variant.
+    variant: str = ""
+    #: CPU capabilities (``edgekit.cpu.CAPABILITIES``) the candidate needs to run as it should.
+    requires: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
         """A stable name for this candidate, used in logs, errors and bench results."""
-        return self.name or f"{self.backend}-{self.precision}"
+        return self.name or "-".join(x for x in (self.backend, self.precision, self.variant) if x)
+
+    def missing(self, cpu: CpuFeatures) -> str:
+        """Why ``cpu`` cannot run this candidate as it should (``""`` when it can)."""
+        lacking = [c for c in self.requires if not cpu.has(c)]
+        if not lacking:
+            return ""
+        return "needs " + "; ".join(f"{c} ({cpu.why(c)} on this CPU)" for c in lacking)
 
     def __hash__(self) -> int:  # options are a read-only mapping, which does not hash
-        return hash((self.key, self.backend, self.precision))
+        return hash((self.key, self.backend, self.precision, self.variant))
 
 
 @dataclass(frozen=True)
@@ -103,11 +116,52 @@ class DeviceProfile:
             "runtime_packages": list(self.runtime_packages),
             "match": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.match).items()},
             "candidates": [
-                {"name": c.key, "backend": c.backend, "precision": c.precision, "options": _plain(c.options)}
+                {
+                    "name": c.key,
+                    "backend": c.backend,
+                    "precision": c.precision,
+                    "variant": c.variant,
+                    "requires": list(c.requires),
+                    "options": _plain(c.options),
+                }
                 for c in self.candidates
             ],
             "source": str(self.source) if self.source else None,
         }
+
+
+# The option through which a backend is told what precision to compute in, and its value for
+# each artifact precision.  OpenVINO's CPU plugin otherwise runs an fp32 (or int8, for its
+# float layers) model in bf16 on CPUs with AVX512-BF16/AMX and in f16 on Armv8.2 cores: an
+# artifact must compute in the precision it is named for, so the candidate pins it.
+PRECISION_OPTIONS: Mapping[str, tuple[str, Mapping[str, str]]] = {
+    "openvino": ("inference_precision", {"fp32": "f32", "int8": "f32", "bf16": "bf16", "fp16": "f16"}),
+}
+
+
+def pin_precision(
+    backend: str, precision: str, options: Mapping[str, Any], fail: Any = None
+) -> dict[str, Any]:
+    """``options`` with the backend's compute precision set to what ``precision`` names.
+
+    A candidate that sets it to something else is refused (``fail(key, problem)`` makes the
+    error): an fp32 candidate computing in bf16 is the silent change this rule exists to stop.
+    """
+    out = dict(options)
+    if backend not in PRECISION_OPTIONS:
+        return out
+    key, values = PRECISION_OPTIONS[backend]
+    want = values.get(precision)
+    if want is None:
+        return out
+    given = out.setdefault(key, want)
+    if given != want and fail is not None:
+        raise fail(
+            f"options.{key}",
+            f"is {given!r}, but a {precision} candidate computes in {want!r}: "
+            f"name the candidate's precision after what it computes in",
+        )
+    return out
 
 
 def _plain(value: Any) -> Any:
@@ -225,11 +279,21 @@ def parse_profile(
                     f"options.{unknown[0]}",
                     f"is not an option of {backend} (known: {', '.join(sorted(backends[backend]))})",
                 )
+        precision = c.get("precision", str, "fp32", PRECISIONS)
+        variant = c.get("variant", str, "")
+        if variant and not variant.replace("-", "").isalnum():
+            raise c.fail("variant", f"must be letters, digits and '-', got {variant!r}")
+        requires = c.strings("requires")
+        for i, need in enumerate(requires):
+            if need not in CAPABILITIES:
+                raise c.fail(f"requires[{i}]", f"must be one of {', '.join(CAPABILITIES)}, got {need!r}")
         cand = Candidate(
             backend=backend,
-            precision=c.get("precision", str, "fp32", PRECISIONS),
-            options=_freeze(options),
+            precision=precision,
+            options=_freeze(pin_precision(backend, precision, options, c.fail)),
             name=c.get("name", str, ""),
+            variant=variant,
+            requires=requires,
         )
         c.no_extras()
         if any(prev.key == cand.key for prev in candidates):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from edgekit.backends import registry
 from edgekit.backends.base import Availability, Session
+from edgekit.cpu import this_cpu
 from edgekit.errors import EdgekitError, NoUsableBackendError
 from edgekit.profiles import Candidate
 
@@ -60,7 +61,10 @@ def plan(
 
 
 def backend_availability(cand: Candidate) -> Availability:
-    """Ask the candidate's backend whether it can run here with the candidate's options."""
+    """Whether this CPU has what the candidate needs, then its backend's answer for the candidate's options."""
+    lacking = cand.missing(this_cpu())
+    if lacking:
+        return Availability(False, lacking)
     try:
         return registry.get(cand.backend).available(cand.options)
     except EdgekitError as err:  # an unknown backend or a plugin that fails to import

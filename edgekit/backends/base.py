@@ -118,6 +118,9 @@ class Session(ABC):
         self.outputs: tuple[TensorSpec, ...] = tuple(outputs)
         #: What the runtime really runs on (``CPU``, ``CUDAExecutionProvider``, ``usb:0``, ...).
         self.device = device
+        #: The arithmetic the runtime really uses for the float parts of the model, where it
+        #: can say (OpenVINO reports its inference precision); ``""`` where it cannot.
+        self.compute_precision = ""
         self.closed = False
         #: Set by selection: the candidate this session runs, and those that failed before it.
         self.candidate: str = self.backend

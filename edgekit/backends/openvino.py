@@ -31,6 +31,28 @@ OPTIONS = frozenset({"device", "hint", "num_threads", "cache_dir", "inference_pr
 _VIRTUAL = ("AUTO", "MULTI", "HETERO", "BATCH")
 
 
+# What the CPU and GPU plugins compute in unless told: the CPU plugin runs an fp32 model in
+# bf16 on CPUs with AVX512-BF16 or AMX and in f16 on Armv8.2+ cores, the GPU plugin in f16.
+# edgekit pins f32 unless the caller asks for less (a bf16 or fp16 candidate does, by name).
+DEFAULT_PRECISION = "f32"
+INFERENCE_PRECISIONS = ("f32", "bf16", "f16")
+_PINNABLE = ("CPU", "GPU")  # the NPU computes in f16 whatever it is told, and rejects the hint
+
+
+def inference_precision(device: str, options: Options | None = None) -> str | None:
+    """The ``INFERENCE_PRECISION_HINT`` a load sets on ``device``, or None where the device takes none."""
+    opts = options or {}
+    value = str(opts.get("inference_precision", DEFAULT_PRECISION))
+    if value not in INFERENCE_PRECISIONS:
+        from edgekit.errors import ModelLoadError
+
+        raise ModelLoadError(
+            f"{NAME}: inference_precision {value!r} is not one of {', '.join(INFERENCE_PRECISIONS)}",
+            "name the precision the artifact is for: f32 (fp32 and int8 artifacts), bf16 or f16",
+        )
+    return value if _physical(device) and all(d in _PINNABLE for d in _physical(device)) else None
+
+
 def _physical(device: str) -> list[str]:
     """The real devices a device string needs: ``AUTO:NPU,CPU`` -> ``[NPU, CPU]``; ``AUTO`` -> ``[]``."""
     head, _, tail = device.partition(":")
@@ -87,9 +109,9 @@ class OpenVINOBackend:
             )
         device = str(opts.get("device", "CPU"))
         config: dict[str, Any] = {"PERFORMANCE_HINT": str(opts.get("hint", "LATENCY"))}
-        if "inference_precision" in opts:
-            # The CPU plugin runs fp32 models in bf16 on CPUs that have AMX/AVX512-BF16 unless told not to.
-            config["INFERENCE_PRECISION_HINT"] = str(opts["inference_precision"])
+        precision = inference_precision(device, opts)
+        if precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = precision
         if "num_threads" in opts and _physical(device) == ["CPU"]:
             config["INFERENCE_NUM_THREADS"] = int(opts["num_threads"])
         core = ov.Core()
@@ -121,6 +143,8 @@ class OpenVINOSession(Session):
         # (an older plugin without the property keeps the requested name).
         with contextlib.suppress(Exception):
             self.device = ",".join(compiled.get_property("EXECUTION_DEVICES"))
+        with contextlib.suppress(Exception):  # e.g. "f32", "bf16": what the plugin settled on
+            self.compute_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
 
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:

@@ -51,7 +51,7 @@ def table(report: dict[str, Any]) -> Table:
     notes = []
     for c in rows:
         s = c["summary"]
-        name = f"{c['backend']}-{c['precision']}" if one_count else c["key"]
+        name = c["artifact"] if one_count else c["key"]
         if c.get("caveat"):
             notes.append(f"† {name}: {escape(c['caveat'])}")
         mark = (" ✓" if c["key"] == report.get("fastest") else "") + (" †" if c.get("caveat") else "")
@@ -80,7 +80,14 @@ def not_run_lines(report: dict[str, Any]) -> list[str]:
         for c in report["candidates"]
         if not c["ok"]
     ]
-    lines += [f"[dim]– {s['backend']}-{s['precision']}: {escape(s['reason'])}[/]" for s in report["skipped"]]
+    if report.get("int8"):
+        lines.append(
+            f"int8 on this CPU: {report['int8']['artifact'] or '-'} — {escape(report['int8']['why'])}"
+        )
+    lines += [
+        f"[dim]– {s.get('artifact') or s['backend'] + '-' + s['precision']}: {escape(s['reason'])}[/]"
+        for s in report["skipped"]
+    ]
     return lines
 
 

@@ -24,14 +24,15 @@ from typing import Any
 
 from edgekit.bench.selection import THREAD_OPTION
 from edgekit.bench.stats import LatencySummary, min_queries, summarize
-from edgekit.cpu import CpuFeatures
+from edgekit.cpu import CpuFeatures, this_cpu
 from edgekit.errors import EdgekitError
+from edgekit.precision import int8_choice
 
 log = logging.getLogger(__name__)
 
 #: Every backend and precision ``edgekit bench`` looks for, so a missing one is listed with its reason.
 BACKENDS = ("onnxruntime", "openvino", "litert", "tvm", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 class BenchError(EdgekitError):
@@ -74,7 +75,7 @@ class Candidate:
 
     @property
     def key(self) -> str:
-        return f"{self.backend}-{self.precision}-t{self.threads}"
+        return f"{self.artifact}-t{self.threads}"
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,8 @@ class Report:
     threshold: float
     started: str
     wall_s: float = 0.0
+    #: The int8 artifact a device with this CPU takes, and why (``precision.int8_pick``).
+    int8: dict[str, Any] | None = None
 
     def gated(self) -> list[Result]:
         """Candidates that ran and agree with fp32 at least as well as the bundle's accuracy gate asks."""
@@ -209,6 +212,7 @@ class Report:
             },
             "accuracy_threshold": self.threshold,
             "fastest": best.candidate.key if best else None,
+            "int8": self.int8,
             "candidates": [r.to_dict(with_samples) for r in self.results],
             "skipped": [s.to_dict() for s in self.skipped],
         }
@@ -225,6 +229,8 @@ def host_facts() -> dict[str, Any]:
         "arch": h.arch,
         "cpu": h.cpu_model,
         "cores": h.cpu_count,
+        "cpu_flags": list(h.cpu_flags),
+        "cpu_capabilities": list(h.cpu_capabilities),
         "python": platform.python_version(),
         "hostname": platform.node(),
     }
@@ -242,7 +248,8 @@ def plan(
     from edgekit.elf import host_arch
     from edgekit.model import artifact_for, candidates_for
     from edgekit.profiles import Candidate as ProfileCandidate
-    from edgekit.profiles import get_profile
+    from edgekit.profiles import get_profile, pin_precision
+    from edgekit.selection import backend_availability
 
     manifest = read_manifest(root)
     for b in backends:
@@ -254,17 +261,17 @@ def plan(
     if any(t < 1 for t in threads):
         raise BenchError(f"thread counts must be 1 or more, got {list(threads)}", "for example --threads 1,2")
     want_b = tuple(backends) or BACKENDS
-    want_p = tuple(precisions) or ("fp32", "int8")
+    want_p = tuple(precisions) or ("fp32", "bf16", "fp16", "int8")
     thread_counts = tuple(dict.fromkeys(threads)) or (os.cpu_count() or 1,)
     try:
         profile = get_profile(manifest.device.profile)
-        options = {(c.backend, c.precision): dict(c.options) for c in candidates_for(profile, ())}
+        options = {(c.backend, c.precision, c.variant): dict(c.options) for c in candidates_for(profile, ())}
     except EdgekitError:  # a bundle for a profile this edgekit does not know: backend defaults
         options = {}
 
     cands: list[Candidate] = []
     skipped: list[Skipped] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, str, str]] = set()
     for a in manifest.artifacts:
         if a.backend not in want_b or a.precision not in want_p:
             continue
@@ -276,11 +283,14 @@ def plan(
                 Skipped(a.backend, a.precision, f"built for {a.arch}, this host is {host_arch()}", a.name)
             )
             continue
-        probe = ProfileCandidate(a.backend, a.precision)
+        kind = (a.backend, a.precision, a.variant)
+        base = options.get(kind) or pin_precision(a.backend, a.precision, {})
+        probe = ProfileCandidate(a.backend, a.precision, base, variant=a.variant, requires=a.requires)
         if artifact_for(probe, (a,)) is None:
             skipped.append(Skipped(a.backend, a.precision, "not runnable on this CPU", a.name))
             continue
-        avail = registry.get(a.backend).available(options.get((a.backend, a.precision)))
+        # The CPU's capabilities first (int8-dot, bf16), then the runtime's own answer.
+        avail = backend_availability(probe)
         if not avail.ok:
             skipped.append(
                 Skipped(
@@ -288,10 +298,9 @@ def plan(
                 )
             )
             continue
-        if (a.backend, a.precision) in seen:
+        if kind in seen:
             continue
-        seen.add((a.backend, a.precision))
-        base = dict(options.get((a.backend, a.precision), {}))
+        seen.add(kind)
         for n in thread_counts:
             opts = dict(base)
             if a.backend in THREAD_OPTION:
@@ -311,7 +320,8 @@ def plan(
     have = {(a.backend, a.precision) for a in manifest.artifacts}
     for b in want_b:
         for p in want_p:
-            if (b, p) not in have and (backends or b != "tensorrt") and (precisions or p != "fp16"):
+            # fp16 and bf16 exist only where a profile asks for them: listed as missing when asked.
+            if (b, p) not in have and (backends or b != "tensorrt") and (precisions or p in ("fp32", "int8")):
                 skipped.append(Skipped(b, p, _why_missing(manifest, b, p)))
     return cands, skipped
 
@@ -325,7 +335,6 @@ def caveat(backend: str, notes: dict[str, Any], cpu: CpuFeatures | None = None) 
     if backend != "tvm":
         return None
     from edgekit.build.tvm_tuning import runtime_caveat
-    from edgekit.cpu import this_cpu
 
     return runtime_caveat(notes, cpu or this_cpu())
 
@@ -464,4 +473,5 @@ def run(
         threshold=manifest.build.accuracy_threshold,
         started=started,
         wall_s=time.monotonic() - t0,
+        int8=int8_choice(manifest, this_cpu()),
     )

@@ -30,6 +30,8 @@ class Artifact:
     options: Mapping[str, Any] = field(default_factory=dict)
     notes: Mapping[str, Any] = field(default_factory=dict)
     kind: str = ""  # e.g. "onnx", "openvino-ir", "tflite", "tflite-edgetpu", "tvm-so", "tensorrt-onnx"
+    variant: str = ""  # a second recipe of the same precision: "full" (full-range int8 weights)
+    requires: tuple[str, ...] = ()  # CPU capabilities it needs to compute as built (edgekit.cpu)
 
     @property
     def all_files(self) -> tuple[Path, ...]:
@@ -39,4 +41,5 @@ class Artifact:
     def key(self) -> str:
         """``backend-precision`` (plus ``-edgetpu`` and so on from the kind when it tells more)."""
         suffix = f"-{self.kind.split('-', 1)[1]}" if self.kind.startswith("tflite-") else ""
-        return f"{self.backend}-{self.precision}{suffix}"
+        variant = f"-{self.variant}" if self.variant else ""
+        return f"{self.backend}-{self.precision}{variant}{suffix}"

@@ -26,11 +26,12 @@ from edgekit.build.artifact import Artifact
 from edgekit.build.cache import BuildCache, file_sha256, step_key
 from edgekit.build.images import ImageSet, load_dir, smoke_set
 from edgekit.build.latency import Latency, measure
+from edgekit.cpu import this_cpu
 from edgekit.elf import host_arch
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.modelcard import ModelCard
 from edgekit.packages import installed_versions
-from edgekit.profiles import Candidate, DeviceProfile, get_profile
+from edgekit.profiles import Candidate, DeviceProfile, get_profile, pin_precision
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,18 +42,21 @@ Progress = Callable[[str, str], None]  # (step, status) — status "start", "don
 
 
 def recipe_of(c: Candidate) -> str:
-    """Which artifact a candidate loads: ``backend-precision``, or ``litert-edgetpu`` for the Edge TPU."""
+    """Which artifact a candidate loads: ``backend-precision[-variant]``, or ``litert-edgetpu`` for the Edge TPU."""
     if c.backend == "litert" and c.options.get("delegate") == "edgetpu":
         return "litert-edgetpu"
-    return f"{c.backend}-{c.precision}"
+    return "-".join(x for x in (c.backend, c.precision, c.variant) if x)
 
 
 KNOWN_RECIPES = (
     "onnxruntime-fp32",
     "onnxruntime-int8",
+    "onnxruntime-int8-full",
     "openvino-fp32",
     "openvino-fp16",
+    "openvino-bf16",
     "openvino-int8",
+    "openvino-int8-full",
     "litert-fp32",
     "litert-int8",
     "litert-edgetpu",
@@ -94,6 +98,7 @@ class ArtifactReport:
     latency: Latency | None = None
     not_measured: str = ""
     skipped: str = ""
+    evaluated_as: str = ""  # how the gate ran it when not as the device will (empty: as the device will)
 
     def to_dict(self) -> dict[str, Any]:
         a = self.artifact
@@ -109,6 +114,9 @@ class ArtifactReport:
             if self.latency
             else None,
             "not_measured": self.not_measured or None,
+            "evaluated_as": self.evaluated_as or None,
+            "variant": a.variant if a else None,
+            "requires": list(a.requires) if a else [],
             "skipped": self.skipped or None,
             "notes": dict(a.notes) if a else {},
         }
@@ -244,15 +252,25 @@ def _recipe_artifacts(
 ) -> list[Artifact]:
     req, stem = b.req, b.stem
     backend, _, precision = recipe.partition("-")
+    precision, _, variant = precision.partition("-")
+    full = variant == "full"
     if recipe == "onnxruntime-fp32":
         return [Artifact(fp32, "onnxruntime", "fp32", kind="onnx")]
-    if recipe == "onnxruntime-int8":
+    if recipe in ("onnxruntime-int8", "onnxruntime-int8-full"):
         from edgekit.build.onnx_int8 import quantize_onnx_int8
 
         return b.step(
             recipe,
             step_key(recipe, [fp32_hash, calib_hash], {}),
-            lambda d: [quantize_onnx_int8(fp32, d / f"{stem}-int8.onnx", calib, req.card.input_name)],
+            lambda d: [
+                quantize_onnx_int8(
+                    fp32,
+                    d / f"{stem}-{precision}{'-full' if full else ''}.onnx",
+                    calib,
+                    req.card.input_name,
+                    full_range=full,
+                )
+            ],
         )
     if backend == "openvino":
         from edgekit.build import openvino_ir
@@ -261,7 +279,7 @@ def _recipe_artifacts(
             return b.step(
                 recipe,
                 step_key(recipe, [fp32_hash, calib_hash], {}),
-                lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib)],
+                lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib, full_range=full)],
             )
         return b.step(
             recipe,
@@ -345,9 +363,33 @@ def _evaluate(
         report.not_measured = f"built for {a.arch}, this host is {host_arch()}"
         return
     backend = registry.get(a.backend)
-    avail = backend.available()
+    # Load it computing in the precision it is named for, as a device does (pinned, never the default).
+    options: dict[str, Any] = pin_precision(a.backend, a.precision, {})
+    avail = backend.available(options)
     if not avail.ok:
         report.not_measured = f"{a.backend} cannot run here: {avail.reason}"
+        return
+    cpu = this_cpu()
+    lacking = [c for c in a.requires if not cpu.has(c)]
+    if (
+        a.backend == "openvino"
+        and a.precision in ("bf16", "fp16")
+        and a.precision not in lacking
+        and not cpu.has(a.precision)
+    ):
+        lacking.append(a.precision)
+    saturates = a.variant == "full" and cpu.arch == "x86_64" and not cpu.has("int8-dot")
+    if saturates and a.backend == "onnxruntime":
+        # The QDQ graph run unfused computes in float what a CPU with int8-dot computes in int32:
+        # the numbers the device will see, which this host's saturating kernels cannot give.
+        options["optimization"] = "disable"
+        report.evaluated_as = (
+            "the QDQ graph unfused (this host's int8 kernels saturate on full-range weights)"
+        )
+        report.artifact = replace(a, notes={**a.notes, "gate_ran": report.evaluated_as})
+    elif lacking or saturates:
+        need = ", ".join(f"{c} ({cpu.why(c)})" for c in (lacking or ["int8-dot"]))
+        report.not_measured = f"this host lacks {need}: gate it on the device (edgekit bench)"
         return
     path = a.path
     if a.kind == "tflite-edgetpu":  # compiled for the TPU: check its CPU source model instead
@@ -357,10 +399,11 @@ def _evaluate(
             return
         path = a.path.with_name(str(src))
     try:
-        with backend.load(path, {}) as session:
+        with backend.load(path, options) as session:
             logits = run_batch(session, eval_batch)
             report.accuracy = compare(logits, reference, evals.names, evals.smoke, b.req.threshold)
-            if b.req.measure_latency:
+            # An unfused stand-in's speed says nothing of the device's.
+            if b.req.measure_latency and not report.evaluated_as:
                 report.latency = measure(session, eval_batch)
     except EdgekitError as err:
         raise BuildError(
@@ -446,6 +489,11 @@ def _build(b: _Build) -> BuildResult:
     for r in recipes:
         if r not in reports:
             reports[r] = ArtifactReport(r, _recipe_artifacts(b, r, fp32, fp32_hash, calib, calib_hash)[0])
+    for r, rep in reports.items():
+        # What the profile's candidates for this recipe need of a CPU travels with the artifact.
+        needs = tuple(dict.fromkeys(x for c in b.profile.candidates if recipe_of(c) == r for x in c.requires))
+        if rep.artifact is not None and needs:
+            rep.artifact = replace(rep.artifact, requires=needs)
 
     progress = b.progress
     progress("fp32 reference", "start")

@@ -162,6 +162,11 @@ class ArtifactEntry(_Schema):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     backend: str = Field(min_length=1)
     precision: str = Field(min_length=1)
+    #: Which recipe of that precision ("full": full-range int8 weights); left out when default,
+    #: so a manifest without variants reads and hashes as before.
+    variant: str = Field(default="", pattern=r"^[a-z0-9-]*$", exclude_if=lambda v: v == "")
+    #: CPU capabilities the artifact needs to compute as built (``edgekit.cpu.CAPABILITIES``).
+    requires: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     kind: str = ""
     arch: str = "any"
     path: RelPath

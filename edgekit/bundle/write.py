@@ -185,6 +185,8 @@ def _copy_artifact(artifact: Artifact, results: ArtifactResults, name: str, into
         name=name,
         backend=artifact.backend,
         precision=artifact.precision,
+        variant=artifact.variant,
+        requires=tuple(artifact.requires),
         kind=artifact.kind,
         arch=artifact.arch,
         path=main,

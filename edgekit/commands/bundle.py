@@ -186,6 +186,7 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
         for key in NOTE_KEYS:
             if a.notes.get(key):
                 console.print(f"[yellow]{a.name}[/]: {escape(str(a.notes[key]))}", highlight=False)
+    _print_precision_choice(m)
     sel = m.selection
     if sel is not None:
         ranked = ", ".join(f"{c.artifact} t{c.threads} {c.p90_ms:.2f}" for c in sel.candidates[:4])
@@ -203,3 +204,27 @@ def register(app: typer.Typer) -> None:
     app.add_typer(keys_app, name="keys")
     app.command("verify")(verify_command)
     app.command("inspect")(inspect_command)
+
+
+def _print_precision_choice(m: Manifest) -> None:
+    """Which artifacts need what of a CPU, and which int8 recipe this machine's CPU takes."""
+    from rich.markup import escape
+
+    from edgekit.cpu import this_cpu
+    from edgekit.precision import int8_choice
+
+    cpu = this_cpu()
+    for a in m.artifacts:
+        if a.requires:
+            have = all(cpu.has(c) for c in a.requires)
+            console.print(
+                f"[cyan]{a.name}[/]: for CPUs with {', '.join(a.requires)} "
+                f"(this one: {'yes' if have else 'no'}, {escape('; '.join(cpu.why(c) for c in a.requires))})",
+                highlight=False,
+            )
+    choice = int8_choice(m, cpu)
+    if choice is not None:
+        console.print(
+            f"int8 on this CPU: [bold]{choice['artifact'] or '-'}[/] — {escape(choice['why'])}",
+            highlight=False,
+        )
