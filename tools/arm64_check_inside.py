@@ -39,6 +39,7 @@ def classify_all(bundle: Path, frames: list[Path], device: str) -> dict[str, Any
     import edgekit
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
+    from edgekit.cpu import this_cpu
     from edgekit.elf import host_arch
     from edgekit.errors import EdgekitError
     from edgekit.model import Model, artifact_for
@@ -86,6 +87,11 @@ def classify_all(bundle: Path, frames: list[Path], device: str) -> dict[str, Any
             continue
         if a.arch not in ("any", host_arch()):
             entry["skipped"] = f"built for {a.arch}"
+            continue
+        if a.variant == "full" and host_arch() == "x86_64" and not this_cpu().has("int8-dot"):
+            # Full-range int8 weights saturate this CPU's u8 x s8 kernels: not a reference for
+            # anything (the arm64 run is compared with the fp32 ONNX instead).
+            entry["skipped"] = f"full-range int8 needs int8-dot; this CPU has {this_cpu().why('int8-dot')}"
             continue
         t0 = time.perf_counter()
         try:
