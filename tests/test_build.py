@@ -113,13 +113,20 @@ def test_second_build_is_served_from_the_cache(
         "-o",
         str(tmp_path / "again"),
         "--precisions",
-        "fp32",
+        "fp32,int8",
         "--backends",
         "onnxruntime,tvm",
         "--json",
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    assert {"fp32-onnx", "tvm-fp32"} <= set(json.loads(r.stdout)["cache_hits"])
+    report = json.loads(r.stdout)
+    assert {"fp32-onnx", "tvm-fp32", "onnxruntime-int8-full"} <= set(report["cache_hits"])
+    # Artifacts read back from the cache are the recipes that made them (variant and all).
+    first = {
+        a["recipe"]: a["path"] for a in x86_bundle[1]["artifacts"] if a["backend"] in ("onnxruntime", "tvm")
+    }
+    assert {a["recipe"]: a["path"] for a in report["artifacts"]} == first
+    assert {a.name for a in read_manifest(tmp_path / "again").artifacts} == set(first)
 
 
 @pytest.mark.parametrize("device", ["rpi5", "jetson"])

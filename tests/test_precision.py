@@ -265,3 +265,13 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
     ov_full = reports["openvino-int8-full"]
     assert ov_full.accuracy is None and "lacks int8-dot" in ov_full.not_measured
     assert reports["onnxruntime-int8"].accuracy is not None and not reports["onnxruntime-int8"].evaluated_as
+
+
+def test_a_cached_step_keeps_the_variant(tmp_path: Path) -> None:
+    """A second build takes artifacts from the cache: they must come back as the recipe that made them."""
+    from edgekit.build.artifact import Artifact
+    from edgekit.build.cache import _from_json, _to_json
+
+    made = Artifact(tmp_path / "m.onnx", "onnxruntime", "int8", variant="full", requires=("int8-dot",))
+    back = _from_json(_to_json(made, tmp_path), tmp_path)
+    assert (back.variant, back.requires, back.key) == ("full", ("int8-dot",), "onnxruntime-int8-full")

@@ -319,6 +319,22 @@ def _recipe_artifacts(
                 )
             ],
         )
+        if database is not None:
+            # Whose CPU the schedules were timed on, against this build's: said here, outside the
+            # cached step, because a cached library may have been built on another host.
+            note = tvm_tuning.schedule_note(database, target)
+            fresh = {"schedules_tuned_on_cpu": database.meta.get("tuned_on_cpu")}
+            made = [
+                replace(
+                    a,
+                    notes={
+                        **{k: v for k, v in a.notes.items() if k != "schedules"},
+                        **fresh,
+                        **({"schedules": note} if note else {}),
+                    },
+                )
+                for a in made
+            ]
         if any(c.precision == "int8" for c in b.profile.candidates):
             # Said here, outside the cached step, so bundles built from an older cache say it too.
             made = [replace(a, notes={**a.notes, "no-tvm-int8": tvm_build.INT8_NOT_BUILT}) for a in made]

@@ -42,12 +42,23 @@ def step_key(step: str, inputs: Iterable[str], params: Mapping[str, Any]) -> str
     h = hashlib.sha256()
     h.update(
         json.dumps(
-            {"edgekit": __version__, "step": step, "inputs": list(inputs), "params": params},
+            {
+                "edgekit": __version__,
+                "format": FORMAT,
+                "step": step,
+                "inputs": list(inputs),
+                "params": params,
+            },
             sort_keys=True,
             default=str,
         ).encode()
     )
     return h.hexdigest()[:24]
+
+
+# What a cached step records of its artifacts; a new field is a new format, so that an entry
+# written before it (which would read back without it) is never taken for a current one.
+FORMAT = 2  # 2: an artifact's variant and requires
 
 
 def _to_json(a: Artifact, base: Path) -> dict[str, Any]:
@@ -60,6 +71,8 @@ def _to_json(a: Artifact, base: Path) -> dict[str, Any]:
         "options": dict(a.options),
         "notes": dict(a.notes),
         "kind": a.kind,
+        "variant": a.variant,
+        "requires": list(a.requires),
     }
 
 
@@ -73,6 +86,8 @@ def _from_json(d: Mapping[str, Any], base: Path) -> Artifact:
         options=d["options"],
         notes=d["notes"],
         kind=d["kind"],
+        variant=d.get("variant", ""),
+        requires=tuple(d.get("requires", ())),
     )
 
 
