@@ -43,69 +43,22 @@ BASE_TARBALL=$CACHE/debian-$SUITE-arm64-python3.tar.zst
 PY=$REPO/.venv/bin/python
 APT_PACKAGES=(qemu-user-static binfmt-support debootstrap podman zstd gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu)
 
-# ---- phases: each is timed, and a failure names the one it happened in.
-START_NS=$(date +%s%N)
-PHASE="start"
-PHASE_NS=$START_NS
-TIMES=()
+# Phases (each timed; a failure names the one it happened in), skip_or_fail, quiet, mounts.
+CHECK="arm64 check"
+# shellcheck source=tools/_shell.sh
+source "$REPO/tools/_shell.sh"
 CONTAINER=""
 ROOTFS=""
-MOUNTED=()
 
-phase() {
-  local now
-  now=$(date +%s%N)
-  [[ $PHASE == start ]] || TIMES+=("$(printf '%-34s %7.1f s' "$PHASE" "$(((now - PHASE_NS) / 1000000))e-3")")
-  PHASE=$1
-  PHASE_NS=$now
-  [[ $PHASE == "done" ]] || echo "== arm64 check: $PHASE"
-}
-
-cleanup() {
-  local rc=$? m failed=${FAILED_PHASE:-$PHASE}
-  set +e
+check_cleanup() {
   if [[ -n ${BASE_PID:-} ]]; then
     echo "arm64 check: letting the background debootstrap finish (the next run reuses it)" >&2
     wait "$BASE_PID"
   fi
-  for ((m = ${#MOUNTED[@]} - 1; m >= 0; m--)); do umount "${MOUNTED[m]}" 2>/dev/null || umount -l "${MOUNTED[m]}"; done
+  unmount_all
   if [[ -n $CONTAINER ]]; then
     podman umount "$CONTAINER" >/dev/null 2>&1
     podman rm -f "$CONTAINER" >/dev/null 2>&1
-  fi
-  [[ $PHASE == "done" ]] || phase "done"
-  echo "-- arm64 check: time per phase"
-  ((${#TIMES[@]} == 0)) || printf '   %s\n' "${TIMES[@]}"
-  printf '   %-34s %7.1f s\n' "total (wall)" "$((($(date +%s%N) - START_NS) / 1000000))e-3"
-  if ((rc != 0)); then
-    echo "arm64 check: FAILED in phase '$failed' (exit $rc)${FAILED_COMMAND:+ at $FAILED_COMMAND}" >&2
-  fi
-  exit $rc
-}
-FAILED_PHASE=""
-FAILED_COMMAND=""
-trap '[[ -n $FAILED_PHASE ]] || { FAILED_PHASE=$PHASE; FAILED_COMMAND="line $LINENO: $BASH_COMMAND"; }' ERR
-trap cleanup EXIT
-
-skip_or_fail() {
-  if ((IF_POSSIBLE)); then
-    echo "arm64 check: SKIPPED: $1"
-    PHASE="done"
-    exit 0
-  fi
-  echo "arm64 check: $1" >&2
-  FAILED_PHASE=$PHASE
-  exit 1
-}
-
-# Run a command quietly; on failure show the end of its output.
-quiet() {
-  local log=$WORK/logs/$1
-  shift
-  if ! "$@" >"$log" 2>&1; then
-    echo "arm64 check: command failed: $*" >&2
-    tail -n 40 "$log" >&2
-    return 1
   fi
 }
 
@@ -134,12 +87,7 @@ grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null ||
 # F (fix binary): the kernel keeps the interpreter open, so it need not exist inside a chroot.
 grep -q '^flags: .*F' /proc/sys/fs/binfmt_misc/qemu-aarch64 ||
   skip_or_fail "the qemu-aarch64 handler lacks the F flag (qemu-user-static registers it with F)"
-if [[ -z $MIRROR ]]; then
-  # The mirror apt already uses (deb822 or one-line sources), else Debian's CDN.
-  MIRROR=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
-    grep -oE '^(URIs:|deb) +https?://[^ ]+/debian/?$|^(URIs:|deb) +https?://[^ ]+/debian ' | head -n1 | awk '{print $2}' || true)
-  MIRROR=${MIRROR:-http://deb.debian.org/debian}
-fi
+[[ -n $MIRROR ]] || MIRROR=$(debian_mirror)
 
 # The base image's root (debootstrap; its package set-up runs emulated, minutes) is made in the
 # background while the x86_64 side works, when neither the image nor its tarball is cached.
@@ -270,9 +218,9 @@ phase "image: its filesystem"
 podman ps -a -q --filter "ancestor=$IMAGE" | xargs -r podman rm -f >/dev/null 2>&1 || true
 CONTAINER=$(podman create --arch arm64 "$IMAGE")
 ROOTFS=$(podman mount "$CONTAINER")
-mount -t proc proc "$ROOTFS/proc" && MOUNTED+=("$ROOTFS/proc")
+mount_tracked -t proc proc "$ROOTFS/proc"
 # Never /sys: onnxruntime would read the x86 host's CPU topology there and crash.
-mount --bind /dev "$ROOTFS/dev" && MOUNTED+=("$ROOTFS/dev")
+mount_tracked --bind /dev "$ROOTFS/dev"
 mkdir -p "$ROOTFS/tmp/arm64-check"
 cp -r "$WORK/bundle" "$WORK/frames" "$ROOTFS/tmp/arm64-check/"
 cp "$foreign"/model-x86_64.* tools/arm64_check_inside.py "$ROOTFS/tmp/arm64-check/"
