@@ -44,7 +44,7 @@ ROOT=$WORK/root
 SOURCE_MODE=${EDGEKIT_FRESH_SOURCE:-head}
 MIRROR=${EDGEKIT_FRESH_MIRROR:-}
 SUITE=bookworm
-# What a new machine of this kind has (/work/.library/env/machines/python.md): CPython with pip
+# What a new machine of this kind (x86_64 Debian bookworm, Python 3.11) has: CPython with pip
 # and venv, gcc and the Python headers for packages that compile; git and CA certificates.
 INCLUDE=python3,python3-pip,python3-venv,python3-dev,gcc,libc6-dev,git,ca-certificates
 BASE_TARBALL=$CACHE/debian-$SUITE-amd64-$(echo "$INCLUDE" | sha256sum | cut -c1-8).tar.zst
