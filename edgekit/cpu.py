@@ -127,6 +127,82 @@ def read_cpu(root: Path = Path("/"), arch: str | None = None) -> CpuFeatures:
     return parse_cpuinfo(text, arch or platform.machine())
 
 
+# The notable flags (edgekit.cpu.NOTABLE) an LLVM ``mcpu`` implies, for the CPUs device profiles
+# name or a user is likely to; an ``mcpu`` not listed here implies nothing (only ``mattr`` counts).
+_AVX2 = ("sse4_2", "avx", "fma", "avx2")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl")
+_NEON_DOT_FP16 = ("asimd", "asimddp", "fphp", "asimdhp")
+MCPU_FLAGS: Mapping[str, tuple[str, ...]] = {
+    **{c: _AVX2 for c in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "x86-64-v3")},
+    "alderlake": (*_AVX2, "avx_vnni"),
+    "skylake-avx512": _AVX512,
+    "x86-64-v4": _AVX512,
+    **{
+        c: (*_AVX512, "avx512_vnni") for c in ("cascadelake", "icelake-client", "icelake-server", "tigerlake")
+    },
+    "cooperlake": (*_AVX512, "avx512_vnni", "avx512_bf16"),
+    "znver4": (*_AVX512, "avx512_vnni", "avx512_bf16"),
+    "sapphirerapids": (
+        *_AVX512,
+        "avx512_vnni",
+        "avx_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_int8",
+        "amx_bf16",
+    ),
+    **{c: ("asimd",) for c in ("cortex-a53", "cortex-a55", "cortex-a57", "cortex-a72", "cortex-a73")},
+    **{c: _NEON_DOT_FP16 for c in ("cortex-a75", "cortex-a76", "cortex-a77", "cortex-a78", "neoverse-n1")},
+}
+# LLVM ``mattr`` feature names as ``/proc/cpuinfo`` spells them.
+MATTR_FLAGS: Mapping[str, tuple[str, ...]] = {
+    "sse4.2": ("sse4_2",),
+    "avx": ("avx",),
+    "fma": ("fma",),
+    "avx2": ("avx2",),
+    "avx512f": ("avx512f",),
+    "avx512bw": ("avx512bw",),
+    "avx512vl": ("avx512vl",),
+    "avx512vnni": ("avx512_vnni",),
+    "avxvnni": ("avx_vnni",),
+    "avx512bf16": ("avx512_bf16",),
+    "avx512fp16": ("avx512_fp16",),
+    "amx-tile": ("amx_tile",),
+    "amx-int8": ("amx_int8",),
+    "amx-bf16": ("amx_bf16",),
+    "amx-fp16": ("amx_fp16",),
+    "neon": ("asimd",),
+    "dotprod": ("asimddp",),
+    "fullfp16": ("fphp", "asimdhp"),
+    "i8mm": ("i8mm",),
+    "bf16": ("bf16",),
+    "sve": ("sve",),
+    "sve2": ("sve2",),
+}
+
+
+def target_flags(target: Mapping[str, Any]) -> frozenset[str] | None:
+    """The notable CPU flags a target compiles for (its ``mcpu``, then ``mattr``); ``None``: not known.
+
+    A ``generic`` or unlisted ``mcpu`` without ``mattr`` says nothing about the CPU.
+    """
+    cpu = str(target.get("mcpu", ""))
+    mattr = target.get("mattr", ())
+    attrs = [a.strip() for a in (mattr.split(",") if isinstance(mattr, str) else mattr) if str(a).strip()]
+    if cpu not in MCPU_FLAGS and not attrs:
+        return None
+    flags = set(MCPU_FLAGS.get(cpu, ()))
+    for attr in attrs:
+        sign, name = (attr[0], attr[1:]) if attr[0] in "+-" else ("+", attr)
+        named = MATTR_FLAGS.get(name, ())
+        if sign == "+":
+            flags.update(named)
+        else:
+            flags.difference_update(named)
+    return frozenset(flags)
+
+
 @cache
 def this_cpu() -> CpuFeatures:
     """This machine's CPU, read once per process."""

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from edgekit.build import tvm_tuning as tt
-from edgekit.cpu import CpuFeatures
+from edgekit.cpu import CpuFeatures, target_flags
 from edgekit.profiles import get_profile
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "efficientnet-lite0"
@@ -92,12 +92,12 @@ def test_foreign_schedules_name_the_cpu_they_were_measured_on() -> None:
 
 
 def test_target_flags_come_from_mcpu_and_mattr() -> None:
-    assert tt.target_flags(X86) == frozenset({"sse4_2", "avx", "fma", "avx2"})
-    assert tt.target_flags(RPI5) == frozenset({"asimd", "asimddp", "fphp", "asimdhp"})
-    assert tt.target_flags(get_profile("arm64-cpu").tvm_target) == frozenset({"asimd"})
+    assert target_flags(X86) == frozenset({"sse4_2", "avx", "fma", "avx2"})
+    assert target_flags(RPI5) == frozenset({"asimd", "asimddp", "fphp", "asimdhp"})
+    assert target_flags(get_profile("arm64-cpu").tvm_target) == frozenset({"asimd"})
     no_avx2 = {"kind": "llvm", "mcpu": "haswell", "mattr": "-avx2,+avx512f"}
-    assert tt.target_flags(no_avx2) == frozenset({"sse4_2", "avx", "fma", "avx512f"})
-    assert tt.target_flags({"kind": "llvm", "mcpu": "some-future-cpu"}) is None
+    assert target_flags(no_avx2) == frozenset({"sse4_2", "avx", "fma", "avx512f"})
+    assert target_flags({"kind": "llvm", "mcpu": "some-future-cpu"}) is None
 
 
 def test_the_shipped_x86_64_database_records_an_avx2_epyc() -> None:
