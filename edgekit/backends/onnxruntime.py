@@ -102,6 +102,9 @@ class OnnxRuntimeBackend:
         spin = bool(opts.get("spin", False))
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
+        # ORT can run fp32 GEMMs in bf16 on Arm cores that have it ("fast math"); it is off by
+        # default, and said here so that no build of ORT that flips the default runs fp32 in bf16.
+        so.add_session_config_entry("mlas.enable_gemm_fastmath_arm64_bfloat16", "0")
         level = opts.get("optimization", "all")
         so.graph_optimization_level = {
             "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
