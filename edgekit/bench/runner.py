@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.stats import agreement
 from edgekit.bench.selection import THREAD_OPTION
 from edgekit.bench.stats import LatencySummary, min_queries, summarize
 from edgekit.cpu import CpuFeatures, this_cpu
@@ -109,6 +110,8 @@ class Result:
     peak_rss_mb: float | None = None
     top1: list[int] = field(default_factory=list)
     reference_top1: list[int] = field(default_factory=list)
+    #: The fp32 reference's top-2 probability margin on each frame (the tie rule's input).
+    reference_margin: list[float] = field(default_factory=list)
     device: str = ""
     error: str | None = None
     summary: LatencySummary | None = None
@@ -119,9 +122,19 @@ class Result:
 
     @property
     def agreement(self) -> float | None:
-        """Top-1 agreement with the bundle's fp32 reference on its evaluation frames (None: no frames)."""
-        pairs = [(a, r) for a, r in zip(self.top1, self.reference_top1, strict=False) if r >= 0]
-        return sum(a == r for a, r in pairs) / len(pairs) if pairs else None
+        """Top-1 agreement with the bundle's fp32 reference on its evaluation frames (None: no frames).
+
+        The build's and the health gate's rule (``edgekit._core.stats.agreement``): only the
+        frames where fp32 is decisive count, or every frame when none is.  A frame without a
+        stored margin counts as decisive.
+        """
+        margins = self.reference_margin or [1.0] * len(self.reference_top1)
+        kept = [
+            (a, r, m)
+            for a, r, m in zip(self.top1, self.reference_top1, margins, strict=False)
+            if r >= 0  # -1: the grey stand-in frame of a bundle without evaluation frames
+        ]
+        return agreement([k[0] for k in kept], [k[1] for k in kept], [k[2] for k in kept]).rate
 
     def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
         c = self.candidate
@@ -455,6 +468,7 @@ def run(
             if rss is not None:
                 res.peak_rss_mb = max(res.peak_rss_mb or 0.0, rss)
             res.top1, res.reference_top1 = out["top1"], out["reference_top1"]
+            res.reference_margin = out.get("reference_margin", [])
             res.device = loaded.get("device", "")
             if progress is not None:
                 progress(cand, "done", {"queries": len(out["latencies_ms"])})

@@ -1,12 +1,13 @@
 """Exact latency statistics of one benchmark run, the way MLPerf LoadGen reports them.
 
 A benchmark keeps every sample (a few thousand floats), so its percentiles are exact,
-not sketched.  Two rules are here:
+not sketched.  Two rules apply:
 
 * ``percentile(sorted, q)`` with ``method="loadgen"`` takes the sample at index
   ``floor(n * q / 100)`` of the sorted latencies (clipped to the last), which is what
   LoadGen's ``PerformanceSummary`` reports; ``method="linear"`` is numpy's default
-  (Hyndman-Fan type 7) for comparison with other tools.
+  (Hyndman-Fan type 7) for comparison with other tools.  It is edgekit's one percentile,
+  defined in ``edgekit._core.stats`` with ``PERCENTILES`` and ``label``.
 * LoadGen's early-stopping rule says how many queries a percentile needs before it means
   anything: with ``c = 99%`` confidence that the true ``q`` percentile is below the
   estimate, allowing one query over it, a p90 needs 64 queries and a p99 needs 662.
@@ -24,32 +25,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
-#: The percentiles a summary reports; p90 is SingleStream's headline.
-PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 97.0, 99.0, 99.9)
+from edgekit._core.stats import PERCENTILES as PERCENTILES
+from edgekit._core.stats import label as label
+from edgekit._core.stats import percentile as percentile
+
+#: SingleStream's headline percentile (a summary reports every one in ``PERCENTILES``).
 HEADLINE = 90.0
 #: LoadGen's early-stopping confidence.
 CONFIDENCE = 0.99
-
-Method = Literal["loadgen", "linear"]
-
-
-def percentile(sorted_values: Sequence[float], q: float, method: Method = "loadgen") -> float:
-    """The ``q`` percentile (0-100) of already sorted values; NaN when there are none."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile must be within 0..100, got {q}")
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    if method == "loadgen":
-        return float(sorted_values[min(n - 1, int(n * q / 100))])
-    if method == "linear":
-        pos = (n - 1) * q / 100
-        lo = math.floor(pos)
-        hi = min(lo + 1, n - 1)
-        return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
-    raise ValueError(f"unknown percentile method {method!r} (loadgen or linear)")
 
 
 def odds(h: int, t: int, p: float, tolerance: float = 0.0) -> float:
@@ -177,11 +162,6 @@ class LatencySummary:
             "early_stopping_p90_ms": r(self.early_stopping_p90_ms),
             "early_stopping_p99_ms": r(self.early_stopping_p99_ms),
         }
-
-
-def label(q: float) -> str:
-    """``p50``, ``p99``, ``p99.9``: how a percentile is named in tables and JSON."""
-    return f"p{q:g}"
 
 
 def summarize(latencies_ms: Sequence[float], duration_s: float) -> LatencySummary:

@@ -72,9 +72,9 @@ def run(spec: dict[str, Any]) -> None:
     for f in evals.frames if evals else ():
         image = cv2.imdecode(np.frombuffer((root / f.path).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
         if image is not None:
-            frames.append((image, f.top1))
+            frames.append((image, f.top1, f.margin))
     if not frames:  # an old bundle without evaluation frames: a mid-grey frame still times the model
-        frames.append((np.full((480, 640, 3), 128, np.uint8), -1))
+        frames.append((np.full((480, 640, 3), 128, np.uint8), -1, 0.0))
 
     session = backend.load(root / art.path, spec["options"])  # runtime import happens here, if lazy
     t_loaded = time.monotonic()
@@ -97,9 +97,10 @@ def run(spec: dict[str, Any]) -> None:
         device=session.device,
     )
 
-    samples = [prep(image).copy() for image, _ in frames]
+    samples = [prep(image).copy() for image, _, _ in frames]
     answers = [top1(x) for x in samples]
-    reference = [ref for _, ref in frames]
+    reference = [ref for _, ref, _ in frames]
+    margins = [margin for _, _, margin in frames]
 
     warm_end = time.monotonic() + spec["warmup_s"]
     n = 0
@@ -138,6 +139,7 @@ def run(spec: dict[str, Any]) -> None:
         cpu_s=cpu_s,
         top1=answers,
         reference_top1=reference,
+        reference_margin=margins,
         peak_rss_mb=peak_rss_mb(),
     )
 

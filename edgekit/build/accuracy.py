@@ -5,7 +5,8 @@ An image on which the reference itself is undecided (its two best classes within
 ``TIE_MARGIN`` = 10 points of softmax probability) has no single right answer — chelsea,
 the smoke set's cat, is 0.08 between "Egyptian cat" and "tiger cat" — so a flip there is
 counted and reported but does not fail the gate; on every other image the top-1 must
-agree.  Measured on the smoke set: every int8 flip (ORT, OpenVINO, LiteRT) is on an image
+agree (the one rule, ``edgekit._core.stats.agreement``: if no image were decisive, every
+image would count).  Measured on the smoke set: every int8 flip (ORT, OpenVINO, LiteRT) is on an image
 with a margin under 0.10, and 18 of its 36 images are decisive.  The threshold defaults to 98% — MLPerf's rule for quantized models (99% of fp32
 accuracy for its classification tasks is stricter on labelled data; on an unlabelled
 smoke set agreement is what we can measure).
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.stats import agreement
 from edgekit.backends.base import Session
 from edgekit.tensors import from_output, to_input
 
@@ -24,14 +26,13 @@ if TYPE_CHECKING:
     import numpy as np
 
 DEFAULT_THRESHOLD = 0.98
-TIE_MARGIN = 0.10
 
 
 @dataclass(frozen=True)
 class Accuracy:
     """How an artifact's answers compare with the fp32 reference on the evaluation images."""
 
-    top1_agreement: float  # on decisive images
+    top1_agreement: float  # on decisive images (on every image if none is decisive)
     top1_agreement_all: float  # on every image, near-ties included
     decisive_images: int
     eval_images: int
@@ -75,22 +76,21 @@ def compare(
     """Compare ``logits`` with the fp32 ``reference`` (both N x classes)."""
     import numpy as np
 
-    ref_top = reference.argmax(axis=1)
-    got_top = logits.argmax(axis=1)
     probs = np.sort(_softmax(reference.astype(np.float64)), axis=1)
-    decisive = (probs[:, -1] - probs[:, -2]) >= TIE_MARGIN
-    agree = got_top == ref_top
-    n_dec = int(decisive.sum())
-    on_decisive = float(agree[decisive].mean()) if n_dec else 1.0
-    flipped = tuple(("" if d else "~") + n for n, a, d in zip(names, agree, decisive, strict=True) if not a)
+    agreed = agreement(
+        logits.argmax(axis=1).tolist(),
+        reference.argmax(axis=1).tolist(),
+        (probs[:, -1] - probs[:, -2]).tolist(),
+    )
+    rate = agreed.rate if agreed.rate is not None else 1.0  # no images: nothing disagrees
     return Accuracy(
-        top1_agreement=on_decisive,
-        top1_agreement_all=float(agree.mean()),
-        decisive_images=n_dec,
+        top1_agreement=rate,
+        top1_agreement_all=agreed.all_rate if agreed.all_rate is not None else 1.0,
+        decisive_images=agreed.decisive,
         eval_images=len(names),
         max_abs_logit_diff=float(np.abs(logits - reference).max()),
-        flipped=flipped,
+        flipped=agreed.flipped_names(names),
         smoke_set=smoke_set,
         threshold=threshold,
-        passed=on_decisive >= threshold,
+        passed=rate >= threshold,
     )

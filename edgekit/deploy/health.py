@@ -9,9 +9,10 @@ whole frame path: decode, preprocess, infer.  It passes when
 * top-1 agrees with the manifest's fp32 reference on at least the build's accuracy
   threshold (``build.accuracy_threshold``, 0.98 by default) of the frames.  As in the
   build's gate, frames where fp32 itself was undecided (margin under ``TIE_MARGIN``) are
-  reported but do not count, unless no frame is decisive.
+  reported but do not count, unless no frame is decisive (``edgekit._core.stats.agreement``).
 
-Percentiles are nearest-rank over the timed runs, never averaged.
+Percentiles are LoadGen's over the timed runs (``edgekit._core.stats.percentile``, the
+benchmark's rule too), never averaged.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.stats import agreement, percentile
 from edgekit.errors import EdgekitError
 
-TIE_MARGIN = 0.10  # the build's rule (edgekit.build.accuracy); not imported: a device has no build extra
-DEFAULT_RUNS = 100  # timed frames: nearest-rank p99 of 100 runs ignores one outlier on a busy device
+# Timed frames: LoadGen's p99 (index floor(0.99 n) of the sorted runs) leaves the slowest run
+# out from 101 runs on, so one outlier on a busy device does not fail the gate.
+DEFAULT_RUNS = 101
 DEFAULT_WARMUP = 3
 
 
@@ -94,7 +97,6 @@ def check_health(
 
     from edgekit.bundle import read_manifest
     from edgekit.model import load
-    from edgekit.pipeline.stats import percentile
 
     try:
         manifest = read_manifest(bundle)
@@ -141,14 +143,14 @@ def check_health(
             for _ in range(warmup):
                 model.infer(frames[0])
             times: list[float] = []
-            agree: list[bool] = []
+            got: list[int] = []
             for i in range(max(runs, len(frames))):
                 frame = frames[i % len(frames)]
                 start = time.perf_counter()
                 row = model.infer(frame)
                 times.append((time.perf_counter() - start) * 1000)
                 if i < len(frames):
-                    agree.append(int(np.argmax(row)) == evals.frames[i].top1)
+                    got.append(int(np.argmax(row)))
         except EdgekitError as err:
             return HealthReport(
                 False,
@@ -160,21 +162,17 @@ def check_health(
                 precision=precision,
                 candidate=candidate,
             )
-    decisive = [i for i, f in enumerate(evals.frames) if f.margin >= TIE_MARGIN] or list(range(len(frames)))
-    agreement = sum(agree[i] for i in decisive) / len(decisive)
-    flipped = tuple(
-        ("" if evals.frames[i].margin >= TIE_MARGIN else "~") + Path(evals.frames[i].path).name
-        for i, a in enumerate(agree)
-        if not a
-    )
+    agreed = agreement(got, [f.top1 for f in evals.frames], [f.margin for f in evals.frames])
+    rate = agreed.rate if agreed.rate is not None else 0.0  # never None: a bundle has at least one frame
+    flipped = agreed.flipped_names([Path(f.path).name for f in evals.frames])
     ordered = sorted(times)
     p50, p99 = percentile(ordered, 50), percentile(ordered, 99)
     problems = []
     if p99 > budget:
         problems.append(f"p99 {p99:.1f} ms is over the budget of {budget:g} ms")
-    if agreement < threshold:
+    if rate < threshold:
         problems.append(
-            f"top-1 agrees with the fp32 reference on {agreement:.0%} of {len(decisive)} frames, "
+            f"top-1 agrees with the fp32 reference on {rate:.0%} of {agreed.counted} frames, "
             f"under the build's threshold of {threshold:.0%} (flipped: {', '.join(flipped)})"
         )
     hint = ""
@@ -190,10 +188,10 @@ def check_health(
         p50_ms=p50,
         p99_ms=p99,
         budget_ms=budget,
-        top1_agreement=agreement,
+        top1_agreement=rate,
         threshold=threshold,
         frames=len(frames),
-        decisive_frames=len(decisive),
+        decisive_frames=agreed.counted,
         runs=len(times),
         flipped=flipped,
         backend=backend,

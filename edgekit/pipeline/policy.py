@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Sequence
 from enum import Enum
 
+from edgekit._core.stats import percentile
 from edgekit.errors import PipelineError
-from edgekit.pipeline.stats import percentile
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class DegradeController:
             self._frames_since_recovery += 1
         if len(self._window) < (self._window.maxlen or 1):
             return None
-        now = percentile(list(self._window), 90)
+        now = percentile(sorted(self._window), 90)
         self._over = self._over + 1 if now > self.budget_ms else 0
         if self.level > 0:
             ratio = self.speeds_ms[self.level - 1] / max(self.speeds_ms[self.level], 1e-9)

@@ -11,18 +11,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit._core.stats import PERCENTILES as REPORTED
+from edgekit._core.stats import percentile
 from edgekit.pipeline.records import STAGES, Counters, FrameRecord
 from edgekit.sketch import LatencySketch
 
-PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
-
-
-def percentile(values: list[float], p: float) -> float:
-    """Nearest-rank percentile of a small list (NaN when empty)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
+#: The percentiles the summary (and ``edgekit run --json``) reports: edgekit's list less p97.
+PERCENTILES: tuple[float, ...] = tuple(q for q in REPORTED if q != 97.0)
 
 
 class RunStats:
@@ -48,6 +43,7 @@ class RunStats:
             out["fps"] = (len(recs) - 1) / span if span > 0 else math.nan
         for name in ("latency", *STAGES):
             vals = [r.latency_ms if name == "latency" else getattr(r, f"{name}_ms") for r in recs]
+            vals.sort()
             out[name] = {"p50": percentile(vals, 50), "p99": percentile(vals, 99)}
         return out
 
