@@ -45,7 +45,7 @@ def reference_model_dir() -> Path:
 
 
 def demo_dir() -> Path:
-    from edgekit.build.cache import cache_root
+    from edgekit._core.paths import cache_root
 
     return cache_root() / "demo"
 

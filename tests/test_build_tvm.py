@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgekit._core.io import sha256_file
 from edgekit.build import tvm_tuning as tt
 from edgekit.build.artifact import Artifact
-from edgekit.build.cache import file_sha256
 from edgekit.elf import elf_arch, host_arch
 from edgekit.errors import BuildError
 from edgekit.profiles import get_profile
@@ -109,7 +109,7 @@ def test_tuning_writes_a_database_into_the_cache(
     tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact]
 ) -> None:
     cache, first = tiny_tuned
-    entry = tt.cache_location(file_sha256(tiny.onnx), X86, cache)
+    entry = tt.cache_location(sha256_file(tiny.onnx), X86, cache)
     meta = json.loads((entry / tt.META_FILE).read_text())
     assert first.notes["tuning_database"] == f"tuned:{entry}"
     assert meta["trials"] == 8 and meta["trials_failed"] < 8 and meta["target_key"] == "x86_64-haswell"
@@ -148,7 +148,7 @@ def test_aarch64_build_uses_x86_64_schedules_only_as_a_declared_fallback(
     from edgekit.build.tvm import compile_onnx
 
     cache, _ = tiny_tuned
-    tuned = tt.read_database(tt.cache_location(file_sha256(tiny.onnx), X86, cache), "cache")
+    tuned = tt.read_database(tt.cache_location(sha256_file(tiny.onnx), X86, cache), "cache")
     shipped = tt.ship(tuned, tmp_path / "model")
     assert shipped.name == "x86_64-haswell" and (shipped / f"{tt.RECORD_FILE}.gz").is_file()
 
@@ -207,7 +207,7 @@ def test_default_x86_64_build_applies_the_shipped_database(
     assert notes["tuning_trials"] == shipped.trials > 0
     # Every fused convolution has a tuned schedule (at most the odd reshape is left as it is).
     assert notes["tuned_functions"] >= notes["functions"] - 2 > 30
-    assert notes["database_model_matches"] == (shipped.meta["onnx_sha256"] == file_sha256(onnx_path))
+    assert notes["database_model_matches"] == (shipped.meta["onnx_sha256"] == sha256_file(onnx_path))
 
     x = batch[[CHELSEA, COFFEE]]
     with open_session(art.path, num_threads=2) as tvm_s, open_session(onnx_path) as ort_s:

@@ -20,15 +20,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 import re
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.io import write_atomic
+from edgekit._core.paths import cache_root
 from edgekit.backends.base import (
     Availability,
     Options,
@@ -106,8 +106,7 @@ def _as_int(key: str, value: Any, minimum: int) -> int:
 
 def default_cache_dir() -> Path:
     """Where built engines are cached: ``$EDGEKIT_CACHE/tensorrt``, else ``~/.cache/edgekit/tensorrt``."""
-    root = os.environ.get("EDGEKIT_CACHE")
-    return (Path(root).expanduser() if root else Path.home() / ".cache" / "edgekit") / "tensorrt"
+    return cache_root() / "tensorrt"
 
 
 def _settings(options: Options | None) -> _Settings:
@@ -278,20 +277,13 @@ def _write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so a crash never leaves a half-written engine under the final name."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:
         log.warning("tensorrt: not caching the engine: cannot write to %s (%s)", path.parent, err)
         return
-    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        write_atomic(path, data, mode=0o600)  # private, as the mkstemp it used to be
     except OSError as err:
         log.warning("tensorrt: not caching the engine at %s (%s)", path, err)
-        tmp.unlink(missing_ok=True)
 
 
 def _describe_parser_error(error: Any) -> str:

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.io import sha256_file
 from edgekit.build.accuracy import DEFAULT_THRESHOLD, Accuracy, compare, run_batch
 from edgekit.build.artifact import Artifact
-from edgekit.build.cache import BuildCache, file_sha256, step_key
+from edgekit.build.cache import BuildCache, step_key
 from edgekit.build.images import ImageSet, load_dir, smoke_set
 from edgekit.build.latency import Latency, measure
 from edgekit.cpu import this_cpu
@@ -195,7 +196,7 @@ class _Build:
 
         req, spec = self.req, self.req.card.preprocess
         if req.onnx is not None:
-            source_hash, params = file_sha256(req.onnx), {"shape": spec.input_shape}
+            source_hash, params = sha256_file(req.onnx), {"shape": spec.input_shape}
 
             def produce(d: Path) -> list[Artifact]:
                 out = onnx_export.fold(req.onnx, d / f"{self.stem}-fp32.onnx", spec.input_shape)  # type: ignore[arg-type]
@@ -443,7 +444,7 @@ def _build_tflite(b: _Build) -> BuildResult:
 
     req = b.req
     assert req.tflite is not None
-    src_hash = file_sha256(req.tflite)
+    src_hash = sha256_file(req.tflite)
     dest = b.stage / f"{b.stem}{req.tflite.suffix}"
     shutil.copyfile(req.tflite, dest)
     _, evals = b.images()
@@ -482,7 +483,7 @@ def _build(b: _Build) -> BuildResult:
         return _build_tflite(b)
     recipes = plan_recipes(b.profile, req.backends, req.precisions)
     fp32 = b.fp32_onnx()
-    fp32_hash = file_sha256(fp32)
+    fp32_hash = sha256_file(fp32)
     calib_set, evals = b.images()
     spec = req.card.preprocess
     calib = calib_set.batch(spec)

@@ -19,22 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.io import atomic_path
+from edgekit._core.paths import cache_root
 from edgekit._version import __version__
 from edgekit.build.artifact import Artifact
-from edgekit.bundle._fs import sha256_file
 
 ENTRY = "entry.json"
-
-
-def cache_root() -> Path:
-    """``$EDGEKIT_CACHE`` or ``~/.cache/edgekit``."""
-    root = os.environ.get("EDGEKIT_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "edgekit"
-
-
-def file_sha256(path: Path) -> str:
-    """The hex SHA-256 of a file (the same hash the bundle manifest records)."""
-    return sha256_file(path)[0]
 
 
 def step_key(step: str, inputs: Iterable[str], params: Mapping[str, Any]) -> str:
@@ -142,8 +132,7 @@ class BuildCache:
         for f in a.all_files:
             dest = out_dir / f.relative_to(base)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.tmp")
-            shutil.copy2(f, tmp)
-            os.replace(tmp, dest)
+            with atomic_path(dest) as tmp:
+                shutil.copy2(f, tmp)
             files.append(dest)
         return replace(a, path=out_dir / a.path.relative_to(base), files=tuple(files))

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.io import write_atomic
 from edgekit.build.artifact import Artifact
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.packages import installed_versions
@@ -178,7 +179,7 @@ def convert_fp32(module: Any, spec: PreprocessSpec, out: Path) -> Path:
             content = litert_torch.convert(wrapped, (torch.zeros(1, h, w, 3),)).model_content()
     except Exception as err:  # the converter's boundary: any failure becomes one BuildError
         raise conversion_error(err) from err
-    _write_atomic(out, content)
+    write_atomic(out, content, mode=0o644)  # a model is shipped and read by others
     _check_runs(out)
     return out
 
@@ -277,7 +278,7 @@ def quantize_tflite(fp32: Path, calibration_nhwc: np.ndarray, outputs: Mapping[P
             "every operator needs an int8 kernel in LiteRT; build fp32 only (--precisions fp32) or change the model",
         ) from err
     for path, content in models.items():
-        _write_atomic(path, bytes(content))
+        write_atomic(path, bytes(content), mode=0o644)
         _check_runs(path)
     return dict(outputs)
 
@@ -442,18 +443,6 @@ def _check_runs(path: Path) -> None:
             f"{TARGET}: {path.name} was written but does not run in LiteRT: {err.message}",
             "this is a converter problem: report it with the model",
         ) from err
-
-
-def _write_atomic(out: Path, content: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-        Path(tmp).chmod(0o644)  # mkstemp makes it private; a model is shipped and read by others
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @contextlib.contextmanager

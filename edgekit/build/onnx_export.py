@@ -8,21 +8,16 @@ static Conv/Clip/Add graph with fixed shapes.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.io import atomic_path
 from edgekit.errors import BuildError, first_line
 from edgekit.preprocessing import PreprocessSpec
 
 OPSET = 17
-
-
-def _replace(tmp: Path, out: Path) -> Path:
-    os.replace(tmp, out)
-    return out
 
 
 def export_pytorch(
@@ -32,8 +27,7 @@ def export_pytorch(
     import torch
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    with warnings.catch_warnings(), torch.no_grad():
+    with atomic_path(out) as tmp, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings about Python control flow in the model
         torch.onnx.export(
             module,
@@ -44,7 +38,7 @@ def export_pytorch(
             input_names=[input_name],
             output_names=[output_name],
         )
-    return _replace(tmp, out)
+    return out
 
 
 def check_onnx(path: Path) -> Any:
@@ -91,19 +85,19 @@ def fold(raw: Path, out: Path, input_shape: Iterable[int] | None = None) -> Path
             d.dim_value = n
     out.parent.mkdir(parents=True, exist_ok=True)
     fixed = out.with_name(f".{out.name}.fixed.onnx")
-    tmp = out.with_name(f".{out.name}.tmp.onnx")
     onnx.save(model, str(fixed))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.optimized_model_filepath = str(tmp)
-    so.log_severity_level = 3
-    try:
-        ort.InferenceSession(str(fixed), so, providers=["CPUExecutionProvider"])
-    except Exception as err:
-        raise BuildError(
-            f"ONNX Runtime cannot load {raw}: {first_line(err)}",
-            "the model uses an operator or type ONNX Runtime does not support",
-        ) from err
-    finally:
-        fixed.unlink(missing_ok=True)
-    return _replace(tmp, out)
+    with atomic_path(out, suffix=".onnx") as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(tmp)
+        so.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(fixed), so, providers=["CPUExecutionProvider"])
+        except Exception as err:
+            raise BuildError(
+                f"ONNX Runtime cannot load {raw}: {first_line(err)}",
+                "the model uses an operator or type ONNX Runtime does not support",
+            ) from err
+        finally:
+            fixed.unlink(missing_ok=True)
+    return out

@@ -8,12 +8,12 @@ uses (``edgekit.backends.tensorrt`` builds the engine then and caches it).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.io import atomic_path, write_atomic
 from edgekit.build.artifact import Artifact
 
 CONFIG_SUFFIX = ".trt.json"
@@ -36,13 +36,12 @@ def tensorrt_artifact(
         "note": "the engine is built on the device at first load and cached by ONNX hash, TensorRT version and GPU",
     }
     for src, dest, write in ((fp32_onnx, onnx_out, None), (None, config, json.dumps(doc, indent=2))):
-        tmp = dest.with_name(f".{dest.name}.tmp")
         if write is None:
             assert src is not None
-            shutil.copyfile(src, tmp)
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(src, tmp)
         else:
-            tmp.write_text(write, encoding="utf-8")
-        os.replace(tmp, dest)
+            write_atomic(dest, write.encode("utf-8"))
     return Artifact(
         path=onnx_out,
         backend="tensorrt",

@@ -116,8 +116,8 @@ def compile_onnx(
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
+    from edgekit._core.io import sha256_file
     from edgekit.build import tvm_tuning as tt
-    from edgekit.build.cache import file_sha256
 
     if tune_trials < 0:
         raise BuildError(
@@ -138,7 +138,7 @@ def compile_onnx(
                 f"{onnx_path}: input {spec['name']} has a dynamic shape {spec['shape']}",
                 "TVM needs static shapes: export the model with a fixed input size",
             )
-    sha = file_sha256(onnx_path)
+    sha = sha256_file(onnx_path)
     tvm_target = tvm.target.Target(dict(target))
     say = progress or (lambda _message, _fraction: None)
     say("importing the ONNX model into TVM", 0.0)

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.build.cache import cache_root
+from edgekit._core.paths import cache_root
 from edgekit.cpu import NOTABLE, CpuFeatures, target_flags, this_cpu
 from edgekit.elf import host_arch, normalize_arch
 from edgekit.errors import BuildError

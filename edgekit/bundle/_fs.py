@@ -1,4 +1,7 @@
-"""File helpers the bundle code shares: hashing, temp folders beside a target, replacing a folder."""
+"""File helpers the bundle code shares: copying while hashing, temp folders beside a target, replacing a folder.
+
+Hashing a file, atomic writes and removing a folder are in :mod:`edgekit._core.io`.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +10,9 @@ import secrets
 import shutil
 from pathlib import Path
 
+from edgekit._core.io import CHUNK
 from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import MANIFEST_FILE
-
-CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> tuple[str, int]:
-    """``(hex SHA-256, size in bytes)`` of ``path``, read in chunks."""
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
 
 
 def copy_hashed(src: Path, dst: Path) -> tuple[str, int]:
@@ -73,11 +64,3 @@ def replace_dir(new: Path, dest: Path) -> None:
         old.rename(dest)
         raise
     shutil.rmtree(old, ignore_errors=True)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a temp folder or file of ours, whatever state a failure left it in."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

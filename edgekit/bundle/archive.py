@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from edgekit.bundle._fs import CHUNK, check_replaceable, remove_tree, replace_dir, temp_beside
+from edgekit._core.io import CHUNK, atomic_path, remove_tree
+from edgekit.bundle._fs import check_replaceable, replace_dir, temp_beside
 from edgekit.bundle.errors import BundleError, UnsafeArchiveError
 from edgekit.bundle.manifest import MANIFEST_FILE, read_manifest
 
@@ -66,28 +67,22 @@ def pack(bundle_dir: Path, out_tar: Path) -> Path:
     mtime = int(manifest.build.created.timestamp())
     members = _members(bundle_dir)
     out_tar.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out_tar.name}.", suffix=".tmp", dir=out_tar.parent)
-    tmp = Path(tmp_name)
-    try:
-        with (
-            os.fdopen(fd, "wb") as raw,
-            # Level 1: model weights barely compress (87 -> 82 MB at level 9), and level 9 spent
-            # five of a deploy's fourteen seconds here. Still deterministic.
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz,
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
-        ):
-            for rel, path in members:
-                info = tarfile.TarInfo(rel)
-                info.size = path.stat().st_size
-                info.mode = 0o644
-                info.mtime = mtime
-                with path.open("rb") as f:
-                    tar.addfile(info, f)
-        tmp.chmod(0o644)
-        os.replace(tmp, out_tar)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with (
+        atomic_path(out_tar, mode=0o644) as tmp,
+        tmp.open("xb") as raw,
+        # Level 1: model weights barely compress (87 -> 82 MB at level 9), and level 9 spent
+        # five of a deploy's fourteen seconds here. Still deterministic.
+        # filename="": the temp name must not go into the gzip header (same bundle, same bytes).
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=1) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for rel, path in members:
+            info = tarfile.TarInfo(rel)
+            info.size = path.stat().st_size
+            info.mode = 0o644
+            info.mtime = mtime
+            with path.open("rb") as f:
+                tar.addfile(info, f)
     return out_tar
 
 

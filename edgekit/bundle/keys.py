@@ -12,12 +12,12 @@ import binascii
 import hashlib
 import logging
 import os
-import secrets
 import stat
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from edgekit._core.io import write_atomic
 from edgekit.bundle.errors import KeyFileError
 
 if TYPE_CHECKING:
@@ -58,21 +58,6 @@ def key_id(public: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Write ``path`` whole or not at all, and never over an existing file."""
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.chmod(mode)  # the umask may have taken bits away from O_CREAT's mode
-        os.link(tmp, path)  # fails if path exists: no check-then-write race
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def generate_keypair(out_stem: Path) -> tuple[Path, Path]:
     """Make an Ed25519 key pair as ``STEM.pem`` (private, 0600) and ``STEM.pub.pem``; return both paths.
 
@@ -96,7 +81,9 @@ def generate_keypair(out_stem: Path) -> tuple[Path, Path]:
     written: list[Path] = []
     try:
         for path, data, mode in ((private_path, private_pem, 0o600), (public_path, public_pem, 0o644)):
-            _write_new(path, data, mode)
+            # Created with its mode (0600: never readable by others, not even for a moment),
+            # hard-linked into place: never over a key that appeared meanwhile.
+            write_atomic(path, data, mode=mode, replace=False)
             written.append(path)
     except OSError as err:
         for path in written:  # only what this call made: never a key that was there before

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edgekit.bundle._fs import sha256_file
+from edgekit._core.io import digest_file
 from edgekit.bundle.errors import BundleError, VerificationError
 from edgekit.bundle.manifest import (
     MANIFEST_FILE,
@@ -192,7 +192,7 @@ def _file_check(folder: Path, rel: str, entry: FileEntry | EvalFrame, hash_it: b
                 _REBUILD,
             )
         return Check(rel, "ok", f"{st.st_size:,} bytes (not hashed: hashed when loaded)")
-    digest, size = sha256_file(path)
+    digest, size = digest_file(path)
     if digest != entry.sha256 or size != entry.size:
         return Check(
             rel,

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from edgekit.bundle._fs import check_replaceable, copy_hashed, remove_tree, replace_dir, temp_beside
+from edgekit._core.io import remove_tree
+from edgekit.bundle._fs import check_replaceable, copy_hashed, replace_dir, temp_beside
 from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import (
     ARTIFACTS_DIR,

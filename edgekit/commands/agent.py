@@ -268,9 +268,9 @@ def trust_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Trust a bundle-signing public key: bundles it signs can be installed here."""
+    from edgekit._core.io import write_atomic
     from edgekit.bundle import key_id, load_public_key
     from edgekit.deploy import StateRoot
-    from edgekit.deploy.slots import write_atomic
 
     public = load_public_key(key)  # refuses a private key, a non-Ed25519 key, garbage
     kid = key_id(public)

@@ -14,7 +14,6 @@ redirect to ftp://).
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
 import os
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.io import fsync_dir, sha256_file
 from edgekit._version import __version__
 from edgekit.errors import DeployError
 
@@ -53,15 +53,6 @@ class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
 
 
 _opener = urllib.request.build_opener(_HttpOnlyRedirects())
-
-
-def sha256_of(path: Path) -> str:
-    """The SHA-256 hex digest of the file at ``path``."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _size(path: Path) -> int:
@@ -101,7 +92,7 @@ def download(
     incoming.mkdir(parents=True, exist_ok=True)
     done = incoming / f"{sha256}.tar.gz"
     part = incoming / f"{sha256}.part"
-    if done.is_file() and _size(done) == size and sha256_of(done) == sha256:
+    if done.is_file() and _size(done) == size and sha256_file(done) == sha256:
         return done  # fetched before an interruption of the install: no need to fetch again
     _clear_others(incoming, keep=(part.name, done.name))
     last = "no attempt made"
@@ -124,14 +115,15 @@ def download(
             "the next deploy of this bundle resumes from there)",
             "check that the artifact server is up and reachable from the device",
         )
-    actual = sha256_of(part)
+    actual = sha256_file(part)
     if actual != sha256:
         part.unlink(missing_ok=True)
         raise DownloadError(
             f"the download from {url} has SHA-256 {actual}, the command said {sha256}",
             "the artifact on the server is not the one the deploy was made for: deploy it again",
         )
-    os.replace(part, done)
+    os.replace(part, done)  # the .part was fsynced as it was written
+    fsync_dir(done.parent)
     return done
 
 

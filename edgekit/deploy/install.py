@@ -31,8 +31,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree
 from edgekit.deploy.health import DEFAULT_RUNS, check_health
-from edgekit.deploy.slots import TMP_MARK, SlotInfo, StateRoot, fsync_dir, fsync_tree, now_iso, remove_tree
+from edgekit.deploy.slots import SlotInfo, StateRoot, fsync_tree, now_iso
 from edgekit.errors import DeployError, EdgekitError
 
 if TYPE_CHECKING:

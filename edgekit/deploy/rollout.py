@@ -170,9 +170,9 @@ class RolloutReport:
 
 def publish_artifact(bundle: Path, directory: Path, base_url: str) -> Artifact:
     """Put ``bundle`` (folder or .tar.gz) into ``directory`` as ``<model>-<version>-<sha12>.tar.gz``."""
+    from edgekit._core.io import sha256_file
     from edgekit.bundle.archive import is_archive_name, open_bundle, pack
     from edgekit.bundle.manifest import SIGNATURE_FILE, read_manifest
-    from edgekit.deploy.download import sha256_of
 
     if not directory.is_dir():
         raise DeployError(
@@ -201,7 +201,7 @@ def publish_artifact(bundle: Path, directory: Path, base_url: str) -> Artifact:
             shutil.copyfile(bundle, staged)
         else:
             raise DeployError(f"{bundle} is not a bundle folder or .tar.gz", "pass what edgekit build wrote")
-        sha = sha256_of(staged)
+        sha = sha256_file(staged)
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{manifest.model.name}-{manifest.model.version}").strip(".-")
         name = f"{stem[:80] or 'bundle'}-{sha[:12]}.tar.gz"
         assert safe_artifact_name(name), name

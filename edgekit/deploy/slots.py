@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+# TMP_MARK: every temp name of ours starts with "." and holds it, so recover() deletes them.
+from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree, sha256_file, write_atomic
 from edgekit.errors import DeployError
 
 log = logging.getLogger(__name__)
@@ -48,33 +49,7 @@ BUNDLE_DIR = "bundle"
 ACTIVE = "active"
 STATE_FILE = "state.json"
 LOCK_FILE = "agent.lock"
-TMP_MARK = ".tmp-"  # every temp name of ours starts with "." and holds this: recover() deletes them
 MAX_STATE_BYTES = 1 << 20  # our own JSON files are a few kB; anything bigger is damage
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename, a new file or a removal in the folder ``path`` durable (POSIX needs the folder synced)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``path`` whole or not at all: a temp file beside it, fsync, ``os.replace``, fsync the folder."""
-    tmp = path.with_name(f".{path.name}{TMP_MARK}{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -110,22 +85,6 @@ def fsync_tree(folder: Path) -> None:
         for name in dirs:
             fsync_dir(Path(root, name))
     fsync_dir(folder)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove a folder (or a file or link) of ours; quick to be interrupted safely: rename first, then delete.
-
-    A kill during ``rmtree`` leaves a half-deleted folder; renamed to a temp name first, it
-    is one that ``recover()`` deletes, never one that looks like something else.
-    """
-    if not path.exists() and not path.is_symlink():
-        return
-    if path.is_dir() and not path.is_symlink():
-        trash = path.with_name(f".{path.name}{TMP_MARK}{secrets.token_hex(4)}")
-        path.rename(trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def now_iso() -> str:
@@ -270,7 +229,6 @@ class StateRoot:
         be swapped under its marker.
         """
         from edgekit.bundle import MANIFEST_FILE, verify
-        from edgekit.bundle._fs import sha256_file
         from edgekit.errors import EdgekitError
 
         info = self.slot_info(slot)
@@ -278,7 +236,7 @@ class StateRoot:
             return False, "incomplete (no valid slot.json, or no bundle)"
         bundle = self.slot_bundle(slot)
         try:
-            if sha256_file(bundle / MANIFEST_FILE)[0] != info.manifest_sha256:
+            if sha256_file(bundle / MANIFEST_FILE) != info.manifest_sha256:
                 return False, "its manifest is not the one slot.json recorded"
             report = verify(bundle, self.trusted_keys(), require_signature=True)
         except (OSError, EdgekitError) as err:

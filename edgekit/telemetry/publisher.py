@@ -64,7 +64,7 @@ def topic(fleet: str, device: str, leaf: str) -> str:
 
 def default_spool(fleet: str, device_id: str, format: str = "json") -> Path:
     """``$EDGEKIT_CACHE/telemetry/<fleet>-<device>[-sparkplug].db``: on disk, so a restart replays what was not sent."""
-    from edgekit.build.cache import cache_root
+    from edgekit._core.paths import cache_root
 
     suffix = "" if format == "json" else f"-{format}"
     return cache_root() / "telemetry" / f"{fleet}-{device_id}{suffix}.db"
