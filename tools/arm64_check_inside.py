@@ -130,7 +130,6 @@ def load_foreign(library: Path) -> dict[str, Any]:
 
 
 CAT_IDS = range(281, 286)  # ImageNet: tabby, tiger cat, Persian, Siamese, Egyptian cat
-DECISIVE = 0.10  # the build's accuracy gate: a frame counts when its two best classes are this far apart
 
 
 def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | None) -> list[str]:
@@ -143,6 +142,8 @@ def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | N
     is decisive and may take the reference's second class on a near-tie, as the build's
     accuracy gate allows; such flips are printed.
     """
+    from edgekit._core.stats import TIE_MARGIN  # the build's accuracy gate: a frame counts when decisive
+
     problems: list[str] = []
     if arm["host_arch"] != "aarch64":
         problems.append(f"the emulated run says it is {arm['host_arch']}, not aarch64")
@@ -196,7 +197,7 @@ def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | N
             margin = want[2] - second[2]
             if got[0] == want[0]:
                 notes.append(got[1])
-            elif entry["precision"] != "fp32" and margin < DECISIVE and got[0] == second[0]:
+            elif entry["precision"] != "fp32" and margin < TIE_MARGIN and got[0] == second[0]:
                 notes.append(
                     f"{got[1]} (near-tie: x86_64 {want[1]} {want[2]:.3f} / {second[1]} {second[2]:.3f})"
                 )

@@ -32,6 +32,7 @@ from edgekit.commands.common import (
     print_json,
     stdout_to_stderr,
 )
+from edgekit.deploy.health import DEFAULT_RUNS
 
 if TYPE_CHECKING:
     from edgekit.deploy import InstallResult
@@ -155,7 +156,7 @@ def install_command(
     ] = None,
     health_runs: Annotated[
         int, typer.Option("--health-runs", min=1, help="Frames the health gate times (its p99 is of these).")
-    ] = 100,
+    ] = DEFAULT_RUNS,
     budget: Annotated[
         float | None,
         typer.Option(
