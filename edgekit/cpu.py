@@ -42,27 +42,26 @@ PROVIDERS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     },
 }
 
+# x86 generations by the notable flags they add (also what an LLVM ``mcpu`` implies, below).
+_AVX2 = ("sse4_2", "avx", "fma", "avx2")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl")
+_SAPPHIRE_RAPIDS = (
+    *_AVX512,
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
+_NEON_DOT_FP16 = ("asimd", "asimddp", "fphp", "asimdhp")
+
 # The flags worth showing a person (``edgekit doctor``): the vector and matrix extensions that
 # decide kernel choice.  Everything else in /proc/cpuinfo is left out of the report.
 NOTABLE: Mapping[str, tuple[str, ...]] = {
-    "x86_64": (
-        "sse4_2",
-        "avx",
-        "fma",
-        "avx2",
-        "avx512f",
-        "avx512bw",
-        "avx512vl",
-        "avx512_vnni",
-        "avx_vnni",
-        "avx512_bf16",
-        "avx512_fp16",
-        "amx_tile",
-        "amx_int8",
-        "amx_bf16",
-        "amx_fp16",
-    ),
-    "aarch64": ("asimd", "asimddp", "i8mm", "fphp", "asimdhp", "bf16", "sve", "sve2"),
+    "x86_64": (*_SAPPHIRE_RAPIDS, "amx_fp16"),
+    "aarch64": (*_NEON_DOT_FP16, "i8mm", "bf16", "sve", "sve2"),
 }
 
 
@@ -127,11 +126,8 @@ def read_cpu(root: Path = Path("/"), arch: str | None = None) -> CpuFeatures:
     return parse_cpuinfo(text, arch or platform.machine())
 
 
-# The notable flags (edgekit.cpu.NOTABLE) an LLVM ``mcpu`` implies, for the CPUs device profiles
-# name or a user is likely to; an ``mcpu`` not listed here implies nothing (only ``mattr`` counts).
-_AVX2 = ("sse4_2", "avx", "fma", "avx2")
-_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512vl")
-_NEON_DOT_FP16 = ("asimd", "asimddp", "fphp", "asimdhp")
+# The notable flags an LLVM ``mcpu`` implies, for the CPUs device profiles name or a user is
+# likely to; an ``mcpu`` not listed here implies nothing (only ``mattr`` counts).
 MCPU_FLAGS: Mapping[str, tuple[str, ...]] = {
     **{c: _AVX2 for c in ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "x86-64-v3")},
     "alderlake": (*_AVX2, "avx_vnni"),
@@ -142,16 +138,7 @@ MCPU_FLAGS: Mapping[str, tuple[str, ...]] = {
     },
     "cooperlake": (*_AVX512, "avx512_vnni", "avx512_bf16"),
     "znver4": (*_AVX512, "avx512_vnni", "avx512_bf16"),
-    "sapphirerapids": (
-        *_AVX512,
-        "avx512_vnni",
-        "avx_vnni",
-        "avx512_bf16",
-        "avx512_fp16",
-        "amx_tile",
-        "amx_int8",
-        "amx_bf16",
-    ),
+    "sapphirerapids": _SAPPHIRE_RAPIDS,
     **{c: ("asimd",) for c in ("cortex-a53", "cortex-a55", "cortex-a57", "cortex-a72", "cortex-a73")},
     **{c: _NEON_DOT_FP16 for c in ("cortex-a75", "cortex-a76", "cortex-a77", "cortex-a78", "neoverse-n1")},
 }

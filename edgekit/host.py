@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from edgekit.cpu import read_cpu
+from edgekit.cpu import parse_cpuinfo
 from edgekit.elf import normalize_arch
 from edgekit.errors import DetectionError
 from edgekit.profiles import DeviceProfile, all_profiles
@@ -62,8 +62,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _cpu_model(root: Path) -> str:
-    text = _read(root / "proc/cpuinfo") or ""
+def _cpu_model(text: str) -> str:
     for key in ("model name", "Hardware", "Model", "cpu model"):
         for line in text.splitlines():
             name, _, value = line.partition(":")
@@ -142,15 +141,16 @@ def read_host(root: Path = Path("/"), probe_runtimes: bool = True, arch: str | N
     ``arch`` overrides ``platform.machine()`` (for describing another machine from its files).
     """
     is_real = root == Path("/")
-    cpu = read_cpu(root, arch)
+    cpuinfo = _read(root / "proc/cpuinfo") or ""  # read once: model, count and flags come from it
+    cpu = parse_cpuinfo(cpuinfo, arch or platform.machine())
     tegra = (_read(root / "etc/nv_tegra_release") or "").lstrip("# ").splitlines()
     return HostInfo(
         arch=normalize_arch(arch or platform.machine()),
         os=platform.system().lower() if is_real else "linux",
-        cpu_model=_cpu_model(root),
+        cpu_model=_cpu_model(cpuinfo),
         cpu_count=(os.cpu_count() or 1)
         if is_real
-        else sum(line.startswith("processor") for line in (_read(root / "proc/cpuinfo") or "").splitlines()),
+        else sum(line.startswith("processor") for line in cpuinfo.splitlines()),
         memory_mb=_memory_mb(root),
         device_tree_model=_read(root / "proc/device-tree/model") or None,
         nv_tegra_release=tegra[0] if tegra else None,

@@ -18,7 +18,7 @@ the result is, so a person can check that an artifact named fp32 computes in fp3
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from edgekit.cpu import CpuFeatures
@@ -42,8 +42,9 @@ def compute_precision(cand: Candidate, cpu: CpuFeatures) -> str:
             return f"fp32 (no {pinned} on this CPU: {cpu.why(pinned)})"
         return _int8(cand, cpu, float_part=pinned) if cand.precision == "int8" else pinned
     if cand.backend == "onnxruntime":
-        providers = str(cand.options.get("providers", ""))
-        if "trt_fp16_enable" in providers and "True" in providers:
+        # providers: names, or (name, {provider options}) pairs, as a profile gives them.
+        pairs = [p for p in cand.options.get("providers", ()) if isinstance(p, (list, tuple)) and len(p) == 2]
+        if any(isinstance(opts, Mapping) and opts.get("trt_fp16_enable") for _, opts in pairs):
             return "fp16 (TensorRT execution provider, trt_fp16_enable)"
         return _int8(cand, cpu) if cand.precision == "int8" else cand.precision
     if cand.backend == "litert" and cand.options.get("delegate") == "edgetpu":

@@ -44,16 +44,13 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(
-    path: Path, data: bytes, *, mode: int | None = None, fsync: bool = True, replace: bool = True
-) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None, replace: bool = True) -> None:
     """Write ``path`` whole or not at all: a temp file beside it, fsync, ``os.replace``, fsync the folder.
 
     ``mode``: the new file is created with it (never wider, not even for a moment) and then
     set to exactly it, whatever the umask took away; None: ``0o644`` less the umask.
     ``replace=False`` refuses to write over an existing file (``FileExistsError``), with no
     check-then-write race: the temp file is hard-linked into place.
-    ``fsync=False`` skips both fsyncs (for scratch files only).
     """
     tmp = temp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, DEFAULT_MODE if mode is None else mode)
@@ -63,8 +60,7 @@ def write_atomic(
                 os.fchmod(f.fileno(), mode)  # the umask may have taken bits away from O_CREAT's mode
             f.write(data)
             f.flush()
-            if fsync:
-                os.fsync(f.fileno())
+            os.fsync(f.fileno())
         if replace:
             os.replace(tmp, path)
         else:
@@ -73,14 +69,11 @@ def write_atomic(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if fsync:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 @contextlib.contextmanager
-def atomic_path(
-    path: Path, *, suffix: str = "", mode: int | None = None, fsync: bool = True
-) -> Iterator[Path]:
+def atomic_path(path: Path, *, suffix: str = "", mode: int | None = None) -> Iterator[Path]:
     """A temp path beside ``path`` for a writer that wants a file name (an exporter, a copy).
 
     When the block ends normally the file written there is fsynced (and given ``mode``, when
@@ -93,14 +86,12 @@ def atomic_path(
         yield tmp
         if mode is not None:
             tmp.chmod(mode)
-        if fsync:
-            fsync_file(tmp)
+        fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         remove_tree(tmp)
         raise
-    if fsync:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def digest_file(path: Path) -> tuple[str, int]:

@@ -28,12 +28,12 @@ from edgekit.bench.stats import LatencySummary, min_queries, summarize
 from edgekit.cpu import CpuFeatures, this_cpu
 from edgekit.errors import EdgekitError
 from edgekit.precision import int8_choice
+from edgekit.profiles import PRECISIONS
 
 log = logging.getLogger(__name__)
 
 #: Every backend and precision ``edgekit bench`` looks for, so a missing one is listed with its reason.
 BACKENDS = ("onnxruntime", "openvino", "litert", "tvm", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 class BenchError(EdgekitError):

@@ -266,7 +266,7 @@ def _recipe_artifacts(
             lambda d: [
                 quantize_onnx_int8(
                     fp32,
-                    d / f"{stem}-{precision}{'-full' if full else ''}.onnx",
+                    d / f"{stem}-{recipe.removeprefix('onnxruntime-')}.onnx",
                     calib,
                     req.card.input_name,
                     full_range=full,

@@ -37,7 +37,7 @@ def bench_command(
         str | None, typer.Option("--backends", help="Only these backends, comma-separated.")
     ] = None,
     precisions: Annotated[
-        str | None, typer.Option("--precisions", help="Only these precisions (fp32,fp16,bf16,int8).")
+        str | None, typer.Option("--precisions", help="Only these precisions (fp32, fp16, bf16, int8).")
     ] = None,
     threads: Annotated[
         str | None, typer.Option("--threads", help="Thread counts to try, e.g. 1,2 (default: all cores).")
