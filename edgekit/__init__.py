@@ -12,9 +12,9 @@ from edgekit._version import __version__
 from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
-    from edgekit.model import Model, load
     from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Policy, Summary, open_source
-    from edgekit.postprocess import Label
+    from edgekit.runtime.model import Model, load
+    from edgekit.runtime.postprocess import Label
 
 __all__ = [
     "EdgekitError",
@@ -31,9 +31,9 @@ __all__ = [
 ]
 
 _LAZY = {
-    "load": "edgekit.model",
-    "Model": "edgekit.model",
-    "Label": "edgekit.postprocess",
+    "load": "edgekit.runtime.model",
+    "Model": "edgekit.runtime.model",
+    "Label": "edgekit.runtime.postprocess",
     **dict.fromkeys(
         ("Pipeline", "Policy", "FrameRecord", "FrameResult", "Summary", "open_source"), "edgekit.pipeline"
     ),

@@ -63,11 +63,11 @@ def _root(
 def doctor_report() -> dict[str, Any]:
     """What ``edgekit doctor`` reports, as plain data."""
     from edgekit.backends import registry
-    from edgekit.cpu import this_cpu
-    from edgekit.host import detect, rank_profiles
-    from edgekit.precision import compute_precision
-    from edgekit.profiles import all_profiles
-    from edgekit.selection import backend_availability
+    from edgekit.runtime.cpu import this_cpu
+    from edgekit.runtime.host import detect, rank_profiles
+    from edgekit.runtime.precision import compute_precision
+    from edgekit.runtime.profiles import all_profiles
+    from edgekit.runtime.selection import backend_availability
 
     host = detect()
     cpu = this_cpu()
@@ -187,7 +187,7 @@ def doctor(as_json: JsonOpt = False) -> None:
 @devices_app.command("list")
 def devices_list(as_json: JsonOpt = False) -> None:
     """List the known device profiles."""
-    from edgekit.profiles import all_profiles
+    from edgekit.runtime.profiles import all_profiles
 
     profiles = all_profiles()
     if as_json:
@@ -215,7 +215,7 @@ def devices_show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show one device profile in full (aliases resolve)."""
-    from edgekit.profiles import get_profile
+    from edgekit.runtime.profiles import get_profile
 
     p = get_profile(name)
     data = p.to_dict()

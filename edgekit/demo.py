@@ -20,7 +20,7 @@ from edgekit.errors import EdgekitError
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.build.builder import BuildResult
+    from edgekit.convert.builder import BuildResult
 
 REFERENCE_MODEL = "efficientnet-lite0"
 # (scikit-image loader, what a person sees): the photographs the clip shows, in order.
@@ -65,8 +65,8 @@ def reference_bundle(
     profile: str, progress: Progress, *, rebuild: bool = False
 ) -> tuple[Path, BuildResult | None]:
     """The reference bundle for ``profile``: reused when it verifies, else built (steps come from the cache)."""
-    from edgekit.build.builder import BuildRequest, build
-    from edgekit.modelcard import read_card
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import read_card
 
     target = demo_dir() / f"{REFERENCE_MODEL}-{profile}"
     if not rebuild and reusable(target):
@@ -80,7 +80,7 @@ def reference_bundle(
 
 def host_reference_bundle() -> Path:
     """The reference bundle for the profile this host matches, quietly (what the benchmarks in tools/ use)."""
-    from edgekit.host import match_profile
+    from edgekit.runtime.host import match_profile
 
     return reference_bundle(match_profile().name, lambda step, status: None)[0]
 

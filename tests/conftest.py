@@ -49,8 +49,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyArtifacts:
         ov.save_model(ov.convert_model(str(onnx_path)), str(ir), compress_to_fp16=False)
     tvm_lib: Path | None = None
     if importlib.util.find_spec("tvm") is not None:
-        from edgekit.build.tvm import compile_onnx
-        from edgekit.profiles import get_profile
+        from edgekit.convert.tvm import compile_onnx
+        from edgekit.runtime.profiles import get_profile
 
         tvm_lib = compile_onnx(onnx_path, out / "tiny-x86_64.so", get_profile("x86_64-cpu").tvm_target).path
     x = tiny_model.sample_input()

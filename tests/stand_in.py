@@ -23,7 +23,7 @@ import numpy as np
 from edgekit.backends.base import Session
 
 if TYPE_CHECKING:
-    from edgekit.model import Model
+    from edgekit.runtime.model import Model
 
 STAND_IN_MS = float(os.environ.get("EDGEKIT_TEST_STAND_IN_MS", "40"))
 

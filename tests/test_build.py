@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgekit._core.elf import elf_arch, host_arch
 from edgekit.backends import open_session
-from edgekit.build.images import smoke_set
 from edgekit.bundle import read_manifest, verify
-from edgekit.elf import elf_arch, host_arch
-from edgekit.modelcard import read_card
-from edgekit.tensors import from_output, to_input
+from edgekit.convert.images import smoke_set
+from edgekit.convert.modelcard import read_card
+from edgekit.runtime.tensors import from_output, to_input
 
 from conftest import CARD, ROOT, edgekit
 
@@ -268,9 +268,9 @@ def test_a_user_tflite_is_bundled_as_it_is(
 def test_a_pytorch_module_builds_through_onnx_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from edgekit.build.builder import BuildRequest, build
-    from edgekit.modelcard import ModelCard
-    from edgekit.preprocessing import PreprocessSpec
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import ModelCard
+    from edgekit.runtime.preprocessing import PreprocessSpec
 
     monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)

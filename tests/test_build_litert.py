@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit.build.artifact import Artifact
-from edgekit.build.litert import (
+from edgekit.convert.artifact import Artifact
+from edgekit.convert.litert import (
     convert_tflite,
     nhwc_batch,
     non_integer_ops,
@@ -26,7 +26,7 @@ from edgekit.build.litert import (
     unsupported_op,
 )
 from edgekit.errors import BuildError
-from edgekit.preprocessing import PreprocessSpec
+from edgekit.runtime.preprocessing import PreprocessSpec
 
 CONVERTER_MISSING = (
     "litert-torch is not installed: CI installs it after the main install with "
@@ -116,7 +116,7 @@ def _tiny_calibration() -> np.ndarray:
 
 def _run(path: Path, batch_nchw: np.ndarray) -> np.ndarray:
     from edgekit.backends import open_session
-    from edgekit.build.accuracy import run_batch
+    from edgekit.convert.accuracy import run_batch
 
     with open_session(path, "litert", num_threads=2) as session:
         return run_batch(session, batch_nchw)
@@ -309,9 +309,9 @@ def reference(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[dict[str, Artifact], np.ndarray, tuple[str, ...]]:
     _litert_torch()
-    from edgekit.build.images import smoke_set
-    from edgekit.build.sources import load_pytorch
-    from edgekit.modelcard import read_card
+    from edgekit.convert.images import smoke_set
+    from edgekit.convert.modelcard import read_card
+    from edgekit.convert.sources import load_pytorch
 
     card = read_card(Path(__file__).parent.parent / "models" / "efficientnet-lite0")
     images = smoke_set()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from edgekit.backends import open_session
-from edgekit.build.artifact import Artifact
+from edgekit.convert.artifact import Artifact
 from edgekit.errors import BuildError
 
 import tiny_model
@@ -28,8 +28,8 @@ for _module in ("onnxruntime", "openvino", "nncf"):
     if importlib.util.find_spec(_module) is None:
         pytest.skip(f"{_module} is not installed (pip install -e '.[all]')", allow_module_level=True)
 
-from edgekit.build.onnx_int8 import quantize_onnx_int8  # noqa: E402 - after the skip
-from edgekit.build.openvino_ir import convert_openvino, quantize_openvino_int8  # noqa: E402
+from edgekit.convert.onnx_int8 import quantize_onnx_int8  # noqa: E402 - after the skip
+from edgekit.convert.openvino_ir import convert_openvino, quantize_openvino_int8  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,10 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     pytest.importorskip("efficientnet_lite_pytorch", reason="the reference model packages are not installed")
     import onnx
 
-    from edgekit.build.images import smoke_set
-    from edgekit.build.onnx_export import export_pytorch, fold
-    from edgekit.build.sources import load_pytorch
-    from edgekit.modelcard import read_card
+    from edgekit.convert.images import smoke_set
+    from edgekit.convert.modelcard import read_card
+    from edgekit.convert.onnx_export import export_pytorch, fold
+    from edgekit.convert.sources import load_pytorch
 
     card = read_card(ROOT / "models" / "efficientnet-lite0")
     d = tmp_path_factory.mktemp("reference")

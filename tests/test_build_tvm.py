@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgekit._core.elf import elf_arch, host_arch
 from edgekit._core.io import sha256_file
-from edgekit.build import tvm_tuning as tt
-from edgekit.build.artifact import Artifact
-from edgekit.elf import elf_arch, host_arch
+from edgekit.convert import tvm_tuning as tt
+from edgekit.convert.artifact import Artifact
 from edgekit.errors import BuildError
-from edgekit.profiles import get_profile
+from edgekit.runtime.profiles import get_profile
 
 from conftest import TinyArtifacts
 
@@ -84,7 +84,7 @@ def test_trial_rounds_cover_every_task() -> None:
 @pytest.mark.skipif(host_arch() == "aarch64", reason="this host is aarch64: it can tune for aarch64")
 def test_tuning_for_a_cpu_not_here_is_refused_clearly(tiny: TinyArtifacts, tmp_path: Path) -> None:
     pytest.importorskip("tvm")
-    from edgekit.build.tvm import compile_onnx
+    from edgekit.convert.tvm import compile_onnx
 
     with pytest.raises(BuildError) as err:
         compile_onnx(tiny.onnx, tmp_path / "t.so", RPI5, tune_trials=8, cache_dir=tmp_path)
@@ -98,7 +98,7 @@ def tiny_tuned(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory) ->
     """The tiny model tuned with 8 trials into a fresh cache: (cache directory, artifact)."""
     pytest.importorskip("tvm")
     pytest.importorskip("xgboost")
-    from edgekit.build.tvm import compile_onnx
+    from edgekit.convert.tvm import compile_onnx
 
     cache, out = tmp_path_factory.mktemp("tvm-cache"), tmp_path_factory.mktemp("tuned") / "tuned.so"
     return cache, compile_onnx(tiny.onnx, out, X86, tune_trials=8, cache_dir=cache)
@@ -126,7 +126,7 @@ def test_a_second_build_reuses_the_cached_tuning(
     tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from edgekit.backends import open_session
-    from edgekit.build.tvm import compile_onnx
+    from edgekit.convert.tvm import compile_onnx
 
     cache, first = tiny_tuned
 
@@ -145,7 +145,7 @@ def test_a_second_build_reuses_the_cached_tuning(
 def test_aarch64_build_uses_x86_64_schedules_only_as_a_declared_fallback(
     tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact], tmp_path: Path, aarch64_cc: str
 ) -> None:
-    from edgekit.build.tvm import compile_onnx
+    from edgekit.convert.tvm import compile_onnx
 
     cache, _ = tiny_tuned
     tuned = tt.read_database(tt.cache_location(sha256_file(tiny.onnx), X86, cache), "cache")
@@ -176,10 +176,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarra
     pytest.importorskip("torch")
     pytest.importorskip("efficientnet_lite_pytorch")
     pytest.importorskip("skimage")
-    from edgekit.build.images import smoke_set
-    from edgekit.build.onnx_export import export_pytorch, fold
-    from edgekit.build.sources import load_pytorch
-    from edgekit.modelcard import read_card
+    from edgekit.convert.images import smoke_set
+    from edgekit.convert.modelcard import read_card
+    from edgekit.convert.onnx_export import export_pytorch, fold
+    from edgekit.convert.sources import load_pytorch
 
     card = read_card(MODEL_DIR)
     d = tmp_path_factory.mktemp("ref")
@@ -193,7 +193,7 @@ def test_default_x86_64_build_applies_the_shipped_database(
     reference: tuple[Path, np.ndarray], tmp_path: Path
 ) -> None:
     from edgekit.backends import open_session
-    from edgekit.build.tvm import compile_onnx
+    from edgekit.convert.tvm import compile_onnx
 
     onnx_path, batch = reference
     shipped = tt.read_database(MODEL_DIR / tt.TUNING_DIR / "x86_64-haswell", "shipped")
@@ -219,7 +219,7 @@ def test_default_x86_64_build_applies_the_shipped_database(
 
 
 def test_tvm_imports_an_int8_qdq_model_as_float_convolutions(tiny: TinyArtifacts, tmp_path: Path) -> None:
-    """Why no profile gets a TVM int8 library (edgekit.build.tvm.INT8_NOT_BUILT): its convolutions stay fp32.
+    """Why no profile gets a TVM int8 library (edgekit.convert.tvm.INT8_NOT_BUILT): its convolutions stay fp32.
 
     If a TVM release lowers quantized ONNX to integer convolutions, this fails: then a
     tvm-int8 recipe is worth building and the note should go.
@@ -230,8 +230,8 @@ def test_tvm_imports_an_int8_qdq_model_as_float_convolutions(tiny: TinyArtifacts
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from edgekit.build.onnx_int8 import _Reader
-    from edgekit.build.tvm import INT8_NOT_BUILT
+    from edgekit.convert.onnx_int8 import _Reader
+    from edgekit.convert.tvm import INT8_NOT_BUILT
 
     qdq = tmp_path / "tiny-int8.onnx"
     calib = np.repeat(tiny.input_nchw, 4, axis=0).astype(np.float32)

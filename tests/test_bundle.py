@@ -21,7 +21,6 @@ import pytest
 pytest.importorskip("pydantic", reason="bundles need pydantic (pip install -e '.[build]')")
 pytest.importorskip("cryptography", reason="signing needs cryptography (pip install -e '.[build]')")
 
-from edgekit.build.artifact import Artifact
 from edgekit.bundle import (
     Accuracy,
     ArtifactResults,
@@ -45,6 +44,8 @@ from edgekit.bundle import (
     verify,
     write_bundle,
 )
+from edgekit.convert.artifact import Artifact
+from edgekit.runtime.preprocessing import PreprocessSpec
 
 # ---------------------------------------------------------------- helpers
 
@@ -153,7 +154,7 @@ def test_round_trip_signed_bundle_verifies(signed: Path, keys: tuple[Path, Path]
     assert ov.path == "artifacts/openvino-int8/model.xml" and ov.options == {"hint": "LATENCY"}
     assert ov.accuracy is not None and ov.accuracy.allowed_drop and ov.accuracy.smoke_set
     assert ov.size == 6 + 2048
-    assert m.preprocess.to_spec().input_shape == (1, 3, 224, 224)
+    assert PreprocessSpec.from_manifest(m).input_shape == (1, 3, 224, 224)
     assert _leftovers(signed.parent) == []
 
 

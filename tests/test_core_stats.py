@@ -117,7 +117,7 @@ def test_agreement_properties(rows: list[tuple[int, int, float]]) -> None:
 
 def test_the_build_gate_uses_the_rule() -> None:
     np = pytest.importorskip("numpy")
-    from edgekit.build.accuracy import compare
+    from edgekit.convert.accuracy import compare
 
     # Image 0: decisive, kept; image 1: near-tie (0.51 vs 0.49), flipped; image 2: decisive, flipped.
     reference = np.log(np.array([[0.9, 0.05, 0.05], [0.51, 0.49, 1e-9], [0.05, 0.9, 0.05]]))

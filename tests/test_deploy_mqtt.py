@@ -175,7 +175,7 @@ def command(**fields: Any) -> bytes:
 def test_a_command_is_checked_field_by_field_and_answers_to_its_id_when_it_can(
     payload: bytes, said: str, answer_to: str | None
 ) -> None:
-    from edgekit.deploy.commands import CommandError, parse_command
+    from edgekit.protocol.commands import CommandError, parse_command
 
     with pytest.raises(CommandError) as caught:
         parse_command(payload, "cam-1")
@@ -184,7 +184,7 @@ def test_a_command_is_checked_field_by_field_and_answers_to_its_id_when_it_can(
 
 
 def test_good_commands_parse_and_unknown_fields_are_ignored() -> None:
-    from edgekit.deploy.commands import parse_command, rollback_command
+    from edgekit.protocol.commands import parse_command, rollback_command
 
     cmd = parse_command(command(extra={"future": 1}), "cam-1")
     assert (cmd.id, cmd.action, cmd.size, cmd.url) == (
@@ -200,7 +200,7 @@ def test_good_commands_parse_and_unknown_fields_are_ignored() -> None:
 def test_the_wire_formats_follow_their_json_schemas() -> None:
     import jsonschema
 
-    from edgekit.deploy.commands import deploy_command, result_message
+    from edgekit.protocol.commands import deploy_command, result_message
 
     schemas = ROOT / "edgekit" / "telemetry" / "schema"
 
@@ -222,7 +222,7 @@ def test_the_wire_formats_follow_their_json_schemas() -> None:
 def test_the_artifact_routes_serve_ranges_and_heads_and_refuse_paths_outside(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from edgekit.deploy.artifacts import artifacts_app
+    from edgekit.fleet.artifacts import artifacts_app
 
     folder = tmp_path / "artifacts"
     folder.mkdir()
@@ -276,9 +276,9 @@ def test_a_download_cut_off_midway_resumes_with_a_range_request(tmp_path: Path) 
 
 
 def test_canary_share_and_durations() -> None:
+    from edgekit._core.units import parse_seconds
     from edgekit.deploy.rollout import canary_count, parse_share
     from edgekit.errors import DeployError, EdgekitError
-    from edgekit.units import parse_seconds
 
     assert [canary_count(n, 0.1) for n in (0, 1, 3, 10, 11)] == [0, 1, 1, 1, 2]
     assert parse_share("10%") == pytest.approx(0.1) and parse_share("0.25") == 0.25
@@ -292,8 +292,8 @@ def test_canary_share_and_durations() -> None:
 
 
 def test_the_canary_window_counts_only_the_new_versions_windows_once_each() -> None:
+    from edgekit._core.sketch import LatencySketch
     from edgekit.deploy.rollout import FleetLink, Rollout, RolloutOptions
-    from edgekit.sketch import LatencySketch
 
     def window(session: str, seq: int, values: list[float], missed: int = 0) -> dict[str, Any]:
         sketch = LatencySketch()

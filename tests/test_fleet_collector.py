@@ -17,7 +17,7 @@ import edgekit
 from edgekit.fleet import Collector, FleetStore, safe_name
 from edgekit.fleet.collector import MAX_PAYLOAD
 from edgekit.pipeline.records import STAGES, FrameRecord
-from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
+from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.telemetry.window import MetricsWindow
 
 
@@ -190,7 +190,7 @@ def test_a_real_device_through_mosquitto_to_the_store(
             edgekit.load(x86_bundle[0], device="x86_64-cpu") as model,
             edgekit.Pipeline(model, "synthetic:160x120@30", duration_s=2.5) as p,
         ):
-            p.report(broker.url, device_id="cam-r", fleet="lab", interval_s=0.4)
+            report(p, broker.url, device_id="cam-r", fleet="lab", interval_s=0.4)
             p.run()
         deadline = time.monotonic() + 10
         while (d := store.device("lab", "cam-r")) is None or d["state"] != "offline":
@@ -357,8 +357,8 @@ def test_sketches_that_would_break_a_fleet_query_are_refused(bad: Any) -> None:
 
 
 def test_every_sketch_a_device_makes_passes_the_check_and_reads_back() -> None:
+    from edgekit._core.sketch import LatencySketch
     from edgekit.fleet.collector import check_sketch
-    from edgekit.sketch import LatencySketch
 
     rng = np.random.default_rng(5)
     for values in ([], [0.0], [1e-9, 5.0], rng.lognormal(2.5, 1.5, 2000), [1e9, 3e-5]):
@@ -411,7 +411,7 @@ class SparkplugDevice(FakeDevice):
         return topic, payload
 
     def window_of(self, latencies: np.ndarray) -> bytes:
-        from edgekit.telemetry import sparkplug as sp
+        from edgekit.protocol import sparkplug as sp
 
         for v in latencies:
             self.window.observe(record(float(v), met=v < 33))
@@ -469,13 +469,13 @@ class Boom:
 
 
 def sp_payload(**metrics: Any) -> bytes:
-    from edgekit.telemetry import sparkplug as sp
+    from edgekit.protocol import sparkplug as sp
 
     return sp.encode(metrics, 3)
 
 
 def ddata(tmp_path: Path, **change: Any) -> bytes:
-    from edgekit.telemetry import sparkplug as sp
+    from edgekit.protocol import sparkplug as sp
 
     dev = SparkplugDevice("cam-1", tmp_path)
     metrics = sp.decode(dev.window_of(np.full(5, 12.0)))["metrics"]

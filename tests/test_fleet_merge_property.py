@@ -15,11 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.fleet.collector import Collector
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.view import FleetView
 from edgekit.pipeline.records import STAGES
-from edgekit.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.telemetry.window import Window
 
 NOW = 1_800_000_000.0

@@ -15,7 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edgekit.errors import TelemetryError
 from edgekit.fleet.mqtt import FleetSubscriber
-from edgekit.telemetry.broker import BrokerConfig
+from edgekit.protocol.broker import BrokerConfig
 
 
 class Inbox:

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edgekit._core.sketch import LatencySketch
 from edgekit.fleet import prometheus
 from edgekit.fleet.prometheus import (
     CONTENT_TYPE,
@@ -33,7 +34,6 @@ from edgekit.fleet.prometheus import (
     render,
 )
 from edgekit.pipeline.records import STAGES, FrameRecord
-from edgekit.sketch import LatencySketch
 from edgekit.telemetry.window import MetricsWindow
 
 MONITORING = Path(prometheus.__file__).with_name("monitoring")

@@ -18,7 +18,7 @@ from broker import Mosquitto
 
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.mqtt import FleetSubscriber
-from edgekit.telemetry.broker import BrokerConfig
+from edgekit.protocol.broker import BrokerConfig
 
 from conftest import ROOT
 

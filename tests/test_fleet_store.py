@@ -15,11 +15,11 @@ import pytest
 from broker import free_port
 from postgres import PASSWORD, PostgresServer
 
+from edgekit._core.sketch import LatencySketch
 from edgekit.errors import EdgekitError
 from edgekit.fleet import Collector
 from edgekit.fleet.store import Bucket, FleetStore, StoreError, open_store
 from edgekit.pipeline.records import STAGES
-from edgekit.sketch import LatencySketch
 
 T = 1_764_490_000.0  # a real timestamp: a float4 column would round it by minutes
 M = T + 20  # the first whole minute after T (rollups are per whole minute)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.view import FleetView, SloPolicy
 from edgekit.pipeline.records import STAGES
-from edgekit.sketch import LatencySketch
 from edgekit.telemetry.window import Window
 
 

@@ -12,8 +12,8 @@ import pytest
 import edgekit
 from edgekit.bundle import pack, read_manifest
 from edgekit.errors import EdgekitError, NoUsableBackendError
-from edgekit.postprocess import Label, softmax, top_k
-from edgekit.preprocessing import preprocess
+from edgekit.runtime.postprocess import Label, softmax, top_k
+from edgekit.runtime.preprocessing import preprocess
 
 from conftest import TinyArtifacts
 
@@ -32,8 +32,8 @@ def test_top_k_matches_numpy_and_breaks_ties_by_id() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_bundles(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from edgekit.build.builder import BuildRequest, build
-    from edgekit.modelcard import card_for_file
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import card_for_file
 
     out = tmp_path_factory.mktemp("tiny-bundles")
     labels = out / "labels.txt"
@@ -139,8 +139,8 @@ def test_a_bundle_records_its_interpolation_and_a_device_preprocesses_with_it(
 ) -> None:
     from dataclasses import replace
 
-    from edgekit.build.builder import BuildRequest, build
-    from edgekit.modelcard import card_for_file
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import card_for_file
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(LABELS) + "\n")

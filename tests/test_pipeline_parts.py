@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from edgekit._core.sketch import LatencySketch
 from edgekit.backends.base import Quantization, TensorSpec
 from edgekit.errors import EdgekitError, InputError, PipelineError
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters
-from edgekit.preprocessing import Preprocessor, PreprocessSpec, fit, preprocess
-from edgekit.sketch import LatencySketch
-from edgekit.tensors import to_input
+from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec, fit, preprocess
+from edgekit.runtime.tensors import to_input
 
 
 def test_sketch_quantiles_are_within_one_percent_and_merge_exactly() -> None:

@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit.cpu import CpuFeatures, parse_cpuinfo, read_cpu
 from edgekit.errors import ProfileError
-from edgekit.host import read_host
-from edgekit.precision import compute_precision, int8_pick
-from edgekit.profiles import Candidate, get_profile, parse_profile, pin_precision
+from edgekit.runtime.cpu import CpuFeatures, parse_cpuinfo, read_cpu
+from edgekit.runtime.host import read_host
+from edgekit.runtime.precision import compute_precision, int8_pick
+from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.runtime.profiles import Candidate, get_profile, parse_profile, pin_precision
 
 # The flags lines of real machines (trimmed of flags edgekit does not read).
 EPYC_AVX2 = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx fma avx2 bmi2 sha_ni\n"
@@ -162,7 +163,7 @@ def test_arm_takes_full_range_int8_with_or_without_the_dot_product() -> None:
 
 
 def test_selection_refuses_a_candidate_the_cpu_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    import edgekit.selection as selection
+    import edgekit.runtime.selection as selection
 
     full = Candidate("onnxruntime", "int8", {}, variant="full", requires=("int8-dot",))
     monkeypatch.setattr(selection, "this_cpu", lambda: cpu("epyc-avx2"))
@@ -192,13 +193,13 @@ def test_reference_openvino_fp32_agrees_with_onnxruntime_fp32(
     """The reference model's fp32 IR within 1e-3 of ONNX Runtime fp32 in logits (bf16 is ~0.5 off)."""
     pytest.importorskip("openvino")
     from edgekit.backends import open_session
-    from edgekit.build.images import smoke_set
     from edgekit.bundle import read_manifest
+    from edgekit.convert.images import smoke_set
 
     bundle, _ = x86_bundle
     m = read_manifest(bundle)
     path = {a.name: bundle / a.path for a in m.artifacts}
-    batch = smoke_set().batch(m.preprocess.to_spec())[:6]
+    batch = smoke_set().batch(PreprocessSpec.from_manifest(m))[:6]
     with open_session(path["openvino-fp32"], "openvino") as ov, open_session(path["onnxruntime-fp32"]) as ort:
         assert ov.compute_precision == "f32"
         for x in batch:
@@ -209,7 +210,7 @@ def test_reference_openvino_fp32_agrees_with_onnxruntime_fp32(
 def test_the_x86_bundle_carries_both_int8_recipes_and_bf16(x86_bundle: tuple[Path, dict[str, Any]]) -> None:
     """Each artifact is gated, or says why not: only a CPU lacking what it needs leaves it to the device."""
     from edgekit.bundle import read_manifest
-    from edgekit.cpu import this_cpu
+    from edgekit.runtime.cpu import this_cpu
 
     bundle, _ = x86_bundle
     arts = {a.name: a for a in read_manifest(bundle).artifacts}
@@ -234,9 +235,9 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
 ) -> None:
     """On a CPU without int8-dot the build runs the QDQ graph unfused, and leaves OpenVINO's to the device."""
     pytest.importorskip("openvino")
-    import edgekit.build.builder as builder
-    from edgekit.build.builder import BuildRequest, build
-    from edgekit.modelcard import card_for_file
+    import edgekit.convert.builder as builder
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import card_for_file
 
     monkeypatch.setattr(builder, "this_cpu", lambda: cpu("epyc-avx2"))
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
@@ -269,8 +270,8 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
 
 def test_a_cached_step_keeps_the_variant(tmp_path: Path) -> None:
     """A second build takes artifacts from the cache: they must come back as the recipe that made them."""
-    from edgekit.build.artifact import Artifact
-    from edgekit.build.cache import _from_json, _to_json
+    from edgekit.convert.artifact import Artifact
+    from edgekit.convert.cache import _from_json, _to_json
 
     made = Artifact(tmp_path / "m.onnx", "onnxruntime", "int8", variant="full", requires=("int8-dot",))
     back = _from_json(_to_json(made, tmp_path), tmp_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgekit.errors import ProfileError
-from edgekit.profiles import all_profiles, get_profile, profile_dirs, read_profile
+from edgekit.runtime.profiles import all_profiles, get_profile, profile_dirs, read_profile
 
 REQUIRED = {
     "jetson-orin-nano",

@@ -18,9 +18,9 @@ from broker import Mosquitto, secure_mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 
 import edgekit
+from edgekit._core.sketch import LatencySketch
 from edgekit.errors import TelemetryError
-from edgekit.sketch import LatencySketch
-from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
+from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 
 from conftest import EDGEKIT, ROOT
 
@@ -169,7 +169,7 @@ def test_payloads_follow_the_schema_and_mosquitto_sub_sees_them(model: Any, brok
     while "SUBSCRIBE" not in broker.log.read_text() and time.monotonic() < deadline:  # mosquitto_sub is in
         time.sleep(0.05)
     with edgekit.Pipeline(model, "synthetic:160x120@30") as p:
-        publisher = p.report(broker.url, device_id="cam-a", fleet="lab", interval_s=0.5)
+        publisher = report(p, broker.url, device_id="cam-a", fleet="lab", interval_s=0.5)
         stop_when(p, lambda: publisher.acked >= 5 and p.counters.frames >= 10)
         p.run()
     assert publisher.acked >= 5
@@ -227,8 +227,8 @@ def test_a_broker_outage_loses_no_telemetry_and_does_not_slow_frames(
         # (duration_s is only a safety net: the killer thread stops the run.)
         with edgekit.Pipeline(model, "synthetic:160x120@30", duration_s=600.0) as p:
             p.add_observer(records.append)
-            publisher = p.report(
-                broker.url, device_id="cam-b", fleet="lab", interval_s=0.5, spool=tmp_path / "s.db"
+            publisher = report(
+                p, broker.url, device_id="cam-b", fleet="lab", interval_s=0.5, spool=tmp_path / "s.db"
             )
             killer = threading.Thread(target=outage_of, args=(20.0,))
             killer.start()
@@ -286,7 +286,7 @@ def test_no_broker_at_all_leaves_the_pipeline_running(model: Any, tmp_path: Path
     from broker import free_port
 
     with edgekit.Pipeline(model, "synthetic:160x120@30", frames=40) as p:
-        publisher = p.report(f"mqtt://127.0.0.1:{free_port()}", device_id="cam-d", interval_s=0.2)
+        publisher = report(p, f"mqtt://127.0.0.1:{free_port()}", device_id="cam-d", interval_s=0.2)
         summary = p.run()
         pending = len(publisher.spool)
     assert summary.frames == 40 and pending >= 1 and not publisher.connected
@@ -310,8 +310,8 @@ def test_tls_passwords_and_the_acl_keep_each_device_in_its_own_topics(model: Any
     watcher = Subscriber(broker.port, client_id="watcher", user=("watcher", "pw-w"), ca_file=ca_file)
     try:
         with edgekit.Pipeline(model, "synthetic:160x120@30") as p:
-            p.report(
-                url.format("cam-1:pw-1"), device_id="cam-1", fleet="lab", interval_s=0.5, ca_file=ca_file
+            report(
+                p, url.format("cam-1:pw-1"), device_id="cam-1", fleet="lab", interval_s=0.5, ca_file=ca_file
             )
             stop_when(p, lambda: len(watcher.of("telemetry")) >= 3)
             p.run()
@@ -334,8 +334,8 @@ def test_tls_passwords_and_the_acl_keep_each_device_in_its_own_topics(model: Any
         watcher.close()
     # A wrong password: refused with a clear error, and the frames keep coming.
     with edgekit.Pipeline(model, "synthetic:160x120@30", frames=45) as p:
-        publisher = p.report(
-            url.format("cam-1:wrong"), device_id="cam-1", fleet="lab", interval_s=0.3, ca_file=ca_file
+        publisher = report(
+            p, url.format("cam-1:wrong"), device_id="cam-1", fleet="lab", interval_s=0.3, ca_file=ca_file
         )
         summary = p.run()
         error = publisher.last_error
@@ -349,7 +349,7 @@ def test_mqtt_5_works_the_same(model: Any, broker: Mosquitto) -> None:
     sub = Subscriber(broker.port, client_id="v5-watch")
     try:
         with edgekit.Pipeline(model, "synthetic:160x120@30") as p:
-            publisher = p.report(broker.url, device_id="cam-v5", interval_s=0.3, protocol="5")
+            publisher = report(p, broker.url, device_id="cam-v5", interval_s=0.3, protocol="5")
             stop_when(p, lambda: publisher.acked >= 3 and len(sub.of("telemetry")) >= 3)
             p.run()
         assert publisher.acked >= 3
@@ -377,7 +377,7 @@ def test_telemetry_tail_shows_devices_and_skips_garbage(
     junk.disconnect()
     junk.loop_stop()
     with edgekit.Pipeline(model, "synthetic:160x120@30", duration_s=2.0) as p:
-        p.report(broker.url, device_id="cam-t", fleet="lab", interval_s=0.4)
+        report(p, broker.url, device_id="cam-t", fleet="lab", interval_s=0.4)
         p.run()
     out, err = tail.communicate(timeout=30)
     assert tail.returncode == 0, err
@@ -409,7 +409,7 @@ class RawSubscriber(Subscriber):
             self.messages.append((msg.topic, {"raw": bytes(msg.payload)}, bool(msg.retain)))
 
     def sparkplug(self) -> list[tuple[str, dict[str, Any]]]:
-        from edgekit.telemetry.sparkplug import decode
+        from edgekit.protocol.sparkplug import decode
 
         with self.lock:
             # What the node published (the commands sent to it are on NCMD).
@@ -417,12 +417,12 @@ class RawSubscriber(Subscriber):
 
 
 def test_sparkplug_births_data_rebirth_and_death(model: Any, broker: Mosquitto) -> None:
-    from edgekit.telemetry import sparkplug as sp
+    from edgekit.protocol import sparkplug as sp
 
     sub = RawSubscriber(broker.port, "spBv1.0/#", client_id="scada")
     try:
         with edgekit.Pipeline(model, "synthetic:160x120@30") as p:
-            p.report(broker.url, device_id="cam-s", fleet="plant", interval_s=0.4, format="sparkplug")
+            report(p, broker.url, device_id="cam-s", fleet="plant", interval_s=0.4, format="sparkplug")
             assert sub.wait_for(lambda: any(k == "DDATA" for k, _ in sub.sparkplug()), 10)
             # The host application asks for a rebirth.
             cmd = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)

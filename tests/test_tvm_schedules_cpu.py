@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from edgekit.build import tvm_tuning as tt
-from edgekit.cpu import CpuFeatures, target_flags
-from edgekit.profiles import get_profile
+from edgekit.convert import tvm_tuning as tt
+from edgekit.runtime.cpu import CpuFeatures, target_flags
+from edgekit.runtime.profiles import get_profile
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "efficientnet-lite0"
 X86 = dict(get_profile("x86_64-cpu").tvm_target)  # mcpu haswell
@@ -208,9 +208,10 @@ def test_inspect_shows_the_schedules_note(tmp_path: Path) -> None:
 
     from test_bundle import _artifacts, _meta
 
-    from edgekit.bundle import read_manifest, write_bundle
+    from edgekit.bundle import read_manifest
     from edgekit.commands import bundle as bundle_cmd
     from edgekit.commands.common import console
+    from edgekit.convert.bundle_writer import write_bundle
 
     note = tt.schedule_note(_db(), X86, XEON, "Intel Xeon")
     assert note is not None

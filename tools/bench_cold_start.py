@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry
-    from edgekit.profiles import DeviceProfile
+    from edgekit.runtime.profiles import DeviceProfile
 
 # The child: nothing but what a device needs.  Timestamps are CLOCK_MONOTONIC in ns.
 CHILD = r"""
@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
+    from edgekit._core.elf import host_arch
     from edgekit.bundle import read_manifest
-    from edgekit.elf import host_arch
-    from edgekit.host import match_profile
+    from edgekit.runtime.host import match_profile
 
     if args.bundle is None:
         from edgekit.demo import host_reference_bundle

@@ -62,7 +62,7 @@ def collector_main(url: str, db: str, core: int, batch: int, conn: Connection, b
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.store import FleetStore
-    from edgekit.telemetry.broker import BrokerConfig
+    from edgekit.protocol.broker import BrokerConfig
 
     store = FleetStore(db)
     collector = Collector(store, batch_size=batch, flush_s=0.25)

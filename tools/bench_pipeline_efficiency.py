@@ -33,8 +33,8 @@ import numpy as np
 
 import edgekit
 from edgekit.demo import host_reference_bundle
-from edgekit.pipeline.records import STAGES
-from edgekit.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
+from edgekit.protocol.stages import STAGES
+from edgekit.runtime.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 
 # Resize methods: the spec's own (``interpolation``), then plain OpenCV filters for comparison.
 OTHER_RESIZES = {"linear": cv2.INTER_LINEAR, "nearest": cv2.INTER_NEAREST}
@@ -61,13 +61,13 @@ def _crop_size(image: np.ndarray, spec: PreprocessSpec) -> tuple[int, int]:
 
 def resize_study(bundle: Path) -> None:
     from edgekit.backends import registry
-    from edgekit.build.accuracy import compare
-    from edgekit.build.images import smoke_set
     from edgekit.bundle import read_manifest
-    from edgekit.tensors import from_output, to_input
+    from edgekit.convert.accuracy import compare
+    from edgekit.convert.images import smoke_set
+    from edgekit.runtime.tensors import from_output, to_input
 
     manifest = read_manifest(bundle)
-    spec = manifest.preprocess.to_spec()
+    spec = PreprocessSpec.from_manifest(manifest)
     frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), np.uint8)
     methods = [*INTERPOLATIONS, *OTHER_RESIZES]
     print(f"resize of a 640x480 frame to {spec.size[1]}x{spec.size[0]} ({spec.resize}), one thread:")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import edgekit
 from edgekit.demo import host_reference_bundle
+from edgekit.telemetry import report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _mosquitto import start_broker
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                         with edgekit.Pipeline(model, args.source, frames=args.frames) as p:
                             p.add_observer(lambda rec, into=lat: into.append(rec.latency_ms))
                             if mode == "on":
-                                pub = p.report(
-                                    f"mqtt://127.0.0.1:{port}", device_id="bench", interval_s=args.interval
+                                pub = report(
+                                    p, f"mqtt://127.0.0.1:{port}", device_id="bench", interval_s=args.interval
                                 )
                             p.run()
                         extra = f"  published {pub.published}, acked {pub.acked}" if mode == "on" else ""

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from edgekit.errors import EdgekitError
-from edgekit.pipeline.records import STAGES, Counters, FrameRecord
+from edgekit.pipeline.records import Counters, FrameRecord
+from edgekit.protocol.stages import STAGES
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.window import MetricsWindow, Window
@@ -305,10 +306,8 @@ class Driver:
 def load(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) -> int:
     """Load mode: precomputed windows with fresh ``seq`` / ``sent_at`` at ``--rate`` messages a second, QoS 1."""
     import orjson
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
 
-    from edgekit.telemetry import sparkplug as sp
+    from edgekit.protocol import sparkplug as sp
 
     t0 = time.time()
     acked = connected = 0
@@ -326,7 +325,7 @@ def load(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) 
         clients, templates, topics = [], [], []
         for d in devices:
             pub = d.publisher
-            client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=d.name)
+            client = broker.client(d.name)
             will_topic, will, retain = pub._offline()
             client.will_set(will_topic, will, qos=1, retain=retain)
             client.max_inflight_messages_set(100)

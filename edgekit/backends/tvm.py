@@ -2,7 +2,7 @@
 
 The library holds the model's code and weights; its input and output specs travel beside
 it as ``<stem>.io.json`` (the Relax executable does not keep them), written by
-:func:`edgekit.build.tvm.compile_onnx`.  Before loading, the ELF header is read so that a
+:func:`edgekit.convert.tvm.compile_onnx`.  Before loading, the ELF header is read so that a
 library built for another CPU is refused with a clear message instead of a dlopen error
 that claims the file does not exist.
 """
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.elf import host_arch, read_elf
 from edgekit.backends.base import (
     Availability,
     Options,
@@ -23,7 +24,6 @@ from edgekit.backends.base import (
     known_options,
     load_failed,
 )
-from edgekit.elf import host_arch, read_elf
 from edgekit.errors import ModelLoadError, RunError
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def read_io(library: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     except FileNotFoundError as err:
         raise ModelLoadError(
             f"{NAME}: {library} has no input/output description {path.name} beside it",
-            "compile the model with `edgekit build` (or edgekit.build.tvm.compile_onnx), which writes both files",
+            "compile the model with `edgekit build` (or edgekit.convert.tvm.compile_onnx), which writes both files",
         ) from err
     except (ValueError, KeyError, TypeError) as err:
         raise ModelLoadError(

@@ -5,7 +5,7 @@ measures each in its own process, ``stats`` holds the exact percentiles and Load
 query-count rule, ``selection`` writes the measured choice into the bundle, and
 ``render`` draws the table and the latency plot.
 
-The names below are imported on first use: ``edgekit.load`` imports ``edgekit.bench.selection``
+The names below are imported on first use: ``edgekit.load`` imports ``edgekit.bench.recording``
 on every cold start, and must not pay for the runner (subprocess, the summary maths) there.
 """
 

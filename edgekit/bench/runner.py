@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from edgekit._core.stats import agreement
-from edgekit.bench.selection import THREAD_OPTION
 from edgekit.bench.stats import LatencySummary, min_queries, summarize
-from edgekit.cpu import CpuFeatures, this_cpu
 from edgekit.errors import EdgekitError
-from edgekit.precision import int8_choice
-from edgekit.profiles import PRECISIONS
+from edgekit.runtime.cpu import CpuFeatures, this_cpu
+from edgekit.runtime.measured import THREAD_OPTION
+from edgekit.runtime.precision import int8_choice
+from edgekit.runtime.profiles import PRECISIONS
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Candidate:
     #: False when the build's accuracy gate did not pass this artifact (shipped under --allow-accuracy-drop).
     build_gate: bool = True
     #: What to read next to its timings, from the artifact's notes: a TVM library whose schedules
-    #: were tuned on another CPU than this one (``edgekit.build.tvm_tuning.runtime_caveat``).
+    #: were tuned on another CPU than this one (``edgekit.convert.tvm_tuning.runtime_caveat``).
     caveat: str | None = None
 
     @property
@@ -235,7 +235,7 @@ def host_facts() -> dict[str, Any]:
     """The machine the numbers come from."""
     import platform
 
-    from edgekit.host import read_host
+    from edgekit.runtime.host import read_host
 
     h = read_host(probe_runtimes=False)
     return {
@@ -256,13 +256,13 @@ def plan(
     threads: Sequence[int] = (),
 ) -> tuple[list[Candidate], list[Skipped]]:
     """The candidates of the bundle at ``root`` that can run here, and what was left out and why."""
+    from edgekit._core.elf import host_arch
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
-    from edgekit.elf import host_arch
-    from edgekit.model import artifact_for, candidates_for
-    from edgekit.profiles import Candidate as ProfileCandidate
-    from edgekit.profiles import get_profile, pin_precision
-    from edgekit.selection import backend_availability
+    from edgekit.runtime.matching import artifact_for, candidates_for
+    from edgekit.runtime.profiles import Candidate as ProfileCandidate
+    from edgekit.runtime.profiles import get_profile, pin_precision
+    from edgekit.runtime.selection import backend_availability
 
     manifest = read_manifest(root)
     for b in backends:
@@ -347,7 +347,7 @@ def caveat(backend: str, notes: dict[str, Any], cpu: CpuFeatures | None = None) 
     """
     if backend != "tvm":
         return None
-    from edgekit.build.tvm_tuning import runtime_caveat
+    from edgekit.convert.tvm_tuning import runtime_caveat
 
     return runtime_caveat(notes, cpu or this_cpu())
 

@@ -58,8 +58,8 @@ def run(spec: dict[str, Any]) -> None:
 
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
-    from edgekit.preprocessing import Preprocessor
-    from edgekit.tensors import from_output
+    from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec
+    from edgekit.runtime.tensors import from_output
 
     root = Path(spec["bundle"])
     manifest = read_manifest(root)
@@ -78,7 +78,7 @@ def run(spec: dict[str, Any]) -> None:
 
     session = backend.load(root / art.path, spec["options"])  # runtime import happens here, if lazy
     t_loaded = time.monotonic()
-    prep = Preprocessor(manifest.preprocess.to_spec(), session.inputs[0])
+    prep = Preprocessor(PreprocessSpec.from_manifest(manifest), session.inputs[0])
     out_spec = session.outputs[0]
 
     def top1(x: np.ndarray) -> int:

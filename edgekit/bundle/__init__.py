@@ -7,7 +7,7 @@ Layout of a bundle folder (and, at the top level, of its archive)::
     manifest.sig               base64 Ed25519 signature over the exact bytes of manifest.json
     artifacts/<name>/<file>    each artifact's files, under its name (``onnxruntime-int8``...)
 
-Write one with ``write_bundle``; check one with ``verify`` (hashes, no missing or extra
+The build writes one (``edgekit.convert.bundle_writer.write_bundle``); check one with ``verify`` (hashes, no missing or extra
 file, signature against keys the caller trusts); open an archive only through ``unpack``
 or ``open_bundle``, which refuse links, ``..``, absolute names, devices and tar bombs.
 Needs ``pydantic`` (and ``cryptography`` to sign or check a signature).
@@ -37,7 +37,6 @@ from edgekit.bundle.manifest import (
     read_manifest,
 )
 from edgekit.bundle.verify import Check, VerifyReport, verify
-from edgekit.bundle.write import ArtifactResults, BundleMeta, bundle_meta, write_bundle
 
 __all__ = [
     "MANIFEST_FILE",
@@ -46,11 +45,9 @@ __all__ = [
     "SIGNATURE_FILE",
     "Accuracy",
     "ArtifactEntry",
-    "ArtifactResults",
     "BuildHost",
     "BuildInfo",
     "BundleError",
-    "BundleMeta",
     "Check",
     "DeviceInfo",
     "FileEntry",
@@ -63,7 +60,6 @@ __all__ = [
     "UnsafeArchiveError",
     "VerificationError",
     "VerifyReport",
-    "bundle_meta",
     "default_key_stem",
     "generate_keypair",
     "is_archive_name",
@@ -76,5 +72,4 @@ __all__ = [
     "read_manifest",
     "unpack",
     "verify",
-    "write_bundle",
 ]

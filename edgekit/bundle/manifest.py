@@ -8,8 +8,9 @@ names the field instead of being silently ignored or coerced.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -22,9 +23,6 @@ from pydantic import (
 )
 
 from edgekit.bundle.errors import BundleError
-
-if TYPE_CHECKING:
-    from edgekit.preprocessing import PreprocessSpec
 
 SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"
@@ -97,20 +95,14 @@ class Preprocess(_Schema):
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     color: Literal["RGB", "BGR"] = "RGB"
     resize: Literal["squash", "center-crop", "letterbox"] = "center-crop"
-    # How a shrinking resize filters (edgekit.preprocessing.INTERPOLATIONS).  Not written when
+    # How a shrinking resize filters (edgekit.runtime.preprocessing.INTERPOLATIONS).  Not written when
     # "area", so a bundle that does not use it reads the same to devices that predate it.
     interpolation: Literal["area", "box2-linear"] = Field(default="area", exclude_if=lambda v: v == "area")
 
-    def to_spec(self) -> PreprocessSpec:
-        """This as the ``PreprocessSpec`` that ``edgekit.preprocessing.preprocess`` takes."""
-        from edgekit.preprocessing import PreprocessSpec
-
-        return PreprocessSpec.from_dict(self.model_dump())
-
     @classmethod
-    def from_spec(cls, spec: PreprocessSpec) -> Preprocess:
-        """The manifest form of ``spec``."""
-        return cls.model_validate_json(json.dumps(spec.to_dict()))
+    def from_dict(cls, data: Mapping[str, Any]) -> Preprocess:
+        """The manifest form of a spec's ``to_dict()`` (JSON's types: lists, not tuples)."""
+        return cls.model_validate_json(json.dumps(data))
 
 
 class DeviceInfo(_Schema):
@@ -165,7 +157,7 @@ class ArtifactEntry(_Schema):
     #: Which recipe of that precision ("full": full-range int8 weights); left out when default,
     #: so a manifest without variants reads and hashes as before.
     variant: str = Field(default="", pattern=r"^[a-z0-9-]*$", exclude_if=lambda v: v == "")
-    #: CPU capabilities the artifact needs to compute as built (``edgekit.cpu.CAPABILITIES``).
+    #: CPU capabilities the artifact needs to compute as built (``edgekit.runtime.cpu.CAPABILITIES``).
     requires: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     kind: str = ""
     arch: str = "any"

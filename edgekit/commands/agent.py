@@ -169,15 +169,15 @@ def install_command(
 ) -> None:
     """Install a bundle: verify, unpack into the inactive slot, health-gate, switch. Exit 1 if refused."""
     from edgekit.deploy import StateRoot, install
-    from edgekit.deploy.install import check_deploy_id
     from edgekit.errors import DeployError
+    from edgekit.protocol.commands import check_deploy_id
 
     deploy_id = deploy_id or _new_id()
     check_deploy_id(deploy_id)
     if not bundle.exists():
         raise DeployError(f"{bundle} does not exist", "pass the bundle folder or .tar.gz to install")
     if device is not None:
-        from edgekit.profiles import get_profile
+        from edgekit.runtime.profiles import get_profile
 
         get_profile(device)  # an unknown profile is a usage error, not a failed bundle
     state = StateRoot(root)
@@ -195,7 +195,7 @@ def rollback_command(
 ) -> None:
     """Switch back to the other slot's bundle (it must be complete and still verify). Exit 1 if there is none."""
     from edgekit.deploy import StateRoot, rollback
-    from edgekit.deploy.install import check_deploy_id
+    from edgekit.protocol.commands import check_deploy_id
 
     deploy_id = deploy_id or _new_id()
     check_deploy_id(deploy_id)
@@ -364,10 +364,10 @@ def run_agent_command(
     import logging
     import socket
 
+    from edgekit._core.names import safe_name
     from edgekit.deploy.agent import AgentConfig, run_agent
     from edgekit.errors import DeployError
-    from edgekit.names import safe_name
-    from edgekit.telemetry.broker import BrokerConfig
+    from edgekit.protocol.broker import BrokerConfig
 
     device_id = device_id or socket.gethostname()
     for what, value in (("--fleet", fleet), ("--device-id", device_id), ("--group", group)):
@@ -377,7 +377,7 @@ def run_agent_command(
                 "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
             )
     if profile is not None:
-        from edgekit.profiles import get_profile
+        from edgekit.runtime.profiles import get_profile
 
         get_profile(profile)  # an unknown profile is a usage error now, not a failed deploy later
     if not telemetry_interval > 0 or not max_bundle_mb > 0:

@@ -81,9 +81,9 @@ def bench_command(
     warm-up that is not counted, then queries one after another until it has --min-queries
     and --min-duration. p90 is the headline; a p99 from fewer than 662 queries is marked.
     """
+    from edgekit.bench.recording import selection_from
+    from edgekit.bench.recording import write_selection as write_sel
     from edgekit.bench.runner import BenchError, Settings, plan, run
-    from edgekit.bench.selection import selection_from
-    from edgekit.bench.selection import write_selection as write_sel
     from edgekit.bundle import open_bundle
     from edgekit.bundle import verify as verify_bundle
 

@@ -99,9 +99,9 @@ def build_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
-    from edgekit.build.builder import BuildRequest, build
-    from edgekit.modelcard import card_for_file, read_card
-    from edgekit.profiles import get_profile
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import card_for_file, read_card
+    from edgekit.runtime.profiles import get_profile
 
     if sum(x is not None for x in (model, onnx, tflite)) != 1:
         raise BuildError(
@@ -161,7 +161,7 @@ def build_command(
 
 def _check_select(select: str, profile_arch: str) -> None:
     """Before building: --select must be a known rule and the bundle must be runnable here to be measured."""
-    from edgekit.elf import host_arch
+    from edgekit._core.elf import host_arch
 
     if select != "fastest":
         raise BuildError(f"--select takes 'fastest', got {select!r}", "use --select fastest, or leave it out")
@@ -175,8 +175,8 @@ def _check_select(select: str, profile_arch: str) -> None:
 
 def _select_fastest(bundle: Path, sign_key: Path | None, quiet: bool) -> dict[str, Any]:
     """Bench the built bundle (edgekit bench's defaults) and write the fastest gated candidate into it."""
+    from edgekit.bench.recording import selection_from, write_selection
     from edgekit.bench.runner import plan, run
-    from edgekit.bench.selection import selection_from, write_selection
     from edgekit.bundle import open_bundle
 
     with open_bundle(bundle) as root:

@@ -336,16 +336,16 @@ def rollback_command(
 
 
 def _profile(device: str) -> str:
-    from edgekit.profiles import get_profile
+    from edgekit.runtime.profiles import get_profile
 
     return get_profile(device).name
 
 
 def _build(model: Path, profile: str, sign_key: Path | None, as_json: bool) -> Path:
     """``edgekit build --model MODEL --device PROFILE`` with its defaults: the same folder and cache."""
-    from edgekit.build.builder import BuildRequest, build
     from edgekit.commands.build import _with_progress
-    from edgekit.modelcard import read_card
+    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.modelcard import read_card
 
     if sign_key is None:
         raise DeployError(

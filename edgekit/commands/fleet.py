@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
+from edgekit._core.units import parse_seconds
 from edgekit.commands.common import MqttCaOpt, err_console
 from edgekit.errors import EdgekitError
-from edgekit.units import parse_seconds
 
 fleet_app = typer.Typer(help="The fleet: collect telemetry, store it, show it.", no_args_is_help=True)
 
@@ -92,7 +92,7 @@ def serve_command(
     from edgekit.fleet.server import Ticker, create_app
     from edgekit.fleet.store import open_store
     from edgekit.fleet.view import FleetView, SloPolicy
-    from edgekit.telemetry.broker import BrokerConfig
+    from edgekit.protocol.broker import BrokerConfig
 
     if not 0 < slo_quantile < 1:
         raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")

@@ -14,7 +14,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from edgekit.pipeline.records import STAGES
+from edgekit.protocol.stages import STAGES
 
 if TYPE_CHECKING:
     from edgekit.pipeline import FrameResult, Pipeline

@@ -27,8 +27,8 @@ from edgekit.commands.common import (
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
-    from edgekit.model import Model
     from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Summary
+    from edgekit.runtime.model import Model
 
 PolicyOpt = Annotated[
     str | None,
@@ -181,7 +181,10 @@ def run_command(
         ) as pipeline,
     ):
         if mqtt is not None:
-            pipeline.report(
+            from edgekit.telemetry import report
+
+            report(
+                pipeline,
                 mqtt,
                 device_id=device_id,
                 fleet=fleet,
@@ -222,9 +225,9 @@ def demo_command(
     """Build (or reuse) the reference bundle for this host and label a sample clip at 30 fps."""
     from edgekit.commands.build import _with_progress
     from edgekit.demo import CLIP_IMAGES, image_at, reference_bundle, sample_clip
-    from edgekit.host import match_profile
     from edgekit.pipeline import Pipeline
-    from edgekit.profiles import get_profile
+    from edgekit.runtime.host import match_profile
+    from edgekit.runtime.profiles import get_profile
 
     _quiet_opencv()
     profile = match_profile() if device == "auto" else get_profile(device)

@@ -32,7 +32,7 @@ def _num(value: Any, fmt: str = "{:.1f}") -> str:
 
 
 def _quantile(sketch: Any, q: float) -> float | None:
-    from edgekit.sketch import LatencySketch
+    from edgekit._core.sketch import LatencySketch
 
     try:
         value = LatencySketch.from_dict(sketch).quantile(q)
@@ -122,10 +122,8 @@ def tail_command(
     ] = False,
 ) -> None:
     """Show what devices publish: a live table per device, or JSON lines with --json."""
-    import paho.mqtt.client as paho
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    from edgekit.telemetry.broker import BrokerConfig
+    from edgekit.protocol.broker import BrokerConfig
+    from edgekit.protocol.topics import topic
 
     broker = BrokerConfig.from_url(mqtt, ca_file=ca_file)
     view = FleetView()
@@ -136,7 +134,7 @@ def tail_command(
         if reason.is_failure:
             refused.append(str(reason))
             return
-        client.subscribe(f"edgekit/v1/{fleet}/+/+", qos=1)
+        client.subscribe(topic(fleet, "+", "+"), qos=1)
 
     def on_message(client: Any, userdata: Any, msg: Any) -> None:
         try:
@@ -153,8 +151,7 @@ def tail_command(
                 sys.stdout.flush()
         view.add(msg.topic, body)
 
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="")
-    broker.secure(client)
+    client = broker.client("")
     client.on_connect = on_connect
     client.on_message = on_message
     try:

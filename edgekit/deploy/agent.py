@@ -5,7 +5,7 @@ One process per device (systemd unit ``edgekit-agent.service``)::
     paho's thread     cmd messages (QoS 1, persistent session) -> a queue; acknowledged only
                       when handled, so a command that arrives while the agent is down, or
                       that was being handled when it died, is delivered (again) on reconnect
-    worker thread     one command at a time: check it (edgekit.deploy.commands), answer a
+    worker thread     one command at a time: check it (edgekit.protocol.commands), answer a
                       replayed id from deploys/<id>.json, download with Range resume into
                       incoming/, install() / rollback() (edgekit.deploy.install), report each
                       step and the outcome on cmd/result, restart the pipeline after a switch
@@ -52,21 +52,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit._version import __version__
-from edgekit.deploy.commands import (
-    SCHEMA_AGENT,
-    Command,
-    CommandError,
-    parse_command,
-    result_message,
-    topic,
-)
 from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download
 from edgekit.errors import EdgekitError
+from edgekit.protocol.commands import Command, CommandError, parse_command, result_message
+from edgekit.protocol.topics import SCHEMA_AGENT, topic
 
 if TYPE_CHECKING:
     from edgekit.deploy.install import InstallResult
     from edgekit.deploy.slots import StateRoot
-    from edgekit.telemetry.broker import BrokerConfig
+    from edgekit.protocol.broker import BrokerConfig
 
 log = logging.getLogger(__name__)
 
@@ -245,25 +239,14 @@ class Agent:
     # -- MQTT ----------------------------------------------------------------------------
 
     def _make_client(self) -> Any:
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        b = self.broker
-        v5 = b.protocol == "5"
-        kwargs: dict[str, Any] = {
-            "callback_api_version": CallbackAPIVersion.VERSION2,
-            # Not the device id: the pipeline child connects with that one, and a broker
-            # disconnects the older of two clients with one id.
-            "client_id": f"edgekit-agent-{self.config.device_id}",
-            "protocol": mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
-        }
-        if not v5:
-            kwargs["clean_session"] = False  # the broker keeps commands for us while we are away
-        client = mqtt.Client(**kwargs)
+        # Not the device id: the pipeline child connects with that one, and a broker disconnects
+        # the older of two clients with one id.  Not a clean session: the broker keeps commands
+        # for us while we are away.
+        client = self.broker.client(
+            f"edgekit-agent-{self.config.device_id}", clean_session=False, max_delay_s=10
+        )
         client.manual_ack_set(True)  # a command is acknowledged once handled, not once received
         client.will_set(self.agent_topic, self._status_payload("offline"), qos=1, retain=True)
-        b.secure(client)
-        client.reconnect_delay_set(min_delay=1, max_delay=10)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message

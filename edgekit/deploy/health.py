@@ -96,7 +96,7 @@ def check_health(
     import numpy as np
 
     from edgekit.bundle import read_manifest
-    from edgekit.model import load
+    from edgekit.runtime.model import load
 
     try:
         manifest = read_manifest(bundle)

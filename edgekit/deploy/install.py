@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree
 from edgekit.deploy.health import DEFAULT_RUNS, check_health
 from edgekit.deploy.slots import SlotInfo, StateRoot, fsync_tree, now_iso
-from edgekit.errors import DeployError, EdgekitError
+from edgekit.errors import EdgekitError
+from edgekit.protocol.commands import check_deploy_id
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import Manifest
@@ -95,17 +96,6 @@ class _Failed(Exception):
 
 def _nothing(step: str, info: dict[str, Any]) -> None:
     pass
-
-
-def check_deploy_id(deploy_id: str) -> None:
-    """``DeployError`` unless ``deploy_id`` is safe as a file name (the transports' one rule)."""
-    from edgekit.deploy.commands import safe_deploy_id
-
-    if not safe_deploy_id(deploy_id):
-        raise DeployError(
-            f"deploy id {deploy_id!r} is not 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit",
-            "pass --id with a safe name",
-        )
 
 
 def _replayed(root: StateRoot, deploy_id: str) -> InstallResult | None:

@@ -35,21 +35,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.deploy.artifacts import safe_artifact_name
-from edgekit.deploy.commands import (
+from edgekit._core.names import safe_name
+from edgekit._core.sketch import LatencySketch
+from edgekit._core.units import parse_seconds
+from edgekit.errors import DeployError
+from edgekit.fleet.artifacts import safe_artifact_name
+from edgekit.protocol.commands import (
     Command,
     deploy_command,
     loads_strict,
+    new_deploy_id,
     parse_agent_status,
     parse_result,
     rollback_command,
     safe_deploy_id,
-    topic,
 )
-from edgekit.errors import DeployError
-from edgekit.names import safe_name
-from edgekit.sketch import LatencySketch
-from edgekit.units import parse_seconds
+from edgekit.protocol.topics import topic
 
 Event = Callable[[str, dict[str, Any]], None]
 """``on_event(kind, info)``: ``members``, ``send``, ``progress``, ``result``, ``watch``, ``verdict``, ``done``."""
@@ -247,13 +248,6 @@ def canary_count(members: int, share: float) -> int:
     return min(members, max(1, math.ceil(share * members - 1e-9))) if members else 0
 
 
-def new_deploy_id(prefix: str, sha256: str = "") -> str:
-    """``<prefix>-<UTC time>-<sha8 or random>``: unique per run, safe as a file name."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    tail = sha256[:8] if sha256 else uuid.uuid4().hex[:8]
-    return f"{prefix}-{stamp}-{tail}-{uuid.uuid4().hex[:4]}"
-
-
 def rollback_id(deploy_id: str) -> str:
     """The id of the rollback that undoes ``deploy_id`` (``<id>-rb``, kept within 64 characters)."""
     return f"{deploy_id[:61]}-rb"
@@ -266,7 +260,7 @@ class FleetLink:
     """The rollout's MQTT client: agents, results, status births and canary telemetry, kept under one lock."""
 
     def __init__(self, broker_url: str, fleet: str) -> None:
-        from edgekit.telemetry.broker import BrokerConfig
+        from edgekit.protocol.broker import BrokerConfig
 
         self.broker = BrokerConfig.from_url(broker_url)
         self.fleet = fleet
@@ -285,20 +279,8 @@ class FleetLink:
         self._client = self._make_client()
 
     def _make_client(self) -> Any:
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        b = self.broker
-        kwargs: dict[str, Any] = {
-            "callback_api_version": CallbackAPIVersion.VERSION2,
-            "client_id": f"edgekit-deploy-{uuid.uuid4().hex[:10]}",
-            "protocol": mqtt.MQTTv5 if b.protocol == "5" else mqtt.MQTTv311,
-        }
-        if b.protocol != "5":
-            kwargs["clean_session"] = True  # the rollout's own queue is not worth keeping
-        client = mqtt.Client(**kwargs)
-        b.secure(client)
-        client.reconnect_delay_set(min_delay=1, max_delay=5)
+        # A clean session: the rollout's own queue is not worth keeping.
+        client = self.broker.client(f"edgekit-deploy-{uuid.uuid4().hex[:10]}", clean_session=True)
         client.on_connect = self._on_connect
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edgekit.errors import DeployError
+from edgekit.protocol.commands import check_deploy_id, new_deploy_id
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +59,6 @@ class SshError(DeployError):
     def __init__(self, message: str, hint: str = "", kind: str = "ssh") -> None:
         super().__init__(message, hint)
         self.kind = kind
-
-
-def new_deploy_id() -> str:
-    """A fresh deploy id: when it was made (UTC) and six random hex digits."""
-    return f"ssh-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.urandom(3).hex()}"
-
-
-def check_deploy_id(deploy_id: str) -> str:
-    """``deploy_id`` if it is safe as a file name on the device and on a command line; else ``DeployError``."""
-    from edgekit.deploy.commands import safe_deploy_id  # one rule for both transports
-
-    if not safe_deploy_id(deploy_id):
-        raise DeployError(
-            f"deploy id {deploy_id!r} is not usable",
-            "use letters, digits, '.', '_' and '-' (at most 64, starting with a letter or digit)",
-        )
-    return deploy_id
 
 
 @dataclass(frozen=True)
@@ -550,7 +533,7 @@ def deploy_over_ssh(
     from edgekit.bundle.archive import is_archive_name, pack
 
     started = time.monotonic()
-    deploy_id = check_deploy_id(deploy_id or new_deploy_id())
+    deploy_id = check_deploy_id(deploy_id or new_deploy_id("ssh"))
     report = progress or (lambda step, info: None)
     version = check_remote(target)
     report("check", {"host": target.host, "remote_edgekit": version})
@@ -594,7 +577,7 @@ def rollback_over_ssh(
 ) -> SshOutcome:
     """Run ``edgekit agent rollback`` on ``target``: the other complete slot becomes active again."""
     started = time.monotonic()
-    deploy_id = check_deploy_id(deploy_id or new_deploy_id())
+    deploy_id = check_deploy_id(deploy_id or new_deploy_id("ssh"))
     version = check_remote(target)
     if progress is not None:
         progress("check", {"host": target.host, "remote_edgekit": version})

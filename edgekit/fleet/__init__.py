@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from edgekit._core.names import safe_name
 from edgekit.fleet.collector import Collector, CollectorListener
 from edgekit.fleet.store import FleetStore, merge, open_store
 from edgekit.fleet.view import FleetView, SloPolicy
-from edgekit.names import safe_name
 
 __all__ = [
     "Collector",

@@ -2,7 +2,7 @@
 
 Two wire formats arrive: edgekit's JSON (``edgekit/v1/<fleet>/<device>/{status,telemetry,labels}``)
 and Sparkplug B (``spBv1.0/<fleet>/{NBIRTH,NDEATH,DBIRTH,DDATA}/<device>[/pipeline]``, see
-``edgekit.telemetry.sparkplug``).  A Sparkplug DDATA is turned into the JSON telemetry body,
+``edgekit.protocol.sparkplug``).  A Sparkplug DDATA is turned into the JSON telemetry body,
 so the store, the listener and the dashboard treat both alike.
 
 Every message is checked before it is stored: the topic shape, the fleet and device
@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from edgekit._core.names import safe_name
+from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.fleet.store import FleetStore
-from edgekit.names import safe_name
-from edgekit.pipeline.records import STAGES
-from edgekit.sketch import DEFAULT_ACCURACY, LatencySketch
+from edgekit.protocol.stages import STAGES
+from edgekit.protocol.topics import SCHEMA_STATUS, schema
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +315,7 @@ class Collector:
             raise Rejected("malformed-json", str(err)[:120]) from None
         if type(body) is not dict:
             raise Rejected("malformed-json", "not a JSON object")
-        if body.get("schema") != f"edgekit/v1/{leaf}":
+        if body.get("schema") != schema(leaf):
             raise Rejected("schema-version", f"schema {str(body.get('schema'))[:60]!r} on a {leaf} topic")
         if body.get("device") != device:
             raise Rejected("device-mismatch", f"payload says {str(body.get('device'))[:60]!r}")
@@ -398,7 +399,7 @@ class Collector:
     def _sparkplug(self, topic: str, payload: bytes, at: float) -> str:
         from google.protobuf.message import DecodeError
 
-        from edgekit.telemetry import sparkplug as sp
+        from edgekit.protocol import sparkplug as sp
 
         parts = topic.split("/")
         if (len(parts) == 3 and parts[1] == "STATE") or (len(parts) > 2 and parts[2] in SPARKPLUG_IGNORED):
@@ -466,7 +467,7 @@ class Collector:
     def _birth(fleet: str, device: str, facts: dict[str, Any], ts_ms: int) -> dict[str, Any]:
         """A Sparkplug birth as the JSON status ``online`` body (what the store and the listener keep)."""
         return {
-            "schema": "edgekit/v1/status",
+            "schema": SCHEMA_STATUS,
             "state": "online",
             "device": device,
             "fleet": fleet,

@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable
 
 from edgekit.errors import TelemetryError
-from edgekit.telemetry.broker import BrokerConfig
+from edgekit.protocol.broker import BrokerConfig
+from edgekit.protocol.topics import EVERYTHING
 
 log = logging.getLogger(__name__)
 
-TOPICS = ("edgekit/v1/#", "spBv1.0/#")
+TOPICS = (EVERYTHING, "spBv1.0/#")
 CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT = (
     1, 2, 3, 4, 8, 9, 12, 13, 14,
 )  # fmt: skip

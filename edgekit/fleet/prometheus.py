@@ -26,8 +26,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.view import DeviceTotals
-from edgekit.sketch import LatencySketch
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

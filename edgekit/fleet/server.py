@@ -23,8 +23,8 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from edgekit._core.names import safe_name
 from edgekit.fleet.view import FleetView
-from edgekit.names import safe_name
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def create_app(
     app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=static_dir), name="static")
     if artifacts is not None:
-        from edgekit.deploy.artifacts import artifacts_app
+        from edgekit.fleet.artifacts import artifacts_app
 
         app.mount("/artifacts", artifacts_app(artifacts), name="artifacts")
 

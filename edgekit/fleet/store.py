@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.errors import EdgekitError
-from edgekit.sketch import DEFAULT_ACCURACY, LatencySketch
 
 _fast_loads: Callable[[str], Any]
 try:

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.pipeline.records import STAGES
-from edgekit.sketch import LatencySketch
+from edgekit._core.sketch import LatencySketch
+from edgekit.protocol.stages import STAGES
 
 log = logging.getLogger(__name__)
 

@@ -23,24 +23,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import PipelineError
-from edgekit.model import artifact_for
 from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.sources import Source, open_source
 from edgekit.pipeline.stats import RunStats, Summary
-from edgekit.postprocess import top_k
+from edgekit.runtime.matching import artifact_for
+from edgekit.runtime.postprocess import top_k
 
 if TYPE_CHECKING:
     from edgekit.backends.base import Session
-    from edgekit.model import Model
-    from edgekit.postprocess import Label
-    from edgekit.preprocessing import Preprocessor
-    from edgekit.telemetry.publisher import TelemetryPublisher
+    from edgekit.runtime.model import Model
+    from edgekit.runtime.postprocess import Label
+    from edgekit.runtime.preprocessing import Preprocessor
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +132,7 @@ class Pipeline:
         self._stop = threading.Event()
         self._iterated = False
         self._slot: FrameSlot | None = None
-        self._publishers: list[TelemetryPublisher] = []
+        self._closers: list[Callable[[], None]] = []
         self._label_sinks: list[Callable[[tuple[Label, ...]], None]] = []
         self._started_ns = 0
         self._ended_ns = 0
@@ -278,7 +276,7 @@ class Pipeline:
                 level.session.run(level.prep(black))
 
     def _label(self, frame: Frame, budget_ns: int) -> FrameResult:
-        from edgekit.tensors import from_output
+        from edgekit.runtime.tensors import from_output
 
         level = self._levels[self._level]
         t0 = time.perf_counter_ns()
@@ -387,57 +385,16 @@ class Pipeline:
             ended_by=self.ended_by,
         )
 
-    def report(
-        self,
-        mqtt: str,
-        *,
-        device_id: str | None = None,
-        fleet: str = "default",
-        interval_s: float = 5.0,
-        spool: str | Path | None = None,
-        labels_interval_s: float | None = None,
-        ca_file: Path | None = None,
-        cert_file: Path | None = None,
-        key_file: Path | None = None,
-        protocol: str = "3.1.1",
-        format: str = "json",
-    ) -> TelemetryPublisher:
-        """Report this pipeline's measurements to the MQTT broker at ``mqtt`` (see ``edgekit.telemetry``).
+    def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:
+        """Call ``sink(labels)`` with each frame's labels, on the frame loop's thread (keep it cheap)."""
+        self._label_sinks.append(sink)
 
-        ``format`` is ``json`` (edgekit's topics) or ``sparkplug`` (Sparkplug B 3.0).
+    def add_closer(self, close: Callable[[], None]) -> None:
+        """Call ``close()`` when the pipeline closes, before its source and sessions (a reporter's stop)."""
+        self._closers.append(close)
 
-        Starts at once (connecting in the background); stops with the pipeline.  The frame
-        loop only adds each frame to a window; everything else happens on the publisher's thread.
-        """
-        import socket
-
-        from edgekit.telemetry.broker import BrokerConfig
-        from edgekit.telemetry.publisher import TelemetryPublisher
-        from edgekit.telemetry.window import MetricsWindow
-
-        broker = BrokerConfig.from_url(
-            mqtt, ca_file=ca_file, cert_file=cert_file, key_file=key_file, protocol=protocol
-        )
-        window = MetricsWindow()
-        self.add_observer(window.observe)
-        publisher = TelemetryPublisher(
-            broker,
-            device_id=device_id or socket.gethostname(),
-            fleet=fleet,
-            interval_s=interval_s,
-            window=window,
-            counters=self.counters.to_dict,
-            birth=self._birth(),
-            spool=spool,
-            labels_interval_s=labels_interval_s,
-            format=format,
-        )
-        self._publishers.append(publisher)
-        if labels_interval_s is not None:
-            self._label_sinks.append(publisher.offer_labels)
-        return publisher.start()
-
-    def _birth(self) -> dict[str, Any]:
+    def birth(self) -> dict[str, Any]:
+        """What this pipeline runs: model, artifact, backend, precision, budget, profile, source, policy."""
         m = self.model.manifest
         level = self._levels[0]
         cand = next((c for c in self.model.candidates if c.key == level.name), None)
@@ -462,12 +419,12 @@ class Pipeline:
     def close(self) -> None:
         """Stop, close the source, telemetry, and any session the pipeline opened (not the model: it is yours)."""
         self.stop()
-        for publisher in self._publishers:
+        for close in self._closers:
             try:
-                publisher.stop()
-            except Exception:  # telemetry must not keep the camera and the sessions open
-                log.exception("telemetry publisher did not stop cleanly")
-        self._publishers.clear()
+                close()
+            except Exception:  # a reporter must not keep the camera and the sessions open
+                log.exception("%r did not stop cleanly", close)
+        self._closers.clear()
         self.source.close()
         for level in self._levels:
             if level.owned:

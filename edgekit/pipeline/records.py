@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from edgekit.protocol.stages import STAGES
+
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.postprocess import Label
+    from edgekit.runtime.postprocess import Label
 
-# The stages of a frame's latency, in order: the frame waits in the slot (capture_wait),
-# is prepared, run, turned into labels, and handed to the sink (your loop body or callback).
-STAGES: tuple[str, ...] = ("capture_wait", "preprocess", "inference", "postprocess", "sink")
+# STAGES, in order: the frame waits in the slot (capture_wait), is prepared, run, turned into
+# labels, and handed to the sink (your loop body or callback).
+__all__ = ["STAGES", "Counters", "FrameRecord", "FrameResult"]
 
 
 @dataclass(frozen=True, slots=True)

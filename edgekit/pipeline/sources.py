@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.errors import SourceError
+from edgekit.runtime.preprocessing import as_bgr
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,33 +63,6 @@ class SourceCounters:
     reopens: int = 0  # times it was opened again successfully
     converted: int = 0  # frames converted to BGR uint8 (grayscale, BGRA, 16-bit)
     unreadable: int = 0  # folder images that could not be decoded (skipped)
-
-
-def as_bgr(image: np.ndarray) -> tuple[np.ndarray, bool]:
-    """``image`` as BGR uint8 HxWx3, and whether it had to be converted."""
-    import cv2
-    import numpy as np
-
-    if image.dtype == np.uint16:
-        image = (image >> 8).astype(np.uint8)
-        converted = True
-    elif image.dtype != np.uint8:
-        raise SourceError(
-            f"frames must be 8- or 16-bit images, got dtype {image.dtype}",
-            "convert the frame to uint8 (0-255) before passing it",
-        )
-    else:
-        converted = False
-    if image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 1):
-        return cv2.cvtColor(image, cv2.COLOR_GRAY2BGR), True
-    if image.ndim == 3 and image.shape[2] == 4:
-        return cv2.cvtColor(image, cv2.COLOR_BGRA2BGR), True
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise SourceError(
-            f"frames must be HxW (gray), HxWx3 (BGR) or HxWx4 (BGRA), got shape {tuple(image.shape)}",
-            "pass one image at a time, channels last",
-        )
-    return image, converted
 
 
 class Source(ABC):

@@ -11,10 +11,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit._core.sketch import LatencySketch
 from edgekit._core.stats import PERCENTILES as REPORTED
 from edgekit._core.stats import percentile
-from edgekit.pipeline.records import STAGES, Counters, FrameRecord
-from edgekit.sketch import LatencySketch
+from edgekit.pipeline.records import Counters, FrameRecord
+from edgekit.protocol.stages import STAGES
 
 #: The percentiles the summary (and ``edgekit run --json``) reports: edgekit's list less p97.
 PERCENTILES: tuple[float, ...] = tuple(q for q in REPORTED if q != 97.0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from edgekit.telemetry.broker import BrokerConfig
-from edgekit.telemetry.publisher import TelemetryPublisher, topic
+from edgekit.protocol.broker import BrokerConfig
+from edgekit.protocol.topics import topic
+from edgekit.telemetry.publisher import TelemetryPublisher
+from edgekit.telemetry.report import report
 from edgekit.telemetry.spool import Spool
 from edgekit.telemetry.window import MetricsWindow
 
-__all__ = ["BrokerConfig", "MetricsWindow", "Spool", "TelemetryPublisher", "topic"]
+__all__ = ["BrokerConfig", "MetricsWindow", "Spool", "TelemetryPublisher", "report", "topic"]

@@ -27,23 +27,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.names import safe_name
 from edgekit._version import __version__
 from edgekit.errors import TelemetryError
-from edgekit.names import safe_name
-from edgekit.telemetry.broker import BrokerConfig
+from edgekit.protocol.broker import BrokerConfig
+from edgekit.protocol.topics import SCHEMA_LABELS, SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.spool import Spool
 from edgekit.telemetry.window import MetricsWindow, Window
 
 if TYPE_CHECKING:
-    from edgekit.postprocess import Label
+    from edgekit.runtime.postprocess import Label
 
 log = logging.getLogger(__name__)
 
-TOPIC_ROOT = "edgekit/v1"
-SCHEMA_TELEMETRY = "edgekit/v1/telemetry"
-SCHEMA_STATUS = "edgekit/v1/status"
-SCHEMA_LABELS = "edgekit/v1/labels"
 MAX_INFLIGHT = 20
 # Numeric gauges a device may report (see gauges.py); Sparkplug declares them all at birth.
 KNOWN_GAUGES = (
@@ -56,10 +53,6 @@ KNOWN_GAUGES = (
     "cpu_freq_ratio",
 )
 FORMATS = ("json", "sparkplug")
-
-
-def topic(fleet: str, device: str, leaf: str) -> str:
-    return f"{TOPIC_ROOT}/{fleet}/{device}/{leaf}"
 
 
 def default_spool(fleet: str, device_id: str, format: str = "json") -> Path:
@@ -154,23 +147,9 @@ class TelemetryPublisher:
     # -- MQTT ----------------------------------------------------------------------------
 
     def _make_client(self) -> Any:
-        import paho.mqtt.client as mqtt
-        from paho.mqtt.enums import CallbackAPIVersion
-
-        b = self.broker
-        v5 = b.protocol == "5"
-        kwargs: dict[str, Any] = {
-            "callback_api_version": CallbackAPIVersion.VERSION2,
-            "client_id": self.device_id,
-        }
-        kwargs["protocol"] = mqtt.MQTTv5 if v5 else mqtt.MQTTv311
-        if not v5:
-            kwargs["clean_session"] = True
-        client = mqtt.Client(**kwargs)
-        self._set_will(client)
-        b.secure(client)
         # Back off to at most 5 s: a device should be reporting again soon after its broker is.
-        client.reconnect_delay_set(min_delay=1, max_delay=5)
+        client = self.broker.client(self.device_id, max_delay_s=5)
+        self._set_will(client)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
@@ -180,7 +159,7 @@ class TelemetryPublisher:
     def _offline(self) -> tuple[str, bytes, bool]:
         """Topic, payload and retain flag of "this device is gone": the Will, and what a clean stop says."""
         if self.sparkplug:
-            from edgekit.telemetry import sparkplug as sp
+            from edgekit.protocol import sparkplug as sp
 
             return (
                 sp.topic(self.fleet, "NDEATH", self.device_id),
@@ -200,7 +179,7 @@ class TelemetryPublisher:
 
     def _births(self, client: Any) -> None:
         """NBIRTH (seq 0, this session's bdSeq) then DBIRTH declaring every metric DDATA carries."""
-        from edgekit.telemetry import sparkplug as sp
+        from edgekit.protocol import sparkplug as sp
 
         self._sp_seq = 0
         node = {"bdSeq": self._bdseq, sp.REBIRTH: False, "Properties/edgekit": __version__}
@@ -230,7 +209,7 @@ class TelemetryPublisher:
         # Commands from the network: parsed as protobuf, acted on only if they are the Rebirth metric.
         from google.protobuf.message import DecodeError
 
-        from edgekit.telemetry import sparkplug as sp
+        from edgekit.protocol import sparkplug as sp
 
         try:
             command = sp.decode(msg.payload)
@@ -270,7 +249,7 @@ class TelemetryPublisher:
         log.info("telemetry: connected to %s as %s", self.broker.describe(), self.device_id)
         self._connected_at = time.time()
         if self.sparkplug:
-            from edgekit.telemetry import sparkplug as sp
+            from edgekit.protocol import sparkplug as sp
 
             client.subscribe(sp.topic(self.fleet, "NCMD", self.device_id), qos=0)
         self._generation += 1  # the publisher thread restarts its replay from the oldest spooled row
@@ -364,7 +343,7 @@ class TelemetryPublisher:
         try:
             payload = self.telemetry_payload()
             if self.sparkplug:
-                from edgekit.telemetry import sparkplug as sp
+                from edgekit.protocol import sparkplug as sp
 
                 # Kept as JSON until sent: seq is assigned at publish time, and what waited out an
                 # outage goes out marked historical.
@@ -423,7 +402,7 @@ class TelemetryPublisher:
         for msg in self.spool.pending(limit=room, after=self._sent_upto):
             body = msg.payload
             if msg.topic.startswith("spBv1.0/"):
-                from edgekit.telemetry import sparkplug as sp
+                from edgekit.protocol import sparkplug as sp
 
                 try:
                     row = json.loads(body)

@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.pipeline.records import STAGES, FrameRecord
-from edgekit.sketch import LatencySketch
+from edgekit._core.sketch import LatencySketch
+from edgekit.pipeline.records import FrameRecord
+from edgekit.protocol.stages import STAGES
 
 
 @dataclass

