@@ -23,11 +23,9 @@ pytest.importorskip("cryptography", reason="signing needs cryptography (pip inst
 
 from edgekit.bundle import (
     Accuracy,
-    ArtifactResults,
     BuildHost,
     BuildInfo,
     BundleError,
-    BundleMeta,
     DeviceInfo,
     KeyFileError,
     Latency,
@@ -42,9 +40,9 @@ from edgekit.bundle import (
     read_manifest,
     unpack,
     verify,
-    write_bundle,
 )
 from edgekit.convert.artifact import Artifact
+from edgekit.convert.bundle_writer import ArtifactResults, BundleMeta, write_bundle
 from edgekit.runtime.preprocessing import PreprocessSpec
 
 # ---------------------------------------------------------------- helpers

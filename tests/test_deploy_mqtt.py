@@ -175,7 +175,7 @@ def command(**fields: Any) -> bytes:
 def test_a_command_is_checked_field_by_field_and_answers_to_its_id_when_it_can(
     payload: bytes, said: str, answer_to: str | None
 ) -> None:
-    from edgekit.protocol.commands import CommandError, parse_command
+    from edgekit.protocol.control import CommandError, parse_command
 
     with pytest.raises(CommandError) as caught:
         parse_command(payload, "cam-1")
@@ -184,7 +184,7 @@ def test_a_command_is_checked_field_by_field_and_answers_to_its_id_when_it_can(
 
 
 def test_good_commands_parse_and_unknown_fields_are_ignored() -> None:
-    from edgekit.protocol.commands import parse_command, rollback_command
+    from edgekit.protocol.control import parse_command, rollback_message
 
     cmd = parse_command(command(extra={"future": 1}), "cam-1")
     assert (cmd.id, cmd.action, cmd.size, cmd.url) == (
@@ -193,14 +193,14 @@ def test_good_commands_parse_and_unknown_fields_are_ignored() -> None:
         1000,
         "http://10.0.0.1:8765/artifacts/b.tar.gz",
     )
-    rb = rollback_command("d-1-rb", "cam-1")
+    rb = rollback_message("d-1-rb", "cam-1")
     assert parse_command(rb.to_json(), "cam-1") == rb
 
 
 def test_the_wire_formats_follow_their_json_schemas() -> None:
     import jsonschema
 
-    from edgekit.protocol.commands import deploy_command, result_message
+    from edgekit.protocol.control import deploy_message, result_message
 
     schemas = ROOT / "edgekit" / "telemetry" / "schema"
 
@@ -209,7 +209,7 @@ def test_the_wire_formats_follow_their_json_schemas() -> None:
         jsonschema.Draft202012Validator(schema).validate(doc)
 
     check(
-        "cmd.schema.json", deploy_command("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, "QUJD").to_dict()
+        "cmd.schema.json", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, "QUJD").to_dict()
     )
     check(
         "cmd-result.schema.json", result_message("cam-1", None, "command", final=True, ok=False, reason="x")

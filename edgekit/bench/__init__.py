@@ -15,13 +15,13 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **dict.fromkeys(("Candidate", "Report", "Result", "Settings", "Skipped", "plan", "run"), "runner"),
+    **dict.fromkeys(("BenchCandidate", "Report", "Result", "Settings", "Skipped", "plan", "run"), "runner"),
     **dict.fromkeys(("selection_from", "write_selection"), "selection"),
     **dict.fromkeys(("LatencySummary", "min_queries", "percentile", "summarize"), "stats"),
 }
 
 __all__ = [
-    "Candidate",
+    "BenchCandidate",
     "LatencySummary",
     "Report",
     "Result",

@@ -60,7 +60,7 @@ class Settings:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class BenchCandidate:
     """One thing to measure: an artifact of the bundle on its backend with these options and threads."""
 
     artifact: str
@@ -101,7 +101,7 @@ class Skipped:
 class Result:
     """What one candidate measured, its rounds pooled."""
 
-    candidate: Candidate
+    candidate: BenchCandidate
     latencies_ms: list[float] = field(default_factory=list)
     duration_s: float = 0.0
     cpu_s: float = 0.0
@@ -254,7 +254,7 @@ def plan(
     backends: Sequence[str] = (),
     precisions: Sequence[str] = (),
     threads: Sequence[int] = (),
-) -> tuple[list[Candidate], list[Skipped]]:
+) -> tuple[list[BenchCandidate], list[Skipped]]:
     """The candidates of the bundle at ``root`` that can run here, and what was left out and why."""
     from edgekit._core.elf import host_arch
     from edgekit.backends import registry
@@ -282,7 +282,7 @@ def plan(
     except EdgekitError:  # a bundle for a profile this edgekit does not know: backend defaults
         options = {}
 
-    cands: list[Candidate] = []
+    cands: list[BenchCandidate] = []
     skipped: list[Skipped] = []
     seen: set[tuple[str, str, str]] = set()
     for a in manifest.artifacts:
@@ -320,7 +320,7 @@ def plan(
                 opts[THREAD_OPTION[a.backend]] = n
             gate = a.accuracy is None or a.accuracy.passed
             cands.append(
-                Candidate(
+                BenchCandidate(
                     a.name,
                     a.backend,
                     a.precision,
@@ -364,10 +364,12 @@ def _why_missing(manifest: Any, backend: str, precision: str) -> str:
     )
 
 
-Progress = Callable[[Candidate, str, dict[str, Any]], None]
+Progress = Callable[[BenchCandidate, str, dict[str, Any]], None]
 
 
-def _run_worker(root: Path, cand: Candidate, settings: Settings, progress: Progress | None) -> dict[str, Any]:
+def _run_worker(
+    root: Path, cand: BenchCandidate, settings: Settings, progress: Progress | None
+) -> dict[str, Any]:
     """Run one worker process; return its loaded and result events plus the parent's start time."""
     spec = {
         "bundle": str(root),
@@ -426,7 +428,7 @@ def _run_worker(root: Path, cand: Candidate, settings: Settings, progress: Progr
 
 def run(
     bundle_root: Path,
-    candidates: Sequence[Candidate],
+    candidates: Sequence[BenchCandidate],
     skipped: Sequence[Skipped],
     settings: Settings = Settings(),
     progress: Progress | None = None,

@@ -170,7 +170,7 @@ def install_command(
     """Install a bundle: verify, unpack into the inactive slot, health-gate, switch. Exit 1 if refused."""
     from edgekit.deploy import StateRoot, install
     from edgekit.errors import DeployError
-    from edgekit.protocol.commands import check_deploy_id
+    from edgekit.protocol.control import check_deploy_id
 
     deploy_id = deploy_id or _new_id()
     check_deploy_id(deploy_id)
@@ -195,7 +195,7 @@ def rollback_command(
 ) -> None:
     """Switch back to the other slot's bundle (it must be complete and still verify). Exit 1 if there is none."""
     from edgekit.deploy import StateRoot, rollback
-    from edgekit.protocol.commands import check_deploy_id
+    from edgekit.protocol.control import check_deploy_id
 
     deploy_id = deploy_id or _new_id()
     check_deploy_id(deploy_id)

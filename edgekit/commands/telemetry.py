@@ -41,7 +41,7 @@ def _quantile(sketch: Any, q: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-class FleetView:
+class TailView:
     """The newest status and telemetry per device; a rich table of them."""
 
     def __init__(self) -> None:
@@ -126,7 +126,7 @@ def tail_command(
     from edgekit.protocol.topics import topic
 
     broker = BrokerConfig.from_url(mqtt, ca_file=ca_file)
-    view = FleetView()
+    view = TailView()
     refused: list[str] = []
     out_lock = threading.Lock()
 

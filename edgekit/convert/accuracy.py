@@ -29,7 +29,7 @@ DEFAULT_THRESHOLD = 0.98
 
 
 @dataclass(frozen=True)
-class Accuracy:
+class GateAccuracy:
     """How an artifact's answers compare with the fp32 reference on the evaluation images."""
 
     top1_agreement: float  # on decisive images (on every image if none is decisive)
@@ -72,7 +72,7 @@ def compare(
     names: Sequence[str],
     smoke_set: bool,
     threshold: float = DEFAULT_THRESHOLD,
-) -> Accuracy:
+) -> GateAccuracy:
     """Compare ``logits`` with the fp32 ``reference`` (both N x classes)."""
     import numpy as np
 
@@ -83,7 +83,7 @@ def compare(
         (probs[:, -1] - probs[:, -2]).tolist(),
     )
     rate = agreed.rate if agreed.rate is not None else 1.0  # no images: nothing disagrees
-    return Accuracy(
+    return GateAccuracy(
         top1_agreement=rate,
         top1_agreement_all=agreed.all_rate if agreed.all_rate is not None else 1.0,
         decisive_images=agreed.decisive,

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 from edgekit._core.elf import host_arch
 from edgekit._core.io import sha256_file
 from edgekit._core.packages import installed_versions
-from edgekit.convert.accuracy import DEFAULT_THRESHOLD, Accuracy, compare, run_batch
+from edgekit.convert.accuracy import DEFAULT_THRESHOLD, GateAccuracy, compare, run_batch
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.cache import BuildCache, step_key
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
-from edgekit.convert.latency import Latency, measure
+from edgekit.convert.latency import MeasuredLatency, measure
 from edgekit.convert.modelcard import ModelCard
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.runtime.cpu import this_cpu
@@ -95,8 +95,8 @@ class ArtifactReport:
 
     recipe: str
     artifact: Artifact | None
-    accuracy: Accuracy | None = None
-    latency: Latency | None = None
+    accuracy: GateAccuracy | None = None
+    latency: MeasuredLatency | None = None
     not_measured: str = ""
     skipped: str = ""
     evaluated_as: str = ""  # how the gate ran it when not as the device will (empty: as the device will)

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edgekit._core.stats import percentile
 from edgekit.backends.base import Session
 from edgekit.runtime.tensors import to_input
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Latency:
+class MeasuredLatency:
     p50_ms: float
     p99_ms: float
     runs: int
@@ -26,10 +27,8 @@ class Latency:
 
 def measure(
     session: Session, sample_nchw: np.ndarray, runs: int = 50, warmup: int = 5, max_seconds: float = 5.0
-) -> Latency:
+) -> MeasuredLatency:
     """Time ``runs`` single-image inferences (fewer if ``max_seconds`` runs out, at least 5)."""
-    import numpy as np
-
     x = to_input(sample_nchw[:1], session.inputs[0])
     for _ in range(warmup):
         session.run(x)
@@ -39,5 +38,5 @@ def measure(
         t0 = time.perf_counter()
         session.run(x)
         times.append((time.perf_counter() - t0) * 1000)
-    arr = np.asarray(times)
-    return Latency(float(np.percentile(arr, 50)), float(np.percentile(arr, 99)), len(times))
+    times.sort()
+    return MeasuredLatency(percentile(times, 0.50), percentile(times, 0.99), len(times))

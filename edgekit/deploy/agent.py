@@ -5,7 +5,7 @@ One process per device (systemd unit ``edgekit-agent.service``)::
     paho's thread     cmd messages (QoS 1, persistent session) -> a queue; acknowledged only
                       when handled, so a command that arrives while the agent is down, or
                       that was being handled when it died, is delivered (again) on reconnect
-    worker thread     one command at a time: check it (edgekit.protocol.commands), answer a
+    worker thread     one command at a time: check it (edgekit.protocol.control), answer a
                       replayed id from deploys/<id>.json, download with Range resume into
                       incoming/, install() / rollback() (edgekit.deploy.install), report each
                       step and the outcome on cmd/result, restart the pipeline after a switch
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit._version import __version__
 from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download
 from edgekit.errors import EdgekitError
-from edgekit.protocol.commands import Command, CommandError, parse_command, result_message
+from edgekit.protocol.control import Command, CommandError, parse_command, result_message
 from edgekit.protocol.topics import SCHEMA_AGENT, topic
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree
 from edgekit.deploy.health import DEFAULT_RUNS, check_health
 from edgekit.deploy.slots import SlotInfo, StateRoot, fsync_tree, now_iso
 from edgekit.errors import EdgekitError
-from edgekit.protocol.commands import check_deploy_id
+from edgekit.protocol.control import check_deploy_id
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import Manifest

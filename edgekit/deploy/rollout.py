@@ -40,14 +40,14 @@ from edgekit._core.sketch import LatencySketch
 from edgekit._core.units import parse_seconds
 from edgekit.errors import DeployError
 from edgekit.fleet.artifacts import safe_artifact_name
-from edgekit.protocol.commands import (
+from edgekit.protocol.control import (
     Command,
-    deploy_command,
+    deploy_message,
     loads_strict,
     new_deploy_id,
     parse_agent_status,
     parse_result,
-    rollback_command,
+    rollback_message,
     safe_deploy_id,
 )
 from edgekit.protocol.topics import topic
@@ -559,7 +559,7 @@ class Rollout:
     def _commands(self, devices: Sequence[str], artifact: Artifact) -> list[Command]:
         rid = self.report.deploy_id
         return [
-            deploy_command(rid, d, artifact.url, artifact.sha256, artifact.size, artifact.signature)
+            deploy_message(rid, d, artifact.url, artifact.sha256, artifact.size, artifact.signature)
             for d in devices
         ]
 
@@ -635,7 +635,7 @@ class Rollout:
         if not devices:
             return
         rid = rollback_id(self.report.deploy_id)
-        self._send_and_wait(link, [rollback_command(rid, d) for d in devices], "rollback", undo=True)
+        self._send_and_wait(link, [rollback_message(rid, d) for d in devices], "rollback", undo=True)
 
     def _watch(
         self,
@@ -748,7 +748,7 @@ class Rollout:
         try:
             devices = [m.device for m in self._members(link)]
             oks = self._send_and_wait(
-                link, [rollback_command(report.deploy_id, d) for d in devices], "rollback"
+                link, [rollback_message(report.deploy_id, d) for d in devices], "rollback"
             )
             report.outcome = "done" if all(oks.values()) else _outcome(oks)
             failed = [d for d in devices if not oks[d]]

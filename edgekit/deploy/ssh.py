@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from edgekit.errors import DeployError
-from edgekit.protocol.commands import check_deploy_id, new_deploy_id
+from edgekit.protocol.control import check_deploy_id, new_deploy_id
 
 log = logging.getLogger(__name__)
 
@@ -429,7 +429,7 @@ def parse_agent_output(stdout_lines: Sequence[str]) -> dict[str, Any] | None:
     return None
 
 
-def run_agent(
+def run_remote_agent(
     target: SshTarget, args: Sequence[str], doing: str, progress: Progress | None = None, cleanup: str = ""
 ) -> tuple[int, dict[str, Any] | None, str]:
     """Run ``<remote edgekit> agent ARGS`` and pass each JSON ``{"step": ...}`` line to ``progress``.
@@ -557,7 +557,7 @@ def deploy_over_ssh(
     folder = remote_file.rsplit("/", 1)[0]
     finished = False
     try:
-        code, result, err = run_agent(
+        code, result, err = run_remote_agent(
             target, ["install", *args], "installing", progress, cleanup=f"rm -rf -- {shlex.quote(folder)}"
         )
         finished = True
@@ -581,7 +581,7 @@ def rollback_over_ssh(
     version = check_remote(target)
     if progress is not None:
         progress("check", {"host": target.host, "remote_edgekit": version})
-    code, result, err = run_agent(
+    code, result, err = run_remote_agent(
         target, ["rollback", "--root", root, "--id", deploy_id, "--json"], "rolling back", progress
     )
     result = _judge(target, code, result, err, "the rollback")

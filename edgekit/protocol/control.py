@@ -98,7 +98,7 @@ class Command:
         return json.dumps(self.to_dict(), separators=(",", ":")).encode()
 
 
-def deploy_command(
+def deploy_message(
     deploy_id: str, device: str, url: str, sha256: str, size: int, signature: str | None = None
 ) -> Command:
     """A deploy command, checked as an agent will check it (a sender finds its mistakes first)."""
@@ -106,7 +106,7 @@ def deploy_command(
     return parse_command(cmd.to_json(), device)
 
 
-def rollback_command(deploy_id: str, device: str) -> Command:
+def rollback_message(deploy_id: str, device: str) -> Command:
     """A rollback command: switch ``device`` back to its other complete slot."""
     cmd = Command(deploy_id, "rollback", device, issued_at=round(time.time(), 3))
     return parse_command(cmd.to_json(), device)
