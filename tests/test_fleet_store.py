@@ -12,14 +12,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from broker import free_port
 from postgres import PASSWORD, PostgresServer
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.errors import EdgekitError
 from edgekit.fleet import Collector
-from edgekit.fleet.store import Bucket, FleetStore, StoreError, open_store
+from edgekit.fleet.backends import open_store
+from edgekit.fleet.sql import StoreError
+from edgekit.fleet.store import FleetStore
+from edgekit.fleet.sums import Bucket
 from edgekit.pipeline.records import STAGES
+from edgekit.testing.broker import free_port
 
 T = 1_764_490_000.0  # a real timestamp: a float4 column would round it by minutes
 M = T + 20  # the first whole minute after T (rollups are per whole minute)

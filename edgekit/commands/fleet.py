@@ -87,10 +87,10 @@ def serve_command(
         raise EdgekitError(
             f"the fleet dashboard needs its extra: {err}", "pip install 'edgekit[fleet]'"
         ) from err
+    from edgekit.fleet.backends import open_store
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.server import Ticker, create_app
-    from edgekit.fleet.store import open_store
     from edgekit.fleet.view import FleetView, SloPolicy
     from edgekit.protocol.broker import BrokerConfig
 

@@ -1,6 +1,6 @@
 """``PostgresStore``: the fleet store's tables in PostgreSQL, for a fleet that outgrows one box.
 
-Same schema, statements and logic as the SQLite ``FleetStore`` (``edgekit.fleet.store``);
+Same schema, statements (``edgekit.fleet.sql``) and logic as the SQLite ``FleetStore`` (``edgekit.fleet.store``);
 only the connection and the ``Dialect`` differ.  Needs ``psycopg`` 3 (``edgekit[fleet]``).
 """
 
@@ -15,7 +15,8 @@ import psycopg
 import psycopg.conninfo
 
 from edgekit.errors import first_line
-from edgekit.fleet.store import Dialect, FleetStore, StoreError
+from edgekit.fleet.sql import Dialect, StoreError
+from edgekit.fleet.store import FleetStore
 
 POSTGRES = Dialect(
     "postgresql",

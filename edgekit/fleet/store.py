@@ -1,9 +1,10 @@
-"""Where the collector keeps a fleet: devices, their telemetry windows, rollups of old windows, and gaps.
+"""``FleetStore``: where the collector keeps a fleet in SQLite: devices, their telemetry windows, rollups
+of old windows, and gaps.
 
-SQLite is the embedded default; ``PostgresStore`` (``edgekit.fleet.pgstore``) keeps the
-same tables in PostgreSQL when a fleet outgrows one box.  ``open_store`` picks one from a
-path or a ``postgresql://`` URL.  Both run the SQL and the logic of ``FleetStore``; only a
-``Dialect`` (placeholders, column types, ``MAX`` vs ``GREATEST``) and the connection differ.
+SQLite is the embedded default; ``PostgresStore`` (``edgekit.fleet.pgstore``) keeps the same
+tables in PostgreSQL when a fleet outgrows one box, and ``edgekit.fleet.backends.open_store``
+picks one from a path or a ``postgresql://`` URL.  Both run the SQL (``edgekit.fleet.sql``) and
+the logic of ``FleetStore``; only a ``Dialect`` and the connection differ.
 
 A window is stored as the JSON the device sent (checked by the collector; re-encoding it
 cost a sixth of the ingest time) with its key fields in columns; sketches are merged when
@@ -15,201 +16,31 @@ up, so a replayed old window is still known as a duplicate.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
-from edgekit.errors import EdgekitError
-
-_fast_loads: Callable[[str], Any]
-try:
-    # Queries and compaction decode every stored window; orjson (edgekit[fleet]) does it 2-3x faster.
-    from orjson import loads as _fast_loads
-except ImportError:
-    _fast_loads = json.loads
-
-
-def _loads(text: str) -> Any:
-    try:
-        return _fast_loads(text)
-    except ValueError:  # orjson refuses some JSON the standard library reads (integers past 64 bits)
-        return json.loads(text)
-
-
-class StoreError(EdgekitError):
-    """The fleet store could not be opened (bad path or URL, server unreachable, refused credentials)."""
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between the SQL databases the store speaks; the statements are written once, SQLite-style."""
-
-    name: str
-    placeholder: str  # replaces each ``?`` in a statement
-    greatest: str  # the two-argument maximum: SQLite's scalar MAX(), PostgreSQL's GREATEST()
-    real: str  # a timestamp in seconds needs a double; PostgreSQL's REAL is only a float4
-    integer: str  # seq reaches 2**63; PostgreSQL's INTEGER is only 32 bits
-    # Taken in a compaction's transaction so two compactors cannot merge into one rollup at once
-    # (SQLite needs none: BEGIN IMMEDIATE already admits one writer).
-    compaction_lock: str | None = None
-
-    def sql(self, statement: str) -> str:
-        return _translate(self, statement)
-
-
-@functools.lru_cache(maxsize=256)
-def _translate(dialect: Dialect, statement: str) -> str:
-    text = statement.format(greatest=dialect.greatest, real=dialect.real, int=dialect.integer)
-    return text.replace("?", dialect.placeholder)
-
+from edgekit._core.sketch import LatencySketch
+from edgekit.fleet.sql import (
+    INSERT_WINDOW,
+    SCHEMA,
+    UPSERT_ROLLUP,
+    Dialect,
+    StoreError,
+    where_clause,
+    window_row,
+)
+from edgekit.fleet.sums import Bucket, SketchSum, WindowSum, loads
 
 SQLITE = Dialect("sqlite", "?", "MAX", "REAL", "INTEGER")
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS devices (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, state TEXT NOT NULL, since {real} NOT NULL,
-        last_seen {real} NOT NULL, birth TEXT NOT NULL, last_seq {int} NOT NULL, epoch TEXT NOT NULL,
-        PRIMARY KEY (fleet, device))""",
-    """CREATE TABLE IF NOT EXISTS windows (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, seq {int} NOT NULL,
-        session TEXT NOT NULL, start {real} NOT NULL, stop {real} NOT NULL, frames {int} NOT NULL,
-        missed {int} NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, epoch, seq))""",
-    "CREATE INDEX IF NOT EXISTS windows_by_time ON windows (fleet, stop)",
-    """CREATE TABLE IF NOT EXISTS gaps (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_missing {int} NOT NULL,
-        last_missing {int} NOT NULL, noticed {real} NOT NULL)""",
-    # One row per device per ``span`` seconds from ``t0``: the merge of the windows whose stop fell
-    # in it.  ``stop`` is the latest of those stops, so time filters read both tables alike.
-    """CREATE TABLE IF NOT EXISTS rollups (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, span {real} NOT NULL, t0 {real} NOT NULL,
-        stop {real} NOT NULL, windows {int} NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
-        latency TEXT NOT NULL, stages TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0))""",
-    "CREATE INDEX IF NOT EXISTS rollups_by_time ON rollups (fleet, stop)",
-    # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
-    # may still fill a gap below it, and that late window is new.
-    """CREATE TABLE IF NOT EXISTS compacted (
-        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_seq {int} NOT NULL,
-        last_seq {int} NOT NULL, stop {real} NOT NULL, PRIMARY KEY (fleet, device, epoch, first_seq))""",
-)
-
-INSERT_WINDOW = """INSERT INTO windows (fleet, device, epoch, seq, session, start, stop, frames, missed, payload)
-    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (
-        SELECT 1 FROM compacted c
-        WHERE c.fleet = ? AND c.device = ? AND c.epoch = ? AND c.first_seq <= ? AND c.last_seq >= ?)
-    ON CONFLICT DO NOTHING"""
-
-UPSERT_ROLLUP = """INSERT INTO rollups (fleet, device, span, t0, stop, windows, frames, missed, latency, stages)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (fleet, device, span, t0) DO UPDATE SET stop = excluded.stop, windows = excluded.windows,
-        frames = excluded.frames, missed = excluded.missed, latency = excluded.latency, stages = excluded.stages"""
-
 # Windows compacted per transaction: bounds memory, and lets the collector write between chunks.
 COMPACT_CHUNK = 20_000
-
-
-@dataclass
-class Bucket:
-    """One device's telemetry over one time step: counts and merged sketches (``t0`` = the step's start)."""
-
-    fleet: str
-    device: str
-    t0: float
-    frames: int
-    missed: int
-    latency: LatencySketch
-    stages: dict[str, LatencySketch]
-
-
-class _SketchSum:
-    """Sketch dicts added up as dicts: the same result as ``LatencySketch.merge``, a few times faster.
-
-    The fleet store sums thousands of windows per query or compaction; building and checking
-    a ``LatencySketch`` per window cost most of that time.  Only sketches the collector has
-    checked (or this store wrote) are summed; the total is checked once, by ``sketch()``.
-    """
-
-    __slots__ = ("accuracy", "buckets", "count", "max", "min", "sum", "zero")
-
-    def __init__(self) -> None:
-        self.accuracy: float | None = None
-        self.buckets: dict[str, int] = {}
-        self.zero = self.count = 0
-        self.sum = 0.0
-        self.min, self.max = math.inf, -math.inf
-
-    def add(self, data: dict[str, Any]) -> None:
-        if self.accuracy is None:
-            self.accuracy = float(data["accuracy"])
-        elif not math.isclose(float(data["accuracy"]), self.accuracy):
-            raise ValueError(f"cannot merge sketches of accuracy {data['accuracy']} and {self.accuracy}")
-        buckets = self.buckets
-        for key, n in data["buckets"].items():
-            buckets[key] = buckets.get(key, 0) + n
-        self.zero += data["zero"]
-        self.count += data["count"]
-        self.sum += data["sum"]
-        if data["count"]:
-            self.min = min(self.min, data["min"])
-            self.max = max(self.max, data["max"])
-
-    def to_dict(self) -> dict[str, Any]:
-        """As ``LatencySketch.to_dict`` writes it (buckets in key order)."""
-        return {
-            "accuracy": DEFAULT_ACCURACY if self.accuracy is None else self.accuracy,
-            "count": self.count,
-            "sum": self.sum,
-            "min": self.min if self.count else None,
-            "max": self.max if self.count else None,
-            "zero": self.zero,
-            "buckets": {k: self.buckets[k] for k in sorted(self.buckets, key=int)},
-        }
-
-    def sketch(self) -> LatencySketch:
-        return LatencySketch.from_dict(self.to_dict())
-
-
-class _Sum:
-    """Windows (or rollups) of one device and time step being added up."""
-
-    __slots__ = ("frames", "latency", "missed", "stages", "stop", "windows")
-
-    def __init__(self) -> None:
-        self.frames = self.missed = self.windows = 0
-        self.stop = -math.inf
-        self.latency = _SketchSum()
-        self.stages: dict[str, _SketchSum] = {}
-
-    def add(
-        self,
-        stop: float,
-        frames: int,
-        missed: int,
-        latency: dict[str, Any],
-        stages: dict[str, Any],
-        windows: int = 1,
-    ) -> None:
-        self.frames += int(frames)
-        self.missed += int(missed)
-        self.windows += int(windows)
-        self.stop = max(self.stop, float(stop))
-        self.latency.add(latency)
-        for name, data in stages.items():
-            total = self.stages.get(name)
-            if total is None:
-                total = self.stages[name] = _SketchSum()
-            total.add(data)
-
-    def bucket(self, fleet: str, device: str, t0: float) -> Bucket:
-        stages = {name: s.sketch() for name, s in self.stages.items()}
-        return Bucket(fleet, device, t0, self.frames, self.missed, self.latency.sketch(), stages)
 
 
 class FleetStore:
@@ -294,7 +125,7 @@ class FleetStore:
             "state": row[0],
             "since": row[1],
             "last_seen": row[2],
-            "birth": _loads(row[3]),
+            "birth": loads(row[3]),
             "last_seq": row[4],
             "epoch": row[5],
         }
@@ -350,7 +181,7 @@ class FleetStore:
         """
         if not rows:
             return 0
-        values = [_row(fleet, device, p, raw) for fleet, device, p, raw, _ in rows]
+        values = [window_row(fleet, device, p, raw) for fleet, device, p, raw, _ in rows]
         latest: dict[tuple[str, str], tuple[float, int]] = {}
         for fleet, device, p, _, at in rows:
             at0, seq0 = latest.get((fleet, device), (0.0, -1))
@@ -422,17 +253,17 @@ class FleetStore:
         ``since``/``until`` bound a window's stop; a rollup counts by its latest window's stop, so
         once compacted, time is resolved to the rollup's span.
         """
-        where, args = _where(fleet, device, since, until)
+        where, args = where_clause(fleet, device, since, until)
         with self._lock:
             raw = self._query("SELECT payload FROM windows" + where, args)
             rolled = self._query("SELECT latency, stages FROM rollups" + where, args)
         picked: list[dict[str, Any] | None] = []
         for (payload,) in raw:
-            w = _loads(payload)["window"]
+            w = loads(payload)["window"]
             picked.append(w["latency_ms"] if stage is None else w["stages_ms"].get(stage))
         for latency, stages in rolled:
-            picked.append(_loads(latency) if stage is None else _loads(stages).get(stage))
-        total = _SketchSum()
+            picked.append(loads(latency) if stage is None else loads(stages).get(stage))
+        total = SketchSum()
         for data in picked:
             if data is not None:
                 total.add(data)
@@ -454,7 +285,7 @@ class FleetStore:
         """
         if not step_s > 0:
             raise ValueError(f"step_s must be > 0, not {step_s}")
-        where, args = _where(fleet, device, since, until)
+        where, args = where_clause(fleet, device, since, until)
         with self._lock:
             raw = self._query(
                 "SELECT fleet, device, stop, frames, missed, payload FROM windows" + where, args
@@ -462,20 +293,20 @@ class FleetStore:
             rolled = self._query(
                 "SELECT fleet, device, stop, frames, missed, latency, stages FROM rollups" + where, args
             )
-        sums: dict[tuple[str, str, float], _Sum] = {}
+        sums: dict[tuple[str, str, float], WindowSum] = {}
 
-        def at(f: str, d: str, stop: float) -> _Sum:
+        def at(f: str, d: str, stop: float) -> WindowSum:
             key = (f, d, float(math.floor(stop / step_s) * step_s))
             total = sums.get(key)
             if total is None:
-                total = sums[key] = _Sum()
+                total = sums[key] = WindowSum()
             return total
 
         for f, d, stop, frames, missed, payload in raw:
-            w = _loads(payload)["window"]
+            w = loads(payload)["window"]
             at(f, d, stop).add(stop, frames, missed, w["latency_ms"], w["stages_ms"])
         for f, d, stop, frames, missed, latency, stages in rolled:
-            at(f, d, stop).add(stop, frames, missed, _loads(latency), _loads(stages))
+            at(f, d, stop).add(stop, frames, missed, loads(latency), loads(stages))
         return [sums[k].bucket(*k) for k in sorted(sums)]
 
     # -- retention --------------------------------------------------------------------------------
@@ -525,14 +356,14 @@ class FleetStore:
         )
         if not rows:
             return 0, 0
-        rollups: dict[tuple[str, str, float], _Sum] = {}
+        rollups: dict[tuple[str, str, float], WindowSum] = {}
         seqs: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
         for f, d, epoch, seq, stop, frames, missed, payload in rows:
             t0 = float(math.floor(stop / span) * span)
             r = rollups.get((f, d, t0))
             if r is None:
-                r = rollups[(f, d, t0)] = _Sum()
-            w = _loads(payload)["window"]
+                r = rollups[(f, d, t0)] = WindowSum()
+            w = loads(payload)["window"]
             r.add(stop, frames, missed, w["latency_ms"], w["stages_ms"])
             seqs.setdefault((f, d, epoch), []).append((int(seq), float(stop)))
         by_device: dict[tuple[str, str], list[float]] = {}
@@ -546,7 +377,7 @@ class FleetStore:
             ):
                 r = rollups.get((f, d, float(t0)))
                 if r is not None:  # an earlier run's rollup of this step: merge into it, not beside it
-                    r.add(stop, frames, missed, _loads(latency), _loads(stages), windows=windows)
+                    r.add(stop, frames, missed, loads(latency), loads(stages), windows=windows)
         self._execute_many(
             UPSERT_ROLLUP,
             [
@@ -595,63 +426,3 @@ class FleetStore:
         """Close the connection; the store cannot be used after."""
         with self._lock:
             self._close()
-
-
-def open_store(url_or_path: Path | str) -> FleetStore:
-    """A ``postgresql://`` (or ``postgres://``) URL opens a ``PostgresStore``; anything else is a SQLite path."""
-    target = str(url_or_path)
-    if target.startswith(("postgresql://", "postgres://")):
-        try:
-            from edgekit.fleet.pgstore import PostgresStore
-        except ModuleNotFoundError as err:
-            if not (err.name or "").startswith("psycopg"):
-                raise
-            raise StoreError(
-                f"a PostgreSQL fleet database needs psycopg ({err})", 'pip install "edgekit[fleet]"'
-            ) from err
-        return PostgresStore(target)
-    return FleetStore(target)
-
-
-def merge(sketches: Iterable[dict[str, Any]]) -> LatencySketch:
-    """Merge sketch dicts (as telemetry carries them) into one."""
-    total = LatencySketch()
-    for data in sketches:
-        total.merge(LatencySketch.from_dict(data))
-    return total
-
-
-def _where(
-    fleet: str | None, device: str | None, since: float | None, until: float | None
-) -> tuple[str, list[str | float]]:
-    """A WHERE clause on the columns ``windows`` and ``rollups`` share, and its arguments."""
-    where: list[str] = []
-    args: list[str | float] = []
-    for column, value in (("fleet", fleet), ("device", device)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            args.append(value)
-    if since is not None:
-        where.append("stop >= ?")
-        args.append(since)
-    if until is not None:
-        where.append("stop <= ?")
-        args.append(until)
-    return (" WHERE " + " AND ".join(where) if where else ""), args
-
-
-def _row(fleet: str, device: str, p: dict[str, Any], raw: str) -> tuple[Any, ...]:
-    w = p["window"]
-    seq, session, epoch = int(p["seq"]), str(p.get("session", "")), str(p.get("epoch", ""))
-    return (
-        fleet,
-        device,
-        epoch,
-        seq,
-        session,
-        float(w["start"]),
-        float(w["end"]),
-        int(w["frames"]),
-        int(w["missed"]),
-        raw,
-    )

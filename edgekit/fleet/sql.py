@@ -1,0 +1,118 @@
+"""The fleet store's SQL, shared by the SQLite and the PostgreSQL store: the ``Dialect``, the schema,
+the statements, the rows they take, and ``StoreError``.
+
+The statements are written once, SQLite-style; a ``Dialect`` translates them (placeholders,
+column types, ``MAX`` vs ``GREATEST``).  Both stores import this module and neither imports
+the other's, so the two stay free of import cycles.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from edgekit.errors import EdgekitError
+
+
+class StoreError(EdgekitError):
+    """The fleet store could not be opened (bad path or URL, server unreachable, refused credentials)."""
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the SQL databases the store speaks; the statements are written once, SQLite-style."""
+
+    name: str
+    placeholder: str  # replaces each ``?`` in a statement
+    greatest: str  # the two-argument maximum: SQLite's scalar MAX(), PostgreSQL's GREATEST()
+    real: str  # a timestamp in seconds needs a double; PostgreSQL's REAL is only a float4
+    integer: str  # seq reaches 2**63; PostgreSQL's INTEGER is only 32 bits
+    # Taken in a compaction's transaction so two compactors cannot merge into one rollup at once
+    # (SQLite needs none: BEGIN IMMEDIATE already admits one writer).
+    compaction_lock: str | None = None
+
+    def sql(self, statement: str) -> str:
+        return _translate(self, statement)
+
+
+@functools.lru_cache(maxsize=256)
+def _translate(dialect: Dialect, statement: str) -> str:
+    text = statement.format(greatest=dialect.greatest, real=dialect.real, int=dialect.integer)
+    return text.replace("?", dialect.placeholder)
+
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS devices (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, state TEXT NOT NULL, since {real} NOT NULL,
+        last_seen {real} NOT NULL, birth TEXT NOT NULL, last_seq {int} NOT NULL, epoch TEXT NOT NULL,
+        PRIMARY KEY (fleet, device))""",
+    """CREATE TABLE IF NOT EXISTS windows (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, seq {int} NOT NULL,
+        session TEXT NOT NULL, start {real} NOT NULL, stop {real} NOT NULL, frames {int} NOT NULL,
+        missed {int} NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, epoch, seq))""",
+    "CREATE INDEX IF NOT EXISTS windows_by_time ON windows (fleet, stop)",
+    """CREATE TABLE IF NOT EXISTS gaps (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_missing {int} NOT NULL,
+        last_missing {int} NOT NULL, noticed {real} NOT NULL)""",
+    # One row per device per ``span`` seconds from ``t0``: the merge of the windows whose stop fell
+    # in it.  ``stop`` is the latest of those stops, so time filters read both tables alike.
+    """CREATE TABLE IF NOT EXISTS rollups (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, span {real} NOT NULL, t0 {real} NOT NULL,
+        stop {real} NOT NULL, windows {int} NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
+        latency TEXT NOT NULL, stages TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0))""",
+    "CREATE INDEX IF NOT EXISTS rollups_by_time ON rollups (fleet, stop)",
+    # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
+    # may still fill a gap below it, and that late window is new.
+    """CREATE TABLE IF NOT EXISTS compacted (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_seq {int} NOT NULL,
+        last_seq {int} NOT NULL, stop {real} NOT NULL, PRIMARY KEY (fleet, device, epoch, first_seq))""",
+)
+
+INSERT_WINDOW = """INSERT INTO windows (fleet, device, epoch, seq, session, start, stop, frames, missed, payload)
+    SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (
+        SELECT 1 FROM compacted c
+        WHERE c.fleet = ? AND c.device = ? AND c.epoch = ? AND c.first_seq <= ? AND c.last_seq >= ?)
+    ON CONFLICT DO NOTHING"""
+
+UPSERT_ROLLUP = """INSERT INTO rollups (fleet, device, span, t0, stop, windows, frames, missed, latency, stages)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (fleet, device, span, t0) DO UPDATE SET stop = excluded.stop, windows = excluded.windows,
+        frames = excluded.frames, missed = excluded.missed, latency = excluded.latency, stages = excluded.stages"""
+
+
+def where_clause(
+    fleet: str | None, device: str | None, since: float | None, until: float | None
+) -> tuple[str, list[str | float]]:
+    """A WHERE clause on the columns ``windows`` and ``rollups`` share, and its arguments."""
+    clauses: list[str] = []
+    args: list[str | float] = []
+    for column, value in (("fleet", fleet), ("device", device)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    if since is not None:
+        clauses.append("stop >= ?")
+        args.append(since)
+    if until is not None:
+        clauses.append("stop <= ?")
+        args.append(until)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), args
+
+
+def window_row(fleet: str, device: str, p: dict[str, Any], raw: str) -> tuple[Any, ...]:
+    """A telemetry window as a ``windows`` row (its columns in order), ``raw`` its JSON as received."""
+    w = p["window"]
+    seq, session, epoch = int(p["seq"]), str(p.get("session", "")), str(p.get("epoch", ""))
+    return (
+        fleet,
+        device,
+        epoch,
+        seq,
+        session,
+        float(w["start"]),
+        float(w["end"]),
+        int(w["frames"]),
+        int(w["missed"]),
+        raw,
+    )
