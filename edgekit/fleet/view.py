@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
+from edgekit.fleet.charts import Tally, chart_series, quantile, rate
 from edgekit.protocol.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -39,30 +40,6 @@ class SloPolicy:
     over_s: float = 60.0  # the quantile is taken over this much recent telemetry
     for_s: float = 300.0  # ...and must stay over budget this long to fire (pending until then)
     miss_rate: float = 0.01  # misses above this share over ``over_s`` also breach
-
-
-@dataclass
-class _Bucket:
-    frames: int = 0
-    missed: int = 0
-    latency: LatencySketch = field(default_factory=LatencySketch)
-    stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
-
-    def add(self, window: dict[str, Any]) -> None:
-        """Fold in one window as the collector accepted it (its sketches were checked there)."""
-        self.frames += int(window["frames"])
-        self.missed += int(window["missed"])
-        self.latency.merge_dict(window["latency_ms"])
-        for stage, data in (window.get("stages_ms") or {}).items():
-            if stage in self.stages:
-                self.stages[stage].merge_dict(data)
-
-    def merge(self, other: _Bucket) -> None:
-        self.frames += other.frames
-        self.missed += other.missed
-        self.latency.merge(other.latency)
-        for stage, sketch in other.stages.items():
-            self.stages[stage].merge(sketch)
 
 
 @dataclass
@@ -92,9 +69,9 @@ class _Device:
     last_seen: float
     birth: dict[str, Any]
     fps: float | None = None
-    buckets: dict[int, _Bucket] = field(default_factory=dict)
+    buckets: dict[int, Tally] = field(default_factory=dict)
     pending: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
-    totals: _Bucket = field(default_factory=_Bucket)
+    totals: Tally = field(default_factory=Tally)
     windows: int = 0
     gaps: int = 0
     breach_since: float | None = None
@@ -113,15 +90,6 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
-
-
-def _q(sketch: LatencySketch, q: float) -> float | None:
-    value = sketch.quantile(q)
-    return None if math.isnan(value) else round(value, 3)
-
-
-def _rate(missed: int, frames: int) -> float | None:
-    return round(missed / frames, 5) if frames else None
 
 
 class FleetView:
@@ -195,8 +163,8 @@ class FleetView:
             known = self._devices.get((b.fleet, b.device))
             if known is None:
                 continue
-            live = known.buckets.setdefault(int(b.t0), _Bucket())
-            live.merge(_Bucket(b.frames, b.missed, b.latency, dict(b.stages)))
+            live = known.buckets.setdefault(int(b.t0), Tally())
+            live.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages)))
         self._changed = True
 
     # -- the tick (server thread) ----------------------------------------------------------
@@ -218,7 +186,7 @@ class FleetView:
                     try:
                         d.totals.add(w)
                         if end >= horizon:
-                            d.buckets.setdefault(int(end // STEP_S) * STEP_S, _Bucket()).add(w)
+                            d.buckets.setdefault(int(end // STEP_S) * STEP_S, Tally()).add(w)
                     except (KeyError, TypeError, ValueError) as err:  # the collector checked; belt and braces
                         log.warning("view: skipped a window of %s: %s", d.key, err)
                 for t0 in [t for t in d.buckets if t < horizon]:
@@ -254,31 +222,31 @@ class FleetView:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _merge(self, d: _Device, since: float, until: float) -> _Bucket:
-        total = _Bucket()
+    def _merge(self, d: _Device, since: float, until: float) -> Tally:
+        total = Tally()
         for t0, b in d.buckets.items():
             if t0 + STEP_S > since and t0 <= until:
                 total.merge(b)
         return total
 
-    def _series(self, devices: Iterable[_Device], window_s: int, now: float) -> dict[int, dict[str, _Bucket]]:
+    def _series(self, devices: Iterable[_Device], window_s: int, now: float) -> dict[int, dict[str, Tally]]:
         """Per step start, per device key: the merged bucket (from memory, or from the store past an hour)."""
         step = _step(window_s)
         since = now - window_s
-        out: dict[int, dict[str, _Bucket]] = defaultdict(dict)
+        out: dict[int, dict[str, Tally]] = defaultdict(dict)
         wanted = {d.key for d in devices}
         if window_s <= LIVE_S or self.store is None or not hasattr(self.store, "buckets"):
             for d in devices:
                 for t0, b in d.buckets.items():
                     if t0 + STEP_S > since:
-                        slot = out[int(t0 // step) * step].setdefault(d.key, _Bucket())
+                        slot = out[int(t0 // step) * step].setdefault(d.key, Tally())
                         slot.merge(b)
             return out
         for b in self.store.buckets(since, now, step):
             key = f"{b.fleet}/{b.device}"
             if key in wanted:
-                slot = out[int(b.t0 // step) * step].setdefault(key, _Bucket())
-                slot.merge(_Bucket(b.frames, b.missed, b.latency, dict(b.stages)))
+                slot = out[int(b.t0 // step) * step].setdefault(key, Tally())
+                slot.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages)))
         return out
 
     def snapshot(self, window_s: int = 300) -> dict[str, Any]:
@@ -313,6 +281,7 @@ class FleetView:
             "birth": d.birth,
             "series": snap["series"],
             "stages": snap["stages"],
+            "stage_names": snap["stage_names"],
             "heatmap": snap["heatmap"],
             "gaps": [list(g) for g in gaps],
             "alerts": snap["alerts"],
@@ -323,36 +292,11 @@ class FleetView:
     def _build(self, devices: list[_Device], window_s: int, now: float) -> dict[str, Any]:
         step = _step(window_s)
         series = self._series(devices, window_s, now)
-        times = sorted(series)
-        per_device: dict[str, _Bucket] = defaultdict(_Bucket)
-        fleet_series: dict[str, list[Any]] = {
-            "t": list(times),
-            "p50": [],
-            "p95": [],
-            "p99": [],
-            "miss_rate": [],
-        }
-        stage_series: dict[str, Any] = {"t": times} | {s: {"p50": [], "p99": []} for s in STAGES}
-        for t in times:
-            merged = _Bucket()
-            for key, b in series[t].items():
-                per_device[key].merge(b)
-                merged.merge(b)
-            for q in (50, 95, 99):
-                fleet_series[f"p{q}"].append(_q(merged.latency, q / 100))
-            fleet_series["miss_rate"].append(_rate(merged.missed, merged.frames))
-            for s in STAGES:
-                stage_series[s]["p50"].append(_q(merged.stages[s], 0.5))
-                stage_series[s]["p99"].append(_q(merged.stages[s], 0.99))
-        fleet_total = _Bucket()
-        for b in per_device.values():
-            fleet_total.merge(b)
-        stage_series["totals"] = {
-            s: {"p50": _q(fleet_total.stages[s], 0.5), "p99": _q(fleet_total.stages[s], 0.99)} for s in STAGES
-        }
+        charts = chart_series(series, (d.key for d in devices))
+        per_device, fleet_total = charts.per_device, charts.total
         budgets = Counter(ms for d in devices if (ms := d.budget_ms) is not None)
         budget = budgets.most_common(1)[0][0] if budgets else None
-        rows = [self._row(d, per_device.get(d.key, _Bucket()), now) for d in devices]
+        rows = [self._row(d, per_device.get(d.key, Tally()), now) for d in devices]
         rows.sort(key=lambda r: (r["state"] != "offline", r["slo"] != "breach", r["fleet"], r["device"]))
         online = sum(1 for d in devices if d.state == "online")
         fps = [r["fps"] for r in rows if r["state"] == "online" and r["fps"] is not None]
@@ -360,15 +304,6 @@ class FleetView:
             "model": self._groups(devices, per_device, _model_key),
             "backend": self._groups(devices, per_device, lambda d: str(d.birth.get("backend") or "?")),
             "fleet": self._groups(devices, per_device, lambda d: d.fleet),
-        }
-        heat_devices = sorted(d.key for d in devices)
-        heatmap = {
-            "t": times,
-            "devices": heat_devices,
-            "miss_rate": [
-                [_rate(cell.missed, cell.frames) if (cell := series[t].get(k)) else None for t in times]
-                for k in heat_devices
-            ],
         }
         return {
             "now": now,
@@ -381,23 +316,24 @@ class FleetView:
                 "offline": len(devices) - online,
                 "frames": fleet_total.frames,
                 "missed": fleet_total.missed,
-                "miss_rate": _rate(fleet_total.missed, fleet_total.frames),
+                "miss_rate": rate(fleet_total.missed, fleet_total.frames),
                 "fps": round(sum(fps), 1) if fps else None,
-                "p50": _q(fleet_total.latency, 0.5),
-                "p95": _q(fleet_total.latency, 0.95),
-                "p99": _q(fleet_total.latency, 0.99),
+                "p50": quantile(fleet_total.latency, 0.5),
+                "p95": quantile(fleet_total.latency, 0.95),
+                "p99": quantile(fleet_total.latency, 0.99),
                 "budget_ms": budget,
             },
             "devices": rows,
             "groups": groups,
-            "series": fleet_series | {"budget_ms": budget},
-            "stages": stage_series,
-            "heatmap": heatmap,
+            "series": charts.latency | {"budget_ms": budget},
+            "stages": charts.stages,
+            "stage_names": list(STAGES),  # the order the dashboard stacks them in
+            "heatmap": charts.heatmap,
             "alerts": self._alerts(devices, now),
             "collector": self._collector_stats(),
         }
 
-    def _row(self, d: _Device, b: _Bucket, now: float) -> dict[str, Any]:
+    def _row(self, d: _Device, b: Tally, now: float) -> dict[str, Any]:
         model = _model(d)
         slo = "no-data" if not b.frames else ("breach" if d.breach_since is not None else "ok")
         return {
@@ -413,10 +349,10 @@ class FleetView:
             "precision": d.birth.get("precision"),
             "budget_ms": d.budget_ms,
             "fps": d.fps if d.state == "online" else None,
-            "p50": _q(b.latency, 0.5),
-            "p95": _q(b.latency, 0.95),
-            "p99": _q(b.latency, 0.99),
-            "miss_rate": _rate(b.missed, b.frames),
+            "p50": quantile(b.latency, 0.5),
+            "p95": quantile(b.latency, 0.95),
+            "p99": quantile(b.latency, 0.99),
+            "miss_rate": rate(b.missed, b.frames),
             "frames": b.frames,
             "gaps": d.gaps,
             "slo": slo,
@@ -424,9 +360,9 @@ class FleetView:
 
     @staticmethod
     def _groups(
-        devices: list[_Device], per_device: dict[str, _Bucket], key: Callable[[_Device], str]
+        devices: list[_Device], per_device: dict[str, Tally], key: Callable[[_Device], str]
     ) -> list[dict[str, Any]]:
-        merged: dict[str, _Bucket] = defaultdict(_Bucket)
+        merged: dict[str, Tally] = defaultdict(Tally)
         count: Counter[str] = Counter()
         for d in devices:
             k = key(d)
@@ -438,10 +374,10 @@ class FleetView:
                 "key": k,
                 "devices": count[k],
                 "frames": merged[k].frames,
-                "p50": _q(merged[k].latency, 0.5),
-                "p95": _q(merged[k].latency, 0.95),
-                "p99": _q(merged[k].latency, 0.99),
-                "miss_rate": _rate(merged[k].missed, merged[k].frames),
+                "p50": quantile(merged[k].latency, 0.5),
+                "p95": quantile(merged[k].latency, 0.95),
+                "p99": quantile(merged[k].latency, 0.99),
+                "miss_rate": rate(merged[k].missed, merged[k].frames),
             }
             for k in sorted(count)
         ]

@@ -1,0 +1,101 @@
+"""What the dashboard's charts draw, from merged telemetry: ``Tally`` (frames, misses and merged sketches of
+some windows) and ``chart_series``, which turns per-step tallies into the latency, stage and
+miss-rate heatmap series of a snapshot.
+
+Every percentile here comes from a merged sketch: a step's fleet p99 is the p99 of all its
+devices' windows together, never an average of per-device p99s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgekit._core.sketch import LatencySketch
+from edgekit.protocol.stages import STAGES
+
+
+@dataclass
+class Tally:
+    """Frames, misses and merged latency and stage sketches of some windows (one step, or since start)."""
+
+    frames: int = 0
+    missed: int = 0
+    latency: LatencySketch = field(default_factory=LatencySketch)
+    stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
+
+    def add(self, window: dict[str, Any]) -> None:
+        """Fold in one window as the collector accepted it (its sketches were checked there)."""
+        self.frames += int(window["frames"])
+        self.missed += int(window["missed"])
+        self.latency.merge_dict(window["latency_ms"])
+        for stage, data in (window.get("stages_ms") or {}).items():
+            if stage in self.stages:
+                self.stages[stage].merge_dict(data)
+
+    def merge(self, other: Tally) -> None:
+        self.frames += other.frames
+        self.missed += other.missed
+        self.latency.merge(other.latency)
+        for stage, sketch in other.stages.items():
+            self.stages[stage].merge(sketch)
+
+
+def quantile(sketch: LatencySketch, q: float) -> float | None:
+    """The sketch's ``q`` quantile in ms, rounded for the JSON; ``None`` when it holds nothing."""
+    value = sketch.quantile(q)
+    return None if math.isnan(value) else round(value, 3)
+
+
+def rate(missed: int, frames: int) -> float | None:
+    """The share of frames missed, ``None`` without frames."""
+    return round(missed / frames, 5) if frames else None
+
+
+@dataclass
+class Charts:
+    """A snapshot's series, and the tallies they were drawn from (the table and groups reuse them)."""
+
+    per_device: dict[str, Tally]  # each device key over the whole window
+    total: Tally  # the fleet over the whole window
+    latency: dict[str, list[Any]]  # t, p50, p95, p99, miss_rate: one value per step
+    stages: dict[str, Any]  # t, then per stage its p50 and p99 series, then totals
+    heatmap: dict[str, Any]  # t, devices, and per device its miss rate per step
+
+
+def chart_series(series: dict[int, dict[str, Tally]], keys: Iterable[str]) -> Charts:
+    """The charts of ``series`` (per step start, per device key, a tally) for the devices ``keys``."""
+    times = sorted(series)
+    per_device: dict[str, Tally] = defaultdict(Tally)
+    latency: dict[str, list[Any]] = {"t": list(times), "p50": [], "p95": [], "p99": [], "miss_rate": []}
+    stages: dict[str, Any] = {"t": times} | {s: {"p50": [], "p99": []} for s in STAGES}
+    for t in times:
+        merged = Tally()
+        for key, b in series[t].items():
+            per_device[key].merge(b)
+            merged.merge(b)
+        for q in (50, 95, 99):
+            latency[f"p{q}"].append(quantile(merged.latency, q / 100))
+        latency["miss_rate"].append(rate(merged.missed, merged.frames))
+        for s in STAGES:
+            stages[s]["p50"].append(quantile(merged.stages[s], 0.5))
+            stages[s]["p99"].append(quantile(merged.stages[s], 0.99))
+    total = Tally()
+    for b in per_device.values():
+        total.merge(b)
+    stages["totals"] = {
+        s: {"p50": quantile(total.stages[s], 0.5), "p99": quantile(total.stages[s], 0.99)} for s in STAGES
+    }
+    heat_devices = sorted(keys)
+    heatmap = {
+        "t": times,
+        "devices": heat_devices,
+        "miss_rate": [
+            [rate(cell.missed, cell.frames) if (cell := series[t].get(k)) else None for t in times]
+            for k in heat_devices
+        ],
+    }
+    return Charts(dict(per_device), total, latency, stages, heatmap)
