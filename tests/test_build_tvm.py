@@ -11,6 +11,8 @@ import pytest
 
 from edgekit._core.elf import elf_arch, host_arch
 from edgekit._core.io import sha256_file
+from edgekit.convert import tvm_cpu
+from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
 from edgekit.convert.artifact import Artifact
 from edgekit.errors import BuildError
@@ -27,52 +29,54 @@ EGYPTIAN_CAT, ESPRESSO = 285, 967
 
 def _fake_db(path: Path, key: str, trials: int, sha: str = "0" * 64) -> Path:
     path.mkdir(parents=True)
-    for name in (tt.WORKLOAD_FILE, tt.RECORD_FILE):
+    for name in (tdb.WORKLOAD_FILE, tdb.RECORD_FILE):
         (path / name).write_text("", encoding="utf-8")
     meta = {"target_key": key, "trials": trials, "onnx_sha256": sha}
-    (path / tt.META_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    (path / tdb.META_FILE).write_text(json.dumps(meta), encoding="utf-8")
     return path
 
 
 def test_target_keys_name_the_cpu_family() -> None:
-    assert tt.target_key(X86) == "x86_64-haswell"
-    assert tt.target_key(RPI5) == "aarch64-cortex-a76"
-    assert tt.target_key(get_profile("arm64-cpu").tvm_target) == "aarch64-generic"
-    assert tt.target_arch(RPI5) == "aarch64"
+    assert tdb.target_key(X86) == "x86_64-haswell"
+    assert tdb.target_key(RPI5) == "aarch64-cortex-a76"
+    assert tdb.target_key(get_profile("arm64-cpu").tvm_target) == "aarch64-generic"
+    assert tdb.target_arch(RPI5) == "aarch64"
 
 
 def test_lookup_prefers_cache_then_exact_cpu_then_same_arch_then_declared_foreign(tmp_path: Path) -> None:
     sha = "ab" * 32
     models, cache = tmp_path / "model", tmp_path / "cache"
-    _fake_db(models / tt.TUNING_DIR / "x86_64-haswell", "x86_64-haswell", 900, sha)
-    a78 = _fake_db(models / tt.TUNING_DIR / "aarch64-cortex-a78", "aarch64-cortex-a78", 50)
+    _fake_db(models / tdb.TUNING_DIR / "x86_64-haswell", "x86_64-haswell", 900, sha)
+    a78 = _fake_db(models / tdb.TUNING_DIR / "aarch64-cortex-a78", "aarch64-cortex-a78", 50)
 
-    found = tt.find_database(sha, X86, cache_dir=cache, model_dir=models)
+    found = tdb.find_database(sha, X86, cache_dir=cache, model_dir=models)
     assert found is not None and (found.source, found.tuned_on) == ("shipped", "x86_64-haswell")
     # Its tuning.json does not say on which CPU (see test_tvm_schedules_cpu.py for those that do).
-    assert "tuned on an unrecorded CPU" in (tt.schedule_note(found, X86) or "")
+    assert "tuned on an unrecorded CPU" in (tvm_cpu.schedule_note(found, X86) or "")
 
     # Another aarch64 CPU's schedules beat x86_64 ones for a Raspberry Pi 5, and say so.
-    found = tt.find_database(sha, RPI5, cache_dir=cache, model_dir=models)
+    found = tdb.find_database(sha, RPI5, cache_dir=cache, model_dir=models)
     assert found is not None and found.path == a78
-    assert "tuned on aarch64-cortex-a78, not on aarch64-cortex-a76" in (tt.schedule_note(found, RPI5) or "")
+    assert "tuned on aarch64-cortex-a78, not on aarch64-cortex-a76" in (
+        tvm_cpu.schedule_note(found, RPI5) or ""
+    )
 
     # Only x86_64 schedules: used as a declared fallback, or refused when foreign=False.
     shutil.rmtree(a78)
-    found = tt.find_database(sha, RPI5, cache_dir=cache, model_dir=models)
+    found = tdb.find_database(sha, RPI5, cache_dir=cache, model_dir=models)
     assert found is not None and found.arch == "x86_64"
-    assert "not on this CPU" in (tt.schedule_note(found, RPI5) or "")
-    assert tt.find_database(sha, RPI5, cache_dir=cache, model_dir=models, foreign=False) is None
+    assert "not on this CPU" in (tvm_cpu.schedule_note(found, RPI5) or "")
+    assert tdb.find_database(sha, RPI5, cache_dir=cache, model_dir=models, foreign=False) is None
 
     # This model's cache entry wins over anything shipped.
-    cached = _fake_db(tt.cache_location(sha, X86, cache), "x86_64-haswell", 8, sha)
-    found = tt.find_database(sha, X86, cache_dir=cache, model_dir=models)
+    cached = _fake_db(tdb.cache_location(sha, X86, cache), "x86_64-haswell", 8, sha)
+    found = tdb.find_database(sha, X86, cache_dir=cache, model_dir=models)
     assert found is not None and (found.source, found.path) == ("cache", cached)
 
 
 def test_a_directory_without_tables_is_not_a_database(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="not a TVM tuning database"):
-        tt.read_database(tmp_path)
+        tdb.read_database(tmp_path)
 
 
 def test_trial_rounds_cover_every_task() -> None:
@@ -109,11 +113,11 @@ def test_tuning_writes_a_database_into_the_cache(
     tiny: TinyArtifacts, tiny_tuned: tuple[Path, Artifact]
 ) -> None:
     cache, first = tiny_tuned
-    entry = tt.cache_location(sha256_file(tiny.onnx), X86, cache)
-    meta = json.loads((entry / tt.META_FILE).read_text())
+    entry = tdb.cache_location(sha256_file(tiny.onnx), X86, cache)
+    meta = json.loads((entry / tdb.META_FILE).read_text())
     assert first.notes["tuning_database"] == f"tuned:{entry}"
     assert meta["trials"] == 8 and meta["trials_failed"] < 8 and meta["target_key"] == "x86_64-haswell"
-    assert meta["tuned_on_cpu"] == tt.cpu_record()  # this machine: its schedules were timed here
+    assert meta["tuned_on_cpu"] == tvm_cpu.cpu_record()  # this machine: its schedules were timed here
     # 8 trials tune the first task of six: the notes say how much is left as plain loops.
     assert 1 <= first.notes["tuned_functions"] < first.notes["functions"]
     assert "untuned_functions" in first.notes
@@ -148,9 +152,9 @@ def test_aarch64_build_uses_x86_64_schedules_only_as_a_declared_fallback(
     from edgekit.convert.tvm import compile_onnx
 
     cache, _ = tiny_tuned
-    tuned = tt.read_database(tt.cache_location(sha256_file(tiny.onnx), X86, cache), "cache")
+    tuned = tdb.read_database(tdb.cache_location(sha256_file(tiny.onnx), X86, cache), "cache")
     shipped = tt.ship(tuned, tmp_path / "model")
-    assert shipped.name == "x86_64-haswell" and (shipped / f"{tt.RECORD_FILE}.gz").is_file()
+    assert shipped.name == "x86_64-haswell" and (shipped / f"{tdb.RECORD_FILE}.gz").is_file()
 
     art = compile_onnx(tiny.onnx, tmp_path / "a64.so", RPI5, cache_dir=cache, model_dir=tmp_path / "model")
     assert elf_arch(art.path) == "aarch64" and art.arch == "aarch64"
@@ -196,14 +200,14 @@ def test_default_x86_64_build_applies_the_shipped_database(
     from edgekit.convert.tvm import compile_onnx
 
     onnx_path, batch = reference
-    shipped = tt.read_database(MODEL_DIR / tt.TUNING_DIR / "x86_64-haswell", "shipped")
+    shipped = tdb.read_database(MODEL_DIR / tdb.TUNING_DIR / "x86_64-haswell", "shipped")
     art = compile_onnx(onnx_path, tmp_path / "m.so", X86, cache_dir=tmp_path / "empty", model_dir=MODEL_DIR)
     notes = art.notes
     assert notes["tuning_database"] == f"shipped:{shipped.path}"
     assert notes["schedules_tuned_on"] == "x86_64-haswell"
     assert notes["schedules_tuned_on_cpu"] == shipped.meta["tuned_on_cpu"]
     # Tuned on an AVX2 EPYC: a note on a build host with other flags (AVX-512 ...), none on its like.
-    assert notes.get("schedules") == tt.schedule_note(shipped, X86)
+    assert notes.get("schedules") == tvm_cpu.schedule_note(shipped, X86)
     assert notes["tuning_trials"] == shipped.trials > 0
     # Every fused convolution has a tuned schedule (at most the odd reshape is left as it is).
     assert notes["tuned_functions"] >= notes["functions"] - 2 > 30

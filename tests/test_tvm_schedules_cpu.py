@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from edgekit.convert import tvm_cpu
+from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
 from edgekit.runtime.cpu import CpuFeatures, target_flags
 from edgekit.runtime.profiles import get_profile
@@ -43,8 +45,8 @@ XEON = CpuFeatures(
 A76 = CpuFeatures("aarch64", frozenset({"asimd", "asimddp", "fphp", "asimdhp"}))
 
 
-def _db(key: str = "x86_64-haswell", cpu: dict[str, Any] | None = EPYC, **meta: Any) -> tt.TuningDatabase:
-    return tt.TuningDatabase(
+def _db(key: str = "x86_64-haswell", cpu: dict[str, Any] | None = EPYC, **meta: Any) -> tdb.TuningDatabase:
+    return tdb.TuningDatabase(
         Path("/nowhere"),
         "shipped",
         {"target_key": key, "trials": 10, **({"tuned_on_cpu": cpu} if cpu else {}), **meta},
@@ -52,14 +54,14 @@ def _db(key: str = "x86_64-haswell", cpu: dict[str, Any] | None = EPYC, **meta: 
 
 
 def test_the_same_flags_say_nothing() -> None:
-    assert tt.schedule_note(_db(), X86, AVX2, "AMD EPYC 7B13") is None
+    assert tvm_cpu.schedule_note(_db(), X86, AVX2, "AMD EPYC 7B13") is None
     # Tuned on an AVX-512 machine for a haswell target, applied there: the target asks for nothing more.
     xeon = {"model": "Xeon", "arch": "x86_64", "flags": sorted(XEON.flags)}
-    assert tt.schedule_note(_db(cpu=xeon), X86, XEON) is None
+    assert tvm_cpu.schedule_note(_db(cpu=xeon), X86, XEON) is None
 
 
 def test_a_build_host_with_other_flags_is_another_cpu() -> None:
-    note = tt.schedule_note(_db(), X86, XEON, "Intel Xeon")
+    note = tvm_cpu.schedule_note(_db(), X86, XEON, "Intel Xeon")
     assert note is not None and "another CPU" in note
     assert "tuned on another CPU: AMD EPYC 7B13 (x86_64: sse4_2, avx, fma, avx2)" in note
     assert (
@@ -69,25 +71,25 @@ def test_a_build_host_with_other_flags_is_another_cpu() -> None:
     assert "expect slower than tuned" in note and "--tune-trials" in note
     # ... and one with fewer flags than the tuning CPU too.
     avx = CpuFeatures("x86_64", frozenset({"sse4_2", "avx"}))
-    assert "lacks fma, avx2" in (tt.schedule_note(_db(), X86, avx) or "")
+    assert "lacks fma, avx2" in (tvm_cpu.schedule_note(_db(), X86, avx) or "")
 
 
 def test_a_target_asking_for_more_than_the_tuning_cpu_had_is_another_cpu() -> None:
     # Cross-built on an ARM host: only the target's mcpu/mattr speak for the CPU.
     target = {**X86, "mcpu": "haswell", "mattr": ["+avx512f", "+avx512vnni"]}
-    note = tt.schedule_note(_db(), target, A76)
+    note = tvm_cpu.schedule_note(_db(), target, A76)
     assert note is not None and "another CPU" in note
     assert "the target (x86_64-haswell) has avx512f, avx512_vnni" in note and "build host" not in note
-    assert tt.schedule_note(_db(), X86, A76) is None
+    assert tvm_cpu.schedule_note(_db(), X86, A76) is None
 
 
 def test_a_database_without_the_record_says_so() -> None:
-    note = tt.schedule_note(_db(cpu=None, host={"machine": "x86_64", "cpu": "AMD EPYC"}), X86, AVX2)
+    note = tvm_cpu.schedule_note(_db(cpu=None, host={"machine": "x86_64", "cpu": "AMD EPYC"}), X86, AVX2)
     assert note is not None and "tuned on an unrecorded CPU" in note and "'AMD EPYC'" in note
 
 
 def test_foreign_schedules_name_the_cpu_they_were_measured_on() -> None:
-    note = tt.schedule_note(_db(), RPI5, XEON) or ""
+    note = tvm_cpu.schedule_note(_db(), RPI5, XEON) or ""
     assert "not on this CPU (aarch64-cortex-a76)" in note and "measured on AMD EPYC 7B13" in note
 
 
@@ -101,29 +103,29 @@ def test_target_flags_come_from_mcpu_and_mattr() -> None:
 
 
 def test_the_shipped_x86_64_database_records_an_avx2_epyc() -> None:
-    db = tt.read_database(MODEL_DIR / tt.TUNING_DIR / "x86_64-haswell", "shipped")
+    db = tdb.read_database(MODEL_DIR / tdb.TUNING_DIR / "x86_64-haswell", "shipped")
     cpu = db.meta["tuned_on_cpu"]
     assert cpu["model"].startswith("AMD EPYC") and cpu["arch"] == "x86_64"
     assert set(cpu["flags"]) == {"sse4_2", "avx", "fma", "avx2"}
-    assert tt.schedule_note(db, X86, AVX2) is None
-    assert "another CPU" in (tt.schedule_note(db, X86, XEON) or "")
+    assert tvm_cpu.schedule_note(db, X86, AVX2) is None
+    assert "another CPU" in (tvm_cpu.schedule_note(db, X86, XEON) or "")
 
 
 def test_ship_records_the_cpu_only_when_it_knows_it(tmp_path: Path) -> None:
-    def fake(name: str, **meta: Any) -> tt.TuningDatabase:
+    def fake(name: str, **meta: Any) -> tdb.TuningDatabase:
         path = tmp_path / name
         path.mkdir()
-        for table in tt.TABLES:
+        for table in tdb.TABLES:
             (path / table).write_text("", encoding="utf-8")
-        return tt.TuningDatabase(path, "cache", {"target_key": name, **meta})
+        return tdb.TuningDatabase(path, "cache", {"target_key": name, **meta})
 
-    here = {"machine": __import__("platform").machine(), "cpu": tt._cpu_name()}
+    here = {"machine": __import__("platform").machine(), "cpu": tvm_cpu._cpu_name()}
     shipped = tt.ship(fake("x86_64-haswell", host=here), tmp_path / "m1")
-    assert json.loads((shipped / tt.META_FILE).read_text())["tuned_on_cpu"] == tt.cpu_record()
+    assert json.loads((shipped / tdb.META_FILE).read_text())["tuned_on_cpu"] == tvm_cpu.cpu_record()
     shipped = tt.ship(fake("x86_64-znver3", host={"machine": "x86_64", "cpu": "elsewhere"}), tmp_path / "m2")
-    assert "tuned_on_cpu" not in json.loads((shipped / tt.META_FILE).read_text())
+    assert "tuned_on_cpu" not in json.loads((shipped / tdb.META_FILE).read_text())
     shipped = tt.ship(fake("x86_64-skylake", host={"cpu": "elsewhere"}), tmp_path / "m3", cpu=EPYC)
-    assert json.loads((shipped / tt.META_FILE).read_text())["tuned_on_cpu"] == EPYC
+    assert json.loads((shipped / tdb.META_FILE).read_text())["tuned_on_cpu"] == EPYC
 
 
 # ---------------------------------------------------------------- edgekit bench
@@ -214,7 +216,7 @@ def test_inspect_shows_the_schedules_note(tmp_path: Path) -> None:
     from edgekit.commands.common import console
     from edgekit.convert.bundle_writer import write_bundle
 
-    note = tt.schedule_note(_db(), X86, XEON, "Intel Xeon")
+    note = tvm_cpu.schedule_note(_db(), X86, XEON, "Intel Xeon")
     assert note is not None
     arts = _artifacts(tmp_path / "src")
     arts[0] = (replace(arts[0][0], notes={"schedules": note}), arts[0][1])

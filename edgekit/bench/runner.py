@@ -71,7 +71,7 @@ class BenchCandidate:
     #: False when the build's accuracy gate did not pass this artifact (shipped under --allow-accuracy-drop).
     build_gate: bool = True
     #: What to read next to its timings, from the artifact's notes: a TVM library whose schedules
-    #: were tuned on another CPU than this one (``edgekit.convert.tvm_tuning.runtime_caveat``).
+    #: were tuned on another CPU than this one (``edgekit.convert.tvm_cpu.runtime_caveat``).
     caveat: str | None = None
 
     @property
@@ -347,7 +347,7 @@ def caveat(backend: str, notes: dict[str, Any], cpu: CpuFeatures | None = None) 
     """
     if backend != "tvm":
         return None
-    from edgekit.convert.tvm_tuning import runtime_caveat
+    from edgekit.convert.tvm_cpu import runtime_caveat
 
     return runtime_caveat(notes, cpu or this_cpu())
 

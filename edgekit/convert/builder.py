@@ -295,17 +295,17 @@ def _recipe_artifacts(
         ops.require_supported(
             fp32, "tvm", f"{b.profile.name} {target.get('mtriple', '')} {target.get('mcpu', '')}".strip()
         )
-        from edgekit.convert import tvm_tuning
+        from edgekit.convert import tvm_cpu, tvm_database
 
         model_dir = req.card.path.parent if req.card.path else None
         # The schedules applied decide the library: a new shipped or cached database is a new build.
         database = (
-            None if req.tune_trials else tvm_tuning.find_database(fp32_hash, target, model_dir=model_dir)
+            None if req.tune_trials else tvm_database.find_database(fp32_hash, target, model_dir=model_dir)
         )
         params = {
             "target": target,
             "tune_trials": req.tune_trials,
-            "database": tvm_tuning.fingerprint(database),
+            "database": tvm_database.fingerprint(database),
         }
         made = b.step(
             recipe,
@@ -323,7 +323,7 @@ def _recipe_artifacts(
         if database is not None:
             # Whose CPU the schedules were timed on, against this build's: said here, outside the
             # cached step, because a cached library may have been built on another host.
-            note = tvm_tuning.schedule_note(database, target)
+            note = tvm_cpu.schedule_note(database, target)
             fresh = {"schedules_tuned_on_cpu": database.meta.get("tuned_on_cpu")}
             made = [
                 replace(

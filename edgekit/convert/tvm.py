@@ -1,10 +1,10 @@
 """Compile an ONNX model to a TVM Relax library for a device profile's target.
 
 Tuned schedules make the difference between ~35x slower than ONNX Runtime and close to
-it: see :mod:`edgekit.convert.tvm_tuning` for tuning, the cache and shipped databases.
-The library is written with its ``.io.json`` beside it (the VM does not keep input
-shapes).  Both are written to temporary names and renamed into place, so a failed or
-interrupted compile never leaves a file that looks valid.
+it: see :mod:`edgekit.convert.tvm_tuning` for tuning and :mod:`edgekit.convert.tvm_database`
+for the cache and shipped databases.  The library is written with its ``.io.json`` beside
+it (the VM does not keep input shapes).  Both are written to temporary names and renamed
+into place, so a failed or interrupted compile never leaves a file that looks valid.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from edgekit.convert.artifact import Artifact
 from edgekit.errors import BuildError
 
 if TYPE_CHECKING:
-    from edgekit.convert.tvm_tuning import Progress, TuningDatabase
+    from edgekit.convert.tvm_database import TuningDatabase
+    from edgekit.convert.tvm_tuning import Progress
 
 # A cross compiler per target triple; the host compiler handles the host's own triple.
 CROSS_COMPILERS = {
@@ -94,7 +95,7 @@ def compile_onnx(
 ) -> Artifact:
     """Compile ``onnx_path`` for ``target`` (a TVM target dict) into the library ``out``.
 
-    Schedules come from a MetaSchedule database (see :mod:`edgekit.convert.tvm_tuning`):
+    Schedules come from a MetaSchedule database (see :mod:`edgekit.convert.tvm_database`):
 
     - ``tune_trials > 0``: tune on this host with that many measurements (seeded from any
       database already known for this target), cache the result under
@@ -109,7 +110,7 @@ def compile_onnx(
     how many of the model's functions got tuned schedules, and on which CPU they were tuned
     (``schedules_tuned_on_cpu``); ``schedules`` says when that is not the CPU the target is
     for or, for a target of this host's architecture, not this host's CPU
-    (:func:`edgekit.convert.tvm_tuning.schedule_note`).
+    (:func:`edgekit.convert.tvm_cpu.schedule_note`).
     """
     import onnx
     import tvm
@@ -117,6 +118,7 @@ def compile_onnx(
     from tvm.relax.frontend.onnx import from_onnx
 
     from edgekit._core.io import sha256_file
+    from edgekit.convert import tvm_database as tdb
     from edgekit.convert import tvm_tuning as tt
 
     if tune_trials < 0:
@@ -176,7 +178,7 @@ def compile_onnx(
         path=out,
         backend="tvm",
         precision="fp32",
-        arch=tt.target_arch(target),
+        arch=tdb.target_arch(target),
         files=(out, io_path(out)),
         notes=_notes(db, target, tuned, functions, sha),
         kind="tvm-so",
@@ -195,24 +197,25 @@ def _database(
     progress: Progress | None,
 ) -> TuningDatabase | None:
     """The database to apply: given, tuned now (or reused from the cache), or found."""
+    from edgekit.convert import tvm_database as tdb
     from edgekit.convert import tvm_tuning as tt
 
     if database is not None:
-        return tt.read_database(database, "given")
+        return tdb.read_database(database, "given")
     if not tune_trials:
-        return tt.find_database(sha, target, cache_dir=cache_dir, model_dir=model_dir, foreign=foreign)
-    cached = tt.cache_location(sha, target, cache_dir)
-    known = tt.find_database(sha, target, cache_dir=cache_dir, model_dir=model_dir, foreign=False)
+        return tdb.find_database(sha, target, cache_dir=cache_dir, model_dir=model_dir, foreign=foreign)
+    cached = tdb.cache_location(sha, target, cache_dir)
+    known = tdb.find_database(sha, target, cache_dir=cache_dir, model_dir=model_dir, foreign=False)
     if known is not None and known.source == "cache" and known.trials >= tune_trials:
         return known  # tuned here before with at least this budget
-    seed = known if known is not None and known.tuned_on == tt.target_key(target) else None
+    seed = known if known is not None and known.tuned_on == tdb.target_key(target) else None
     try:
         return tt.tune(mod, target, tune_trials, cached, onnx_sha256=sha, seed=seed, progress=progress)
     except BuildError:
         raise
     except Exception as err:  # TVM's boundary: any tuning failure becomes one BuildError
         raise BuildError(
-            f"TVM tuning failed for {tt.target_key(target)}: {str(err).strip().splitlines()[-1][:300]}",
+            f"TVM tuning failed for {tdb.target_key(target)}: {str(err).strip().splitlines()[-1][:300]}",
             "build without --tune-trials to use shipped or cached schedules; check the TVM packages "
             "(pip install 'edgekit[tvm,build]': apache-tvm-ffi 0.1.14.post1, xgboost, psutil, cloudpickle)",
         ) from err
@@ -221,15 +224,16 @@ def _database(
 def _notes(
     db: TuningDatabase | None, target: Mapping[str, Any], tuned: int, functions: int, sha: str
 ) -> dict[str, Any]:
-    from edgekit.convert import tvm_tuning as tt
+    from edgekit.convert import tvm_cpu
+    from edgekit.convert import tvm_database as tdb
 
     notes: dict[str, Any] = {
         "target": dict(target),
-        "target_key": tt.target_key(target),
+        "target_key": tdb.target_key(target),
         "tuned_functions": tuned,
         "functions": functions,
         "tuning_database": f"{db.source}:{db.path}" if db else None,
-        "tuning_records_sha256": tt.fingerprint(db),
+        "tuning_records_sha256": tdb.fingerprint(db),
     }
     if db is None:
         notes["schedules"] = (
@@ -242,7 +246,7 @@ def _notes(
     # The CPU its schedules were timed on (None: not recorded), for edgekit bench to compare with its own.
     notes["schedules_tuned_on_cpu"] = db.meta.get("tuned_on_cpu")
     notes["database_model_matches"] = db.meta.get("onnx_sha256") == sha
-    warning = tt.schedule_note(db, target)
+    warning = tvm_cpu.schedule_note(db, target)
     if warning:
         notes["schedules"] = warning
     if tuned < functions:

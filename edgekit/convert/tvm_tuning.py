@@ -1,43 +1,6 @@
-"""MetaSchedule tuning databases for TVM builds: tune, cache, find, apply.
+"""MetaSchedule for TVM builds: tune a database on this CPU, apply one to a module, ship one.
 
-Untuned TVM code for a CPU is scalar loops (~35x slower than ONNX Runtime on
-EfficientNet-Lite0).  MetaSchedule searches loop schedules per fused operator and keeps
-the best ones in a database; a build that applies the database gets those schedules in
-seconds.  A database directory holds MetaSchedule's two JSON tables (gzipped in the
-repo: ~3.5 MB of JSON is ~0.2 MB) plus ``tuning.json`` saying what it was tuned for
-(model SHA-256, target, trials, host, the CPU's flags).  They live in:
-
-- the cache, ``<cache>/tvm-tuning/<sha256(onnx)[:16]>-<target key>/`` (``$EDGEKIT_CACHE``
-  or ``~/.cache/edgekit``): written by every tuning run on this machine;
-- next to a model card, ``models/<name>/tvm-tuning/<target key>/``: shipped in the repo.
-
-Database lookup in TVM ignores the target (a workload matches on its TIR alone), so
-applying an x86_64 database to an aarch64 build "works" with schedules tuned for the
-wrong CPU.  Here every database says which target it was tuned on, exact target keys are
-preferred, and a database of another CPU family is only used as a declared fallback
-recorded in the artifact's notes (``foreign=False`` refuses it).  It is on by default
-because untuned code is single-threaded scalar loops, while an x86_64 (AVX2) schedule
-applied to a Cortex-A76 is still tiled, parallel and vectorized: LLVM splits its 8-lane
-vectors into pairs of 4-lane NEON operations, the register budget it was tiled for is
-the same size (16 x 32 B on AVX2, 32 x 16 B on NEON), its tiles fit the A76's larger L1,
-and its parallel loops spread over however many cores the device has.  So it should be
-far faster than untuned code, though slower than schedules tuned on the device.  That is
-reasoning, not a measurement: there is no ARM CPU here to time it on.
-
-The lookup matches a workload on its TIR alone, so it is just as blind to the CPU within
-one architecture: a schedule's tile sizes, vector width and loop order were chosen by
-timing candidates on one particular CPU, for its vector registers and its cache sizes.
-Applied on a CPU with wider vectors (AVX-512), int8/bf16 matrix units (VNNI, AMX) or
-other caches, the same schedule is valid code but not the fast one for it: on a CPU with
-AVX-512 and VNNI the shipped AMD EPYC (AVX2) schedules gave a tvm-fp32 library of 16.7 ms
-p50, against 1.1-3 ms for the other runtimes on the same machine.  So every database records
-the CPU it was tuned on (``tuned_on_cpu`` in ``tuning.json``: model name, architecture and
-its notable instruction-set flags, :mod:`edgekit.runtime.cpu`), and :func:`schedule_note` compares
-it with the CPU the artifact is for: the target's ``mcpu``/``mattr`` and, when the target
-is the build host's architecture, the build host's own flags.  A difference goes into the
-artifact's notes (``schedules``), which ``edgekit inspect`` shows, and ``edgekit bench``
-compares the record with the CPU it measures on (:func:`runtime_caveat`).  Only the flags
-are compared: two CPUs with the same ones but other caches are not told apart.
+What a database is and which one a build finds is :mod:`edgekit.convert.tvm_database`.
 
 Pitfalls handled here (each a silent failure, measured with TVM 0.27 on x86_64): MetaSchedule's default
 builder compiles in fresh worker processes whose import of ``tvm.s_tir.tensor_intrin``
@@ -55,7 +18,6 @@ import importlib
 import json
 import os
 import platform
-import re
 import shutil
 import sys
 import tempfile
@@ -66,292 +28,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.elf import host_arch, normalize_arch
-from edgekit._core.paths import cache_root
+from edgekit._core.elf import host_arch
+from edgekit.convert.tvm_cpu import _cpu_name, _recorded, cpu_record
+from edgekit.convert.tvm_database import (
+    META_FILE,
+    TABLES,
+    TUNING_DIR,
+    TuningDatabase,
+    target_arch,
+    target_key,
+)
 from edgekit.errors import BuildError
-from edgekit.runtime.cpu import NOTABLE, CpuFeatures, target_flags, this_cpu
 
 Progress = Callable[[str, float], None]
 """``progress(message, fraction)``: what a long step is doing and how far it is, 0..1."""
 
-TUNING_DIR = "tvm-tuning"
-META_FILE = "tuning.json"
-WORKLOAD_FILE = "database_workload.json"
-RECORD_FILE = "database_tuning_record.json"
-TABLES = (WORKLOAD_FILE, RECORD_FILE)
 LOGGER = "tvm.s_tir.meta_schedule"
-
-
-def target_arch(target: Mapping[str, Any]) -> str:
-    """The CPU architecture a target dict compiles for (from ``mtriple``; the host's without one)."""
-    triple = str(target.get("mtriple", ""))
-    return normalize_arch(triple.split("-", 1)[0]) if triple else host_arch()
-
-
-def target_key(target: Mapping[str, Any]) -> str:
-    """A short stable name for a target's CPU family: ``x86_64-haswell``, ``aarch64-cortex-a76``."""
-    cpu = str(target.get("mcpu", "")) or "generic"
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{target_arch(target)}-{cpu}")
-
-
-def cache_location(onnx_sha256: str, target: Mapping[str, Any], cache_dir: Path | None = None) -> Path:
-    """Where the tuning database for this model and target lives in the cache."""
-    return (cache_dir or cache_root()) / TUNING_DIR / f"{onnx_sha256[:16]}-{target_key(target)}"
-
-
-@dataclass(frozen=True)
-class TuningDatabase:
-    """A MetaSchedule database directory and what it was tuned for.
-
-    ``source`` says where it was found: ``"cache"``, ``"shipped"`` (next to a model card),
-    ``"given"`` (passed by the caller) or ``"tuned"`` (made by this build).
-    """
-
-    path: Path
-    source: str
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def tuned_on(self) -> str:
-        """The target key its schedules were measured on (``"unknown"`` without ``tuning.json``)."""
-        return str(self.meta.get("target_key", "unknown"))
-
-    @property
-    def arch(self) -> str:
-        return self.tuned_on.split("-", 1)[0]
-
-    @property
-    def trials(self) -> int:
-        return int(self.meta.get("trials", 0))
-
-    def table(self, name: str) -> Path:
-        """The file of one of MetaSchedule's tables: ``name`` or, as shipped, ``name.gz``."""
-        plain = self.path / name
-        return plain if plain.is_file() else self.path / f"{name}.gz"
-
-    def copy_tables(self, dest: Path) -> None:
-        """Write both tables, uncompressed, into ``dest`` (a MetaSchedule work directory)."""
-        for name in TABLES:
-            src = self.table(name)
-            if src.suffix == ".gz":
-                with gzip.open(src, "rb") as f:
-                    (dest / name).write_bytes(f.read())
-            else:
-                shutil.copyfile(src, dest / name)
-
-    def open(self) -> Any:
-        """The database as a MetaSchedule ``JSONDatabase`` (read into memory; files left as they are)."""
-        from tvm.s_tir import meta_schedule as ms
-
-        # JSONDatabase reads both tables when it is made and appends to them on commit:
-        # give it a private copy so a shipped or cached database is never written to.
-        with tempfile.TemporaryDirectory(prefix="edgekit-tvm-db-") as scratch:
-            self.copy_tables(Path(scratch))
-            return ms.database.JSONDatabase(work_dir=scratch, allow_missing=False)
-
-
-def read_database(path: Path, source: str = "given") -> TuningDatabase:
-    """Read a database directory; a bad one is a :class:`BuildError` naming the file."""
-    for name in TABLES:
-        if not (path / name).is_file() and not (path / f"{name}.gz").is_file():
-            raise BuildError(
-                f"{path} is not a TVM tuning database ({name} is missing)",
-                "pass a directory written by edgekit's TVM tuning (it holds database_*.json and tuning.json)",
-            )
-    meta: dict[str, Any] = {}
-    if (path / META_FILE).is_file():
-        try:
-            meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-        except ValueError as err:
-            raise BuildError(f"{path / META_FILE} is not valid JSON ({err})", "delete it or re-tune") from err
-    return TuningDatabase(path, source, meta)
-
-
-def shipped_databases(model_dir: Path) -> list[TuningDatabase]:
-    """The databases shipped beside a model card (``<model_dir>/tvm-tuning/<target key>/``)."""
-    root = model_dir / TUNING_DIR
-    if not root.is_dir():
-        return []
-    return [read_database(d, "shipped") for d in sorted(root.iterdir()) if (d / META_FILE).is_file()]
-
-
-def find_database(
-    onnx_sha256: str,
-    target: Mapping[str, Any],
-    *,
-    cache_dir: Path | None = None,
-    model_dir: Path | None = None,
-    foreign: bool = True,
-) -> TuningDatabase | None:
-    """The best database to apply to a build without tuning, or ``None``.
-
-    Order: this model's cache entry for this target; a shipped database for this target
-    key; a shipped one for another CPU of the same architecture; and, only when
-    ``foreign`` is true, one tuned on another architecture (the caller records that).
-    """
-    cached = cache_location(onnx_sha256, target, cache_dir)
-    if (cached / RECORD_FILE).is_file():
-        return read_database(cached, "cache")
-    if model_dir is None:
-        return None
-    shipped = shipped_databases(model_dir)
-    key, arch = target_key(target), target_arch(target)
-    for accept in (
-        lambda db: db.tuned_on == key,
-        lambda db: db.arch == arch,
-        lambda db: foreign,
-    ):
-        found = [db for db in shipped if accept(db)]
-        if found:
-            # Prefer the database tuned for this very model, then the one with most trials.
-            return max(found, key=lambda db: (db.meta.get("onnx_sha256") == onnx_sha256, db.trials))
-    return None
-
-
-def fingerprint(db: TuningDatabase | None) -> str | None:
-    """A short hash of a database's records, for cache keys of builds that apply it."""
-    if db is None:
-        return None
-    import hashlib
-
-    return hashlib.sha256(db.table(RECORD_FILE).read_bytes()).hexdigest()[:16]
-
-
-RETUNE = "tune on the device (edgekit build --tune-trials N)"
-
-
-def cpu_record(cpu: CpuFeatures | None = None, model: str | None = None) -> dict[str, Any]:
-    """What ``tuning.json`` says about the CPU a database was tuned on (``tuned_on_cpu``): this one by default."""
-    cpu = cpu or this_cpu()
-    return {
-        "model": model if model is not None else _cpu_name(),
-        "arch": cpu.arch,
-        "flags": list(cpu.notable),
-    }
-
-
-def _recorded(record: Any) -> tuple[str, CpuFeatures] | None:
-    """A ``tuned_on_cpu`` record as (model name, features), or ``None`` when absent or malformed."""
-    if not isinstance(record, Mapping) or not isinstance(record.get("flags"), list) or not record.get("arch"):
-        return None
-    return str(record.get("model") or "an unnamed CPU"), CpuFeatures(
-        str(record["arch"]), frozenset(str(f) for f in record["flags"])
-    )
-
-
-def _flag_list(flags: frozenset[str] | set[str], arch: str) -> str:
-    """Flags in :data:`edgekit.runtime.cpu.NOTABLE` order (then any others, sorted)."""
-    order = NOTABLE.get(arch, ())
-    known = [f for f in order if f in flags]
-    return ", ".join(known + sorted(f for f in flags if f not in order)) or "none of note"
-
-
-def _describe(model: str, cpu: CpuFeatures) -> str:
-    """``AMD EPYC (x86_64: sse4_2, avx, fma, avx2)``."""
-    return f"{model} ({cpu.arch}: {_flag_list(cpu.flags, cpu.arch)})"
-
-
-def _differences(
-    tuned: CpuFeatures, other: frozenset[str], symmetric: bool
-) -> tuple[frozenset[str], frozenset[str]]:
-    """(flags ``other`` has that the tuning CPU lacked, flags it lacks that the tuning CPU had)."""
-    notable = frozenset(NOTABLE.get(tuned.arch, ())) or tuned.flags | other
-    more = (other - tuned.flags) & notable
-    fewer = (tuned.flags - other) & notable if symmetric else frozenset()
-    return frozenset(more), frozenset(fewer)
-
-
-def _has_lacks(more: frozenset[str], fewer: frozenset[str], arch: str) -> str:
-    parts = ([f"has {_flag_list(more, arch)}"] if more else []) + (
-        [f"lacks {_flag_list(fewer, arch)}"] if fewer else []
-    )
-    return "; ".join(parts)
-
-
-def schedule_note(
-    db: TuningDatabase,
-    target: Mapping[str, Any],
-    cpu: CpuFeatures | None = None,
-    cpu_name: str | None = None,
-) -> str | None:
-    """A sentence for the notes when ``db`` was not tuned on the CPU the build is for, else ``None``.
-
-    Compared: the target key (``mcpu``) it was tuned for; the flags of the CPU it was tuned
-    on (``tuned_on_cpu``) against those the target compiles for (``mcpu``/``mattr``: any
-    flag the target has that the tuning CPU lacked) and, when the target is ``cpu``'s
-    architecture, against ``cpu``'s own flags (any difference): ``cpu`` is the build
-    host, this machine's CPU (:func:`edgekit.runtime.cpu.this_cpu`) unless given, named
-    ``cpu_name``.  A database without the record says it was tuned on an unrecorded CPU.
-    """
-    key = target_key(target)
-    recorded = _recorded(db.meta.get("tuned_on_cpu"))
-    if db.tuned_on != key:
-        on = f"; measured on {_describe(*recorded)}" if recorded else "; measured on an unrecorded CPU"
-        if db.arch == target_arch(target):
-            return f"schedules tuned on {db.tuned_on}, not on {key}: re-tune on the device for its best speed{on}"
-        return (
-            f"schedules tuned on {db.arch} ({db.tuned_on}), not on this CPU ({key}): a fallback that beats "
-            f"untuned code but is not tuned for it; tune on a {target_arch(target)} machine for its best speed{on}"
-        )
-    if recorded is None:
-        host = db.meta.get("host")
-        named = (
-            f" (tuning.json names the host {host['cpu']!r} but not its flags)"
-            if isinstance(host, Mapping) and host.get("cpu")
-            else ""
-        )
-        return (
-            f"schedules tuned on an unrecorded CPU{named}: whether they suit this CPU is unknown; "
-            f"if TVM is slow, {RETUNE}"
-        )
-    model, tuned = recorded
-    arch = target_arch(target)
-    found: list[str] = []
-    wanted = target_flags(target)
-    if wanted is not None and tuned.arch == arch:
-        more, _ = _differences(tuned, wanted, symmetric=False)
-        if more:
-            found.append(f"the target ({key}) {_has_lacks(more, frozenset(), arch)}")
-    cpu = cpu or this_cpu()
-    if cpu.arch == arch:
-        more, fewer = _differences(tuned, cpu.flags, symmetric=True)
-        if more or fewer:
-            name = cpu_name if cpu_name is not None else (_cpu_name() if cpu == this_cpu() else "")
-            found.append(
-                f"the build host's CPU{f' ({name})' if name else ''} {_has_lacks(more, fewer, arch)}"
-            )
-    if not found:
-        return None
-    return (
-        f"schedules tuned on another CPU: {_describe(model, tuned)}, "
-        f"{'; '.join(found)}: expect slower than tuned; {RETUNE}"
-    )
-
-
-def runtime_caveat(notes: Mapping[str, Any], cpu: CpuFeatures) -> str | None:
-    """What to say next to a TVM artifact's timings measured on ``cpu``, from the artifact's notes; ``None``: nothing.
-
-    For ``edgekit bench``: the artifact's schedules were tuned on the CPU in its notes
-    (``schedules_tuned_on_cpu``, written by :func:`edgekit.convert.tvm.compile_onnx`); on a
-    CPU with other flags its timings are not what the tuned schedules can do.
-    """
-    if "tuning_database" in notes and notes["tuning_database"] is None:
-        return "untuned schedules: plain loops, tens of times slower than tuned code"
-    if "tuning_database" not in notes and "schedules_tuned_on" not in notes:
-        return None  # not a TVM build's notes
-    recorded = _recorded(notes.get("schedules_tuned_on_cpu"))
-    if recorded is None:
-        return "schedules tuned on an unrecorded CPU: may not suit this one"
-    model, tuned = recorded
-    if tuned.arch != cpu.arch:
-        return f"schedules tuned on another CPU ({model}, {tuned.arch}), not on this {cpu.arch} one"
-    more, fewer = _differences(tuned, cpu.flags, symmetric=True)
-    if not (more or fewer):
-        return None
-    return (
-        f"schedules tuned on another CPU ({model}: {_flag_list(tuned.flags, tuned.arch)}; "
-        f"this one {_has_lacks(more, fewer, cpu.arch)})"
-    )
 
 
 def check_can_tune(target: Mapping[str, Any]) -> None:
@@ -729,13 +421,3 @@ def ship(db: TuningDatabase, model_dir: Path, *, cpu: Mapping[str, Any] | None =
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     return dest
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
