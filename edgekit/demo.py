@@ -20,7 +20,7 @@ from edgekit.errors import EdgekitError
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.convert.builder import BuildResult
+    from edgekit.convert.report import BuildResult
 
 REFERENCE_MODEL = "efficientnet-lite0"
 # (scikit-image loader, what a person sees): the photographs the clip shows, in order.
@@ -65,8 +65,9 @@ def reference_bundle(
     profile: str, progress: Progress, *, rebuild: bool = False
 ) -> tuple[Path, BuildResult | None]:
     """The reference bundle for ``profile``: reused when it verifies, else built (steps come from the cache)."""
-    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.builder import build
     from edgekit.convert.modelcard import read_card
+    from edgekit.convert.report import BuildRequest
 
     target = demo_dir() / f"{REFERENCE_MODEL}-{profile}"
     if not rebuild and reusable(target):

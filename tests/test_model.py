@@ -32,8 +32,9 @@ def test_top_k_matches_numpy_and_breaks_ties_by_id() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_bundles(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
+    from edgekit.convert.report import BuildRequest
 
     out = tmp_path_factory.mktemp("tiny-bundles")
     labels = out / "labels.txt"
@@ -139,8 +140,9 @@ def test_a_bundle_records_its_interpolation_and_a_device_preprocesses_with_it(
 ) -> None:
     from dataclasses import replace
 
-    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
+    from edgekit.convert.report import BuildRequest
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(LABELS) + "\n")

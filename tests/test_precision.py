@@ -236,8 +236,9 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
     """On a CPU without int8-dot the build runs the QDQ graph unfused, and leaves OpenVINO's to the device."""
     pytest.importorskip("openvino")
     import edgekit.convert.builder as builder
-    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
+    from edgekit.convert.report import BuildRequest
 
     monkeypatch.setattr(builder, "this_cpu", lambda: cpu("epyc-avx2"))
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))

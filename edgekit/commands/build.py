@@ -99,8 +99,9 @@ def build_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
-    from edgekit.convert.builder import BuildRequest, build
+    from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file, read_card
+    from edgekit.convert.report import BuildRequest
     from edgekit.runtime.profiles import get_profile
 
     if sum(x is not None for x in (model, onnx, tflite)) != 1:

@@ -17,19 +17,20 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit._core.elf import host_arch
 from edgekit._core.io import sha256_file
 from edgekit._core.packages import installed_versions
-from edgekit.convert.accuracy import DEFAULT_THRESHOLD, GateAccuracy, compare, run_batch
+from edgekit.convert.accuracy import compare, run_batch
 from edgekit.convert.artifact import Artifact
+from edgekit.convert.bundling import write
 from edgekit.convert.cache import BuildCache, step_key
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
-from edgekit.convert.latency import MeasuredLatency, measure
-from edgekit.convert.modelcard import ModelCard
+from edgekit.convert.latency import measure
+from edgekit.convert.report import ArtifactReport, BuildRequest, BuildResult
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.runtime.cpu import this_cpu
 from edgekit.runtime.profiles import Candidate, DeviceProfile, get_profile, pin_precision
@@ -65,84 +66,6 @@ KNOWN_RECIPES = (
     "tensorrt-fp32",
     "tensorrt-fp16",
 )
-
-
-@dataclass(frozen=True)
-class BuildRequest:
-    """Everything ``edgekit build`` needs; the CLI fills it from flags, the Python API directly."""
-
-    card: ModelCard
-    device: str
-    out: Path
-    onnx: Path | None = None  # the user's ONNX instead of the card's PyTorch source
-    tflite: Path | None = None  # the user's .tflite: bundled as it is (no converter starts from .tflite)
-    pytorch_module: Any = None  # a torch.nn.Module given through the Python API
-    calibration: Path | None = None
-    eval: Path | None = None
-    backends: tuple[str, ...] = ()  # empty: every backend the profile names
-    precisions: tuple[str, ...] = ()
-    tune_trials: int = 0
-    sign_key: Path | None = None
-    threshold: float = DEFAULT_THRESHOLD
-    allow_accuracy_drop: bool = False
-    use_cache: bool = True
-    measure_latency: bool = True
-
-
-@dataclass
-class ArtifactReport:
-    """One artifact and what the build measured about it."""
-
-    recipe: str
-    artifact: Artifact | None
-    accuracy: GateAccuracy | None = None
-    latency: MeasuredLatency | None = None
-    not_measured: str = ""
-    skipped: str = ""
-    evaluated_as: str = ""  # how the gate ran it when not as the device will (empty: as the device will)
-
-    def to_dict(self) -> dict[str, Any]:
-        a = self.artifact
-        return {
-            "recipe": self.recipe,
-            "backend": a.backend if a else None,
-            "precision": a.precision if a else None,
-            "arch": a.arch if a else None,
-            "kind": a.kind if a else None,
-            "path": str(a.path.name) if a else None,
-            "accuracy": self.accuracy.to_dict() if self.accuracy else None,
-            "latency_ms": {"p50": self.latency.p50_ms, "p99": self.latency.p99_ms, "runs": self.latency.runs}
-            if self.latency
-            else None,
-            "not_measured": self.not_measured or None,
-            "evaluated_as": self.evaluated_as or None,
-            "variant": a.variant if a else None,
-            "requires": list(a.requires) if a else [],
-            "skipped": self.skipped or None,
-            "notes": dict(a.notes) if a else {},
-        }
-
-
-@dataclass
-class BuildResult:
-    """What a build produced."""
-
-    bundle: Path
-    profile: str
-    reports: list[ArtifactReport] = field(default_factory=list)
-    cache_hits: list[str] = field(default_factory=list)
-    smoke_set: bool = True
-    eval_images: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "bundle": str(self.bundle),
-            "profile": self.profile,
-            "eval_images": self.eval_images,
-            "smoke_set": self.smoke_set,
-            "cache_hits": self.cache_hits,
-            "artifacts": [r.to_dict() for r in self.reports],
-        }
 
 
 def _nothing(step: str, status: str) -> None:
@@ -471,9 +394,7 @@ def _build_tflite(b: _Build) -> BuildResult:
         for r in plan_recipes(b.profile)
         if not r.startswith("litert-")
     ]
-    from edgekit.convert.bundling import write
-
-    bundle = write(b, dest, src_hash, [report], evals)
+    bundle = write(req, b.profile, dest, src_hash, [report], evals)
     return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names))
 
 
@@ -542,8 +463,6 @@ def _build(b: _Build) -> BuildResult:
             "or accept the drop with --allow-accuracy-drop (it is recorded in the manifest)",
         )
     progress("bundle", "start")
-    from edgekit.convert.bundling import write
-
-    bundle = write(b, fp32, fp32_hash, ordered, evals)
+    bundle = write(req, b.profile, fp32, fp32_hash, ordered, evals)
     progress("bundle", "done")
     return BuildResult(bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names))

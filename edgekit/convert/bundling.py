@@ -19,9 +19,10 @@ from edgekit._core.packages import installed_versions
 from edgekit.convert.images import ImageSet
 
 if TYPE_CHECKING:
-    from edgekit.convert.builder import ArtifactReport, _Build
     from edgekit.convert.bundle_writer import EvalSamples
     from edgekit.convert.modelcard import ModelCard
+    from edgekit.convert.report import ArtifactReport, BuildRequest
+    from edgekit.runtime.profiles import DeviceProfile
 
 EVAL_FRAMES = 8  # enough to catch a broken artifact, small enough to keep a bundle small (~25 kB each)
 EVAL_SHORT_SIDE = 256  # stored frames are shrunk to this short side (or the model's input, if larger)
@@ -35,15 +36,21 @@ def tool_versions() -> dict[str, str]:
     return installed_versions(TOOLS)
 
 
-def write(b: _Build, fp32: Path, fp32_hash: str, reports: Sequence[ArtifactReport], evals: ImageSet) -> Path:
+def write(
+    req: BuildRequest,
+    profile: DeviceProfile,
+    fp32: Path,
+    fp32_hash: str,
+    reports: Sequence[ArtifactReport],
+    evals: ImageSet,
+) -> Path:
     """Write the bundle for a build whose artifacts passed the gate (or were allowed through)."""
     from edgekit.bundle import Accuracy, Latency
     from edgekit.convert.bundle_writer import ArtifactResults, bundle_meta, write_bundle
 
-    req = b.req
     meta = bundle_meta(
         req.card,
-        b.profile,
+        profile,
         source_sha256=fp32_hash,
         accuracy_threshold=req.threshold,
         allow_accuracy_drop=req.allow_accuracy_drop,
