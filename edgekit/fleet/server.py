@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from edgekit._core.names import safe_name
 from edgekit.fleet.view import FleetView
@@ -42,6 +44,27 @@ except ImportError:  # orjson is in the fleet extra; plain json is slower, not w
 
     def _dumps(data: Any) -> bytes:
         return json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
+
+
+class _StaticFiles(StaticFiles):
+    """``static/`` with ``.js`` always served as JavaScript.
+
+    The dashboard is ES modules, and a browser runs a module script only with a JavaScript MIME
+    type; StaticFiles takes the type from the host's MIME table (``/etc/mime.types``, the Windows
+    registry), which may say ``text/plain``.
+    """
+
+    def file_response(
+        self,
+        full_path: os.PathLike[str] | str,
+        stat_result: os.stat_result,
+        scope: Scope,
+        status_code: int = 200,
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        if os.fspath(full_path).endswith(".js") and "content-type" in response.headers:  # not on a 304
+            response.headers["content-type"] = "text/javascript; charset=utf-8"
+        return response
 
 
 class Ticker:
@@ -105,7 +128,7 @@ def create_app(
                 ticker.stop()
 
     app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.mount("/static", StaticFiles(directory=static_dir), name="static")
+    app.mount("/static", _StaticFiles(directory=static_dir), name="static")
     if artifacts is not None:
         from edgekit.fleet.artifacts import artifacts_app
 
