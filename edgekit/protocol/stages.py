@@ -1,7 +1,8 @@
 """The stages of a frame, in order: what the pipeline times, telemetry reports and the fleet shows.
 
-The dashboard (``fleet/static``) reads them from ``/api/stages``-style payloads, and the
-telemetry JSON Schema lists them; both follow this tuple.
+The dashboard takes them, in order, from the ``stage_names`` of ``/api/fleet`` and of each
+device page (only their colours live in ``fleet/static/stages.js``), and the telemetry JSON
+Schema lists them: all follow this tuple.
 """
 
 from __future__ import annotations
