@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgekit.testing.broker import BrokerMissing
+
 sys.path.insert(0, str(Path(__file__).parent))
 import tiny_model
 
@@ -28,6 +30,24 @@ class TinyArtifacts:
     tvm_x86_64: Path | None
     input_nchw: np.ndarray
     expected: np.ndarray
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """A test whose fixture starts a broker on a host without mosquitto is skipped, saying how to get it."""
+    try:
+        return (yield)
+    except BrokerMissing as err:
+        pytest.skip(str(err))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Likewise for a test that starts its broker itself."""
+    try:
+        return (yield)
+    except BrokerMissing as err:
+        pytest.skip(str(err))
 
 
 def _skip_unless(module: str) -> None:

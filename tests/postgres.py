@@ -17,7 +17,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from broker import free_port
+
+from edgekit.testing.broker import free_port
 
 PASSWORD = "s3cret-pw"  # the superuser's password; tests check it never shows in an error
 USER = "postgres"

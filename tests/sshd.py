@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from broker import free_port
+
+from edgekit.testing.broker import free_port
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from broker import Mosquitto, free_port
+from edgekit.testing.broker import Mosquitto, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")

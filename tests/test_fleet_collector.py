@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
-from broker import Mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 
 import edgekit
@@ -19,6 +18,7 @@ from edgekit.fleet.collector import MAX_PAYLOAD
 from edgekit.pipeline.records import STAGES, FrameRecord
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.telemetry.window import MetricsWindow
+from edgekit.testing.broker import Mosquitto
 
 
 def record(latency: float, met: bool = True) -> FrameRecord:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker import Mosquitto
 
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.protocol.broker import BrokerConfig
+from edgekit.testing.broker import Mosquitto
 
 from conftest import ROOT
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from broker import Mosquitto, secure_mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 
 import edgekit
 from edgekit._core.sketch import LatencySketch
 from edgekit.errors import TelemetryError
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
+from edgekit.testing.broker import Mosquitto, secure_mosquitto
 
 from conftest import EDGEKIT, ROOT
 
@@ -283,7 +283,7 @@ def test_a_killed_device_goes_offline_through_its_will(
 
 
 def test_no_broker_at_all_leaves_the_pipeline_running(model: Any, tmp_path: Path) -> None:
-    from broker import free_port
+    from edgekit.testing.broker import free_port
 
     with edgekit.Pipeline(model, "synthetic:160x120@30", frames=40) as p:
         publisher = report(p, f"mqtt://127.0.0.1:{free_port()}", device_id="cam-d", interval_s=0.2)

@@ -1,4 +1,7 @@
-"""A throwaway certificate authority for TLS tests: a CA, and leaf certificates it signs."""
+"""A throwaway certificate authority for TLS tests: a CA, and leaf certificates it signs.
+
+Needs ``cryptography`` (the ``device`` extra).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ def _write(path: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate) 
     return cert_path, key_path
 
 
-class TestCA:
+class ThrowawayCA:
     """``ca.pem`` in ``folder``; ``issue(name)`` writes ``name.pem`` and ``name.key`` signed by it."""
 
     def __init__(self, folder: Path) -> None:
