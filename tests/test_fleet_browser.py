@@ -23,13 +23,12 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 from edgekit.testing.broker import Mosquitto, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-SIM = ROOT / "tools" / "fleet_sim.py"
+SIM = [sys.executable, "-m", "edgekit.cli", "fleet", "simulate"]
 FLEET = "demo"
 KEEPALIVE_S = 2
 # The broker declares a client gone after 1.5 x its keep-alive; then the Will travels to the collector
@@ -178,8 +177,7 @@ def _sim(
     return processes.start(
         name,
         [
-            sys.executable,
-            str(SIM),
+            *SIM,
             "--mqtt",
             mqtt_url,
             "--fleet",
@@ -246,7 +244,6 @@ def _save(driver: Any, shots: Path, name: str) -> None:
 def test_dashboard_lists_devices_draws_charts_and_shows_a_killed_device_offline(
     tmp_path: Path, processes: Processes, browser: Any
 ) -> None:
-    assert SIM.exists(), f"{SIM} is missing"
     shots = tmp_path / "screenshots"
     shots.mkdir()
     broker = Mosquitto(tmp_path).start()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -130,7 +129,7 @@ def test_sparkplug_devices_reach_the_dashboard_with_merged_percentiles(
     broker: Mosquitto, server: str
 ) -> None:
     sim = subprocess.Popen(
-        [sys.executable, str(ROOT / "tools" / "fleet_sim.py"), "--mqtt", broker.url, "--fleet", "plant",
+        [*EDGEKIT, "fleet", "simulate", "--mqtt", broker.url, "--fleet", "plant",
          "--devices", "2", "--prefix", "sp", "--interval", "0.5", "--format", "sparkplug"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

@@ -1,8 +1,8 @@
-"""The fleet simulator through a real Mosquitto into a Collector: births, windows, Wills; and the ingest bench."""
+"""The fleet simulator (``edgekit fleet simulate``) through a real Mosquitto into a Collector: births,
+windows, Wills; and the ingest bench."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -19,10 +19,11 @@ from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.testing.broker import Mosquitto
+from edgekit.testing.fleet_sim import SimDevice, SimOptions
 
-from conftest import ROOT
+from conftest import EDGEKIT, ROOT
 
-SIM = ROOT / "tools" / "fleet_sim.py"
+SIM = [*EDGEKIT, "fleet", "simulate"]
 BENCH = ROOT / "tools" / "bench_fleet_ingest.py"
 KEEPALIVE = 2
 # How long after the broker's keep-alive deadline (1.5x the keep-alive) an offline may take to
@@ -49,7 +50,7 @@ def collecting(broker: Mosquitto) -> Iterator[Collector]:
 
 def simulator(broker: Mosquitto, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(SIM), "--mqtt", broker.url, "--fleet", "demo", "--interval", "0.5",
+        [*SIM, "--mqtt", broker.url, "--fleet", "demo", "--interval", "0.5",
          "--keepalive", str(KEEPALIVE), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -161,14 +162,9 @@ def test_sigterm_stops_the_simulator_cleanly(broker: Mosquitto) -> None:
 
 
 def test_the_creeping_device_goes_over_budget_and_the_others_stay_within(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("fleet_sim", SIM)
-    assert spec is not None and spec.loader is not None
-    sim = importlib.util.module_from_spec(spec)
-    sys.modules["fleet_sim"] = sim
-    spec.loader.exec_module(sim)
-    args = sim.argparse.Namespace(prefix="sim", fleet="demo", interval=1.0, format="json")
-    broker = sim.BrokerConfig.from_url("mqtt://127.0.0.1:1")
-    devices = [sim.SimDevice(i, args, broker, tmp_path, 0.0) for i in range(5)]
+    options = SimOptions(mqtt="mqtt://127.0.0.1:1", prefix="sim", fleet="demo", interval=1.0)
+    broker = BrokerConfig.from_url(options.mqtt)
+    devices = [SimDevice(i, options, broker, tmp_path, 0.0) for i in range(5)]
     for d in devices:
         budget = d.kind.budget_ms
         over = [d.median_ms(t) > budget for t in range(0, 600, 5)]

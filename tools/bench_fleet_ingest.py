@@ -3,7 +3,7 @@
 Starts its own Mosquitto on a free loopback port (queues big enough that the broker drops
 nothing), the collector in its own process pinned to one core (``edgekit.fleet.mqtt``'s
 subscriber feeding ``Collector.handle``, an SQLite store in a temporary folder), and
-``tools/fleet_sim.py`` in load mode on the other cores.  Prints messages sent (acknowledged
+``edgekit fleet simulate`` in load mode on the other cores.  Prints messages sent (acknowledged
 by the broker), stored, duplicates, dropped (sent - stored), the ingest rate, the collector's
 lag (device ``sent_at`` to handled) and its CPU seconds per 1000 messages.  Goal: >= 5,000 msg/s.
 
@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 import _mosquitto
 
-SIM = Path(__file__).with_name("fleet_sim.py")
+SIM = [sys.executable, "-m", "edgekit.cli", "fleet", "simulate"]
 
 
 def start_broker(folder: Path, cores: set[int]) -> tuple[subprocess.Popen[bytes], int]:
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if not parent.poll(60) or parent.recv() != "ready":
                 raise SystemExit("the collector did not start")
             sim = subprocess.run(
-                [sys.executable, str(SIM), "--mqtt", url, "--fleet", "bench", "--devices", str(args.devices),
+                [*SIM, "--mqtt", url, "--fleet", "bench", "--devices", str(args.devices),
                  "--rate", str(args.rate), "--duration", str(args.duration), "--format", args.format],
                 capture_output=True, text=True, timeout=args.duration + 120, preexec_fn=_pin(others),
             )  # fmt: skip

@@ -1,4 +1,5 @@
-"""``edgekit fleet serve``: the collector, its store, the live dashboard and ``/metrics`` in one process."""
+"""``edgekit fleet serve``: the collector, its store, the live dashboard and ``/metrics`` in one process;
+``edgekit fleet simulate``: simulated devices publishing to a broker (``edgekit.testing.fleet_sim``)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,42 @@ def serve_command(
         subscriber.stop()
         collector.flush()
         store.close()
+
+
+@fleet_app.command("simulate")
+def simulate_command(
+    mqtt: Annotated[
+        str, typer.Option("--mqtt", help="The broker to publish to: mqtt[s]://[user@]host[:port].")
+    ],
+    fleet: Annotated[str, typer.Option("--fleet", help="Fleet the devices belong to.")] = "demo",
+    devices: Annotated[int, typer.Option("--devices", help="How many devices.")] = 4,
+    prefix: Annotated[str, typer.Option("--prefix", help="Device ids are PREFIX-01, PREFIX-02, ...")] = "sim",
+    interval: Annotated[float, typer.Option("--interval", help="Seconds per telemetry window.")] = 1.0,
+    keepalive: Annotated[
+        int, typer.Option("--keepalive", help="MQTT keep-alive (s): how soon a silent device's Will fires.")
+    ] = 2,
+    duration: Annotated[
+        float, typer.Option("--duration", help="Seconds to run (0: until SIGTERM / Ctrl-C; load mode: 10).")
+    ] = 0.0,
+    format: Annotated[str, typer.Option("--format", help="json or sparkplug.")] = "json",
+    rate: Annotated[
+        float,
+        typer.Option(
+            "--rate", help="Load mode: this many messages a second over all devices, then a JSON line."
+        ),
+    ] = 0.0,
+    offline: Annotated[
+        list[str] | None,
+        typer.Option("--offline", metavar="DEVICE@SECONDS", help="That device drops its connection then."),
+    ] = None,
+) -> None:
+    """Simulated devices publishing realistic telemetry (a fleet to look at, or a load to ingest)."""
+    from edgekit.testing.fleet_sim import SimOptions, run
+
+    options = SimOptions(
+        mqtt=mqtt, fleet=fleet, devices=devices, prefix=prefix, interval=interval, keepalive=keepalive,
+        duration=duration, format=format, rate=rate, offline=tuple(offline or ()),
+    )  # fmt: skip
+    code = run(options)
+    if code:
+        raise typer.Exit(code)

@@ -12,26 +12,29 @@ Load mode (``--rate R``): the devices publish precomputed windows (real sketches
 the broker acknowledged as one JSON line: ``{"sent": ..., "published": ..., ...}``.  All
 clients run from one thread there (see ``Driver``); ``--offline`` applies to the demo mode.
 
-    .venv/bin/python tools/fleet_sim.py --mqtt mqtt://127.0.0.1:1883 --fleet demo --devices 4
+    edgekit fleet simulate --mqtt mqtt://127.0.0.1:1883 --fleet demo --devices 4
         [--prefix sim] [--interval 1.0] [--keepalive 2] [--duration S] [--format json|sparkplug]
         [--rate MSGS_PER_S] [--offline DEVICE@SECONDS ...]
+
+In Python: ``run(SimOptions(mqtt=...))``.  Needs the ``device`` extra (numpy, paho-mqtt) and, in
+load mode, ``orjson`` (the ``fleet`` extra).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import math
 import select
 import signal
-import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -43,7 +46,24 @@ from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.window import MetricsWindow, Window
 
-log = logging.getLogger("fleet_sim")
+log = logging.getLogger(__name__)
+FORMATS = ("json", "sparkplug")
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """What to simulate: ``edgekit fleet simulate``'s options."""
+
+    mqtt: str  # broker URL, e.g. mqtt://127.0.0.1:1883
+    fleet: str = "demo"
+    devices: int = 4
+    prefix: str = "sim"  # device ids are <prefix>-01, <prefix>-02, ...
+    interval: float = 1.0  # seconds per telemetry window
+    keepalive: int = 2  # MQTT keep-alive (s): how soon a Will fires
+    duration: float = 0.0  # seconds to run (0: until SIGTERM / Ctrl-C; load mode: 10)
+    format: str = "json"
+    rate: float = 0.0  # load mode: messages a second over all devices
+    offline: tuple[str, ...] = ()  # DEVICE@SECONDS: that device drops its connection then
 
 
 @dataclass(frozen=True)
@@ -100,12 +120,12 @@ class SimDevice:
     def __init__(
         self,
         index: int,
-        args: argparse.Namespace,
+        opts: SimOptions,
         broker: BrokerConfig,
         spool_dir: Path,
         t0: float,
     ) -> None:
-        self.name = f"{args.prefix}-{index + 1:02d}"
+        self.name = f"{opts.prefix}-{index + 1:02d}"
         self.kind = KINDS[index % len(KINDS)]
         self.version = VERSIONS[(index // len(KINDS)) % len(VERSIONS)]
         self.creeps = index == CREEPER
@@ -119,14 +139,14 @@ class SimDevice:
         self.publisher = TelemetryPublisher(
             broker,
             device_id=self.name,
-            fleet=args.fleet,
-            interval_s=args.interval,
+            fleet=opts.fleet,
+            interval_s=opts.interval,
             window=self.window,
             counters=self.counters.to_dict,
             birth=self.birth(),
             spool=Spool(spool_dir / f"{self.name}.db"),
             gauges=SimGauges(self.kind, self.rng),
-            format=args.format,
+            format=opts.format,
         )
         self.dead = False
 
@@ -164,15 +184,16 @@ class SimDevice:
         total = median * self.rng.lognormal(0.0, 0.18, n)
         spikes = self.rng.random(n) < 0.01  # the odd slow frame (a GC pause, a thermal dip)
         total[spikes] *= self.rng.uniform(1.5, 3.0, int(spikes.sum()))
-        out = []
+        out: list[FrameRecord] = []
         budget_ns = int(self.kind.budget_ms * 1e6)
         for ms in total.tolist():
-            parts = [ms * s for s in SHARES]
+            wait, pre, infer, post, sink = (ms * s for s in SHARES)
             self.frame += 1
             ns = time.perf_counter_ns()
+            met = ms <= self.kind.budget_ms
             out.append(
                 FrameRecord(
-                    self.frame, now, ns, ns + budget_ns, *parts, ms, ms <= self.kind.budget_ms, 0, "sim"
+                    self.frame, now, ns, ns + budget_ns, wait, pre, infer, post, sink, ms, met, 0, "sim"
                 )
             )
         return out
@@ -207,22 +228,24 @@ class SimDevice:
         log.info("sim: %s dropped its connection", self.name)
 
     def stop(self) -> None:
+        """Say "offline" and disconnect (a device that dropped its connection only closes its spool)."""
         if not self.dead:
             self.publisher.stop(timeout=2.0)
         else:
             self.publisher.spool.close()
 
 
-def parse_offline(specs: list[str], names: list[str]) -> dict[str, float]:
+def parse_offline(specs: tuple[str, ...], names: list[str]) -> dict[str, float]:
+    """``DEVICE@SECONDS`` specs as ``{device: seconds}``, every device one of ``names``."""
     out = {}
     for spec in specs:
         name, _, at = spec.rpartition("@")
         if name not in names:
-            raise SystemExit(f"--offline {spec}: no device {name!r} (devices: {', '.join(names)})")
+            raise EdgekitError(f"--offline {spec}: no device {name!r}", f"devices: {', '.join(names)}")
         try:
             out[name] = float(at)
         except ValueError:
-            raise SystemExit(f"--offline {spec}: write DEVICE@SECONDS, e.g. sim-03@20") from None
+            raise EdgekitError(f"--offline {spec}: not DEVICE@SECONDS", "e.g. sim-03@20") from None
     return out
 
 
@@ -234,24 +257,24 @@ class Stopper:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.event.set()
 
 
-def simulate(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) -> int:
+def simulate(opts: SimOptions, broker: BrokerConfig, stop: threading.Event) -> int:
     """Demo mode: every device a started ``TelemetryPublisher``, frames fed ten times a second."""
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="fleet-sim-") as tmp:
-        devices = [SimDevice(i, args, broker, Path(tmp), t0) for i in range(args.devices)]
-        offline = parse_offline(args.offline, [d.name for d in devices])
+        devices = [SimDevice(i, opts, broker, Path(tmp), t0) for i in range(opts.devices)]
+        offline = parse_offline(opts.offline, [d.name for d in devices])
         for d in devices:
             d.publisher.start()
         print(
-            f"fleet_sim: {len(devices)} devices ({args.format}) publishing to {broker.describe()}", flush=True
+            f"fleet_sim: {len(devices)} devices ({opts.format}) publishing to {broker.describe()}", flush=True
         )
         try:
             tick, last = 0.1, time.monotonic()
-            end = last + args.duration if args.duration else math.inf
+            end = last + opts.duration if opts.duration else math.inf
             while not stop.wait(tick) and time.monotonic() < end:
                 now_m, now = time.monotonic(), time.time()
                 for d in devices:
@@ -277,7 +300,7 @@ class Driver:
     thousands of messages a second that, not the broker, would be the simulator's limit.
     """
 
-    def __init__(self, clients: list[Any]) -> None:
+    def __init__(self, clients: list[Any]) -> None:  # paho clients
         self.clients = clients
         self._misc = 0.0
 
@@ -294,7 +317,7 @@ class Driver:
             for c in self.clients:
                 c.loop_misc()
 
-    def until(self, done: Any, timeout: float) -> bool:
+    def until(self, done: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() > deadline:
@@ -303,7 +326,7 @@ class Driver:
         return True
 
 
-def load(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) -> int:
+def load(opts: SimOptions, broker: BrokerConfig, stop: threading.Event) -> int:
     """Load mode: precomputed windows with fresh ``seq`` / ``sent_at`` at ``--rate`` messages a second, QoS 1."""
     import orjson
 
@@ -321,8 +344,10 @@ def load(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) 
         connected += not reason.is_failure
 
     with tempfile.TemporaryDirectory(prefix="fleet-sim-") as tmp:
-        devices = [SimDevice(i, args, broker, Path(tmp), t0) for i in range(args.devices)]
-        clients, templates, topics = [], [], []
+        devices = [SimDevice(i, opts, broker, Path(tmp), t0) for i in range(opts.devices)]
+        clients: list[Any] = []
+        templates: list[Any] = []  # per device: JSON windows, or (Sparkplug message, seq metric index)
+        topics: list[str] = []
         for d in devices:
             pub = d.publisher
             client = broker.client(d.name)
@@ -335,45 +360,48 @@ def load(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) 
             clients.append(client)
         driver = Driver(clients)
         if not driver.until(lambda: connected == len(clients), 10):
-            raise SystemExit(f"fleet_sim: only {connected} of {len(clients)} devices connected")
+            raise EdgekitError(
+                f"only {connected} of {len(clients)} simulated devices connected to {broker.describe()}",
+                "is the broker up, and does it take this many clients?",
+            )
         for d, client in zip(devices, clients, strict=True):
             pub = d.publisher
             # A few distinct windows per device, each published many times with a new seq.
-            windows = [pub._payload(d.window_of(args.interval, t0), seq=0) for _ in range(8)]
-            if args.format == "sparkplug":
+            windows = [pub._payload(d.window_of(opts.interval, t0), seq=0) for _ in range(8)]
+            if opts.format == "sparkplug":
                 pub._births(client)
                 # Encoded once; per message only seq and times change in the protobuf.
-                msgs = []
+                msgs: list[tuple[Any, int]] = []
                 for body in windows:
                     msg = sp.payload_class()()
                     msg.ParseFromString(sp.encode(sp.window_metrics(body), 0))
                     idx = next(i for i, m in enumerate(msg.metrics) if m.name == "telemetry/seq")
                     msgs.append((msg, idx))
                 templates.append(msgs)
-                topics.append(sp.topic(args.fleet, "DDATA", d.name, sp.DEVICE))
+                topics.append(sp.topic(opts.fleet, "DDATA", d.name, sp.DEVICE))
             else:
                 client.publish(pub.status_topic, pub._status("online"), qos=1, retain=True)
                 templates.append(windows)
                 topics.append(pub.telemetry_topic)
         n_dev = len(devices)
-        births = n_dev if args.format == "json" else 0  # the retained JSON births are QoS 1
+        births = n_dev if opts.format == "json" else 0  # the retained JSON births are QoS 1
         driver.until(lambda: acked >= births, 10)
         acked = 0  # from here on only telemetry goes out with QoS 1, until the offline messages
         published, seqs = 0, [0] * n_dev
-        print(f"fleet_sim: {n_dev} devices, load {args.rate:g} msg/s ({args.format})", flush=True)
+        print(f"fleet_sim: {n_dev} devices, load {opts.rate:g} msg/s ({opts.format})", flush=True)
         start = time.monotonic()
-        end = start + (args.duration or 10.0)
+        end = start + (opts.duration or 10.0)
         while not stop.is_set():
             now = time.monotonic()
             if now >= end:
                 break
-            due = min(int((now - start) * args.rate) - published, 200)
+            due = min(int((now - start) * opts.rate) - published, 200)
             for _ in range(due):
                 i = published % n_dev
                 seq, seqs[i] = seqs[i], seqs[i] + 1
                 template = templates[i][seq % len(templates[i])]
                 sent_at = time.time()
-                if args.format == "sparkplug":
+                if opts.format == "sparkplug":
                     msg, idx = template
                     msg.seq = (seq + 2) % 256  # after NBIRTH (0) and DBIRTH (1)
                     msg.timestamp = int(sent_at * 1000)
@@ -396,35 +424,20 @@ def load(args: argparse.Namespace, broker: BrokerConfig, stop: threading.Event) 
             d.publisher.spool.close()
     print(
         json.dumps({"sent": sent, "published": published, "seconds": round(wall, 3),
-                    "rate": round(published / wall, 1), "devices": n_dev, "format": args.format}),
+                    "rate": round(published / wall, 1), "devices": n_dev, "format": opts.format}),
         flush=True,
     )  # fmt: skip
     return 0 if sent == published else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mqtt", required=True, help="broker URL, e.g. mqtt://127.0.0.1:1883")
-    ap.add_argument("--fleet", default="demo")
-    ap.add_argument("--devices", type=int, default=4)
-    ap.add_argument("--prefix", default="sim", help="device ids are <prefix>-01, <prefix>-02, ...")
-    ap.add_argument("--interval", type=float, default=1.0, help="seconds per telemetry window")
-    ap.add_argument("--keepalive", type=int, default=2, help="MQTT keep-alive (s): how soon a Will fires")
-    ap.add_argument("--duration", type=float, default=0.0, help="seconds to run (0: until SIGTERM / Ctrl-C)")
-    ap.add_argument("--format", choices=("json", "sparkplug"), default="json")
-    ap.add_argument("--rate", type=float, default=0.0, help="load mode: messages a second over all devices")
-    ap.add_argument("--offline", action="append", default=[], metavar="DEVICE@SECONDS")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.devices < 1:
-        raise SystemExit("--devices must be at least 1")
-    try:
-        broker = dataclasses.replace(BrokerConfig.from_url(args.mqtt), keepalive_s=args.keepalive)
-    except EdgekitError as err:
-        raise SystemExit(f"fleet_sim: {err}") from None
+def run(options: SimOptions) -> int:
+    """Run the simulator until ``options.duration`` ends or SIGTERM / SIGINT; the exit status."""
+    if options.devices < 1:
+        raise EdgekitError(f"--devices {options.devices}: at least 1", "e.g. --devices 4")
+    if options.format not in FORMATS:
+        raise EdgekitError(
+            f"--format {options.format}: not one of {', '.join(FORMATS)}", "e.g. --format json"
+        )
+    broker = dataclasses.replace(BrokerConfig.from_url(options.mqtt), keepalive_s=options.keepalive)
     stop = Stopper().event
-    return load(args, broker, stop) if args.rate > 0 else simulate(args, broker, stop)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return load(options, broker, stop) if options.rate > 0 else simulate(options, broker, stop)
