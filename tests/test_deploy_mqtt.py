@@ -277,7 +277,7 @@ def test_a_download_cut_off_midway_resumes_with_a_range_request(tmp_path: Path) 
 
 def test_canary_share_and_durations() -> None:
     from edgekit._core.units import parse_seconds
-    from edgekit.deploy.rollout import canary_count, parse_share
+    from edgekit.deploy.members import canary_count, parse_share
     from edgekit.errors import DeployError, EdgekitError
 
     assert [canary_count(n, 0.1) for n in (0, 1, 3, 10, 11)] == [0, 1, 1, 1, 2]
@@ -293,43 +293,62 @@ def test_canary_share_and_durations() -> None:
 
 def test_the_canary_window_counts_only_the_new_versions_windows_once_each() -> None:
     from edgekit._core.sketch import LatencySketch
-    from edgekit.deploy.rollout import FleetLink, Rollout, RolloutOptions
+    from edgekit.deploy.canary import CanaryWatch
+    from edgekit.deploy.link import Telemetry
+    from edgekit.protocol.stages import STAGES
+    from edgekit.protocol.topics import schema
 
-    def window(session: str, seq: int, values: list[float], missed: int = 0) -> dict[str, Any]:
+    def window(session: str, seq: int, values: list[float], missed: int = 0) -> Telemetry:
         sketch = LatencySketch()
         sketch.extend(values)
-        body = {"frames": len(values), "missed": missed, "latency_ms": sketch.to_dict()}
-        return {"device": "cam-1", "session": session, "seq": seq, "window": body}
-
-    link = FleetLink.__new__(FleetLink)  # no broker: only the state the MQTT thread would fill
-    link._cond = threading.Condition()
-    link.sessions = {
-        "cam-1": {
-            "old": (0.0, {"model": {"version": "1"}, "budget_ms": 50}),
-            "crashed-old": (1.0, {"model": {"version": "1"}, "budget_ms": 50}),
-            "new": (2.0, {"model": {"version": "2"}, "budget_ms": 40}),
+        latency = sketch.to_dict()
+        body = {
+            "schema": schema("telemetry"),
+            "device": "cam-1",
+            "fleet": "lab",
+            "session": session,
+            "epoch": "e1",
+            "seq": seq,
+            "window": {
+                "start": 1000.0 + seq,
+                "end": 1001.0 + seq,
+                "frames": len(values),
+                "missed": missed,
+                "latency_ms": latency,
+                "stages_ms": {stage: latency for stage in STAGES},
+            },
+            "counters": {},
         }
+        return Telemetry(session, json.dumps(body).encode())
+
+    births = {
+        "old": {"model": {"version": "1"}, "budget_ms": 50},
+        "crashed-old": {"model": {"version": "1"}, "budget_ms": 50},
+        "new": {"model": {"version": "2"}, "budget_ms": 40},
     }
-    link.telemetry = {
-        "cam-1": [
-            (0.0, window("old", 1, [500.0] * 10)),
-            (1.0, window("crashed-old", 1, [500.0] * 10)),
-            (2.0, window("new", 1, [10.0] * 99 + [30.0])),
-            (2.1, window("new", 1, [10.0] * 99 + [30.0])),  # the same window again (a replay)
-            (3.0, window("new", 2, [12.0] * 100, missed=1)),
-        ]
-    }
-    rollout = Rollout(RolloutOptions(fleet="lab", mqtt="mqtt://127.0.0.1", group="lab"))
-    h = rollout._health(link, "cam-1", {"old"}, "2")
+    messages = [
+        window("old", 1, [500.0] * 10),
+        window("crashed-old", 2, [500.0] * 10),
+        window("new", 3, [10.0] * 99 + [30.0]),
+        window("new", 3, [10.0] * 99 + [30.0]),  # the same window again (a replay)
+        window("new", 4, [12.0] * 100, missed=1),
+    ]
+    watch = CanaryWatch("lab")
+    h = watch.health("cam-1", births, messages, {"old"}, "2")
     assert (h.sessions, h.frames, h.missed, h.windows, h.budget_ms) == (["new"], 200, 1, 2, 40.0)
     assert h.p95_ms == pytest.approx(12.0, rel=0.02)
-    assert rollout._judge(h) is None  # 0.5% missed, p95 within 40 ms
-    strict = Rollout(RolloutOptions(fleet="lab", mqtt="mqtt://127.0.0.1", group="lab", slo_p95_ms=11.0))
-    h = strict._health(link, "cam-1", {"old"}, "2")
-    assert "p95" in (strict._judge(h) or "")
-    link.telemetry["cam-1"].append((4.0, window("new", 3, [10.0] * 10, missed=5)))
-    h = rollout._health(link, "cam-1", {"old"}, "2")
-    assert "missed the budget" in (rollout._judge(h) or "")
+    assert watch.judge(h) is None  # 0.5% missed, p95 within 40 ms
+    strict = CanaryWatch("lab", slo_p95_ms=11.0)
+    h = strict.health("cam-1", births, messages, {"old"}, "2")
+    assert "p95" in (strict.judge(h) or "")
+    # A window may come before its session's birth is heard: it counts once the birth comes.
+    messages.append(window("newer", 5, [10.0] * 10, missed=5))
+    h = watch.health("cam-1", births, messages, {"old"}, "2")
+    assert (h.frames, h.windows) == (200, 2)
+    births["newer"] = {"model": {"version": "2"}, "budget_ms": 40}
+    h = watch.health("cam-1", births, messages, {"old"}, "2")
+    assert (h.sessions, h.frames, h.missed, h.windows) == (["new", "newer"], 210, 6, 3)
+    assert "missed the budget" in (watch.judge(h) or "")
 
 
 # -- the fleet: broker, artifact server, three agents ----------------------------------------------

@@ -15,109 +15,41 @@
        stop, exit 1 — the rest never get the command; otherwise the rest get it, and their
        results are awaited
 
-Percentiles are never averaged: every window's ``LatencySketch`` is merged, and p95 is
-read from the merge.  Telemetry windows are de-duplicated on ``(session, seq)``.
+Percentiles are never averaged: the windows' latency sketches are merged, and p95 is
+read from the merge.  The windows are taken by the fleet collector, de-duplicated as
+``edgekit fleet serve`` de-duplicates them (on ``(device, epoch, seq)``).
+
+The parts: ``publish`` (the artifact), ``link`` (the MQTT client), ``members`` (who, how many
+canaries), ``canary`` (the window's telemetry through the fleet collector, and the verdict).
 """
 
 from __future__ import annotations
 
-import math
-import re
-import shutil
-import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgekit._core.names import safe_name
-from edgekit._core.sketch import LatencySketch
 from edgekit._core.units import parse_seconds
+from edgekit.deploy.canary import DEFAULT_MISS_RATE, CanaryWatch
+from edgekit.deploy.link import FleetLink
+from edgekit.deploy.members import Member, canary_count, choose_members, parse_share
+from edgekit.deploy.publish import Artifact, check_served, publish_artifact
 from edgekit.errors import DeployError
-from edgekit.fleet.artifacts import safe_artifact_name
 from edgekit.protocol.control import (
     Command,
     deploy_message,
-    loads_strict,
     new_deploy_id,
-    parse_agent_status,
-    parse_result,
     rollback_message,
     safe_deploy_id,
 )
-from edgekit.protocol.topics import topic
 
 Event = Callable[[str, dict[str, Any]], None]
 """``on_event(kind, info)``: ``members``, ``send``, ``progress``, ``result``, ``watch``, ``verdict``, ``done``."""
 
-DEFAULT_MISS_RATE = 0.01
 DEFAULT_TIMEOUT_S = 900.0
-DISCOVER_QUIET_S = 0.5  # retained messages arrive in a burst after the SUBACK
-DISCOVER_MAX_S = 5.0
-MAX_TELEMETRY_BYTES = 256 * 1024
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A bundle archive placed where the artifact server serves it."""
-
-    name: str
-    path: Path
-    url: str
-    sha256: str
-    size: int
-    model: str
-    version: str
-    signature: str | None
-
-
-@dataclass
-class Member:
-    """A fleet device as its retained agent message describes it."""
-
-    device: str
-    state: str
-    group: str | None
-    active_version: str | None
-    pipeline: str | None
-    profile: str | None
-
-
-@dataclass
-class Health:
-    """What the canary window saw of one device's new pipeline."""
-
-    device: str
-    frames: int = 0
-    missed: int = 0
-    windows: int = 0
-    p95_ms: float | None = None
-    budget_ms: float | None = None
-    limit_ms: float | None = None
-    sessions: list[str] = field(default_factory=list)
-    breach: str | None = None
-
-    @property
-    def miss_rate(self) -> float:
-        return self.missed / self.frames if self.frames else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "frames": self.frames,
-            "missed": self.missed,
-            "miss_rate": round(self.miss_rate, 5),
-            "windows": self.windows,
-            "p95_ms": None if self.p95_ms is None else round(self.p95_ms, 3),
-            "budget_ms": self.budget_ms,
-            "limit_ms": self.limit_ms,
-            "breach": self.breach,
-        }
 
 
 @dataclass
@@ -166,293 +98,9 @@ class RolloutReport:
         }
 
 
-# -- the artifact ------------------------------------------------------------------------------
-
-
-def publish_artifact(bundle: Path, directory: Path, base_url: str) -> Artifact:
-    """Put ``bundle`` (folder or .tar.gz) into ``directory`` as ``<model>-<version>-<sha12>.tar.gz``."""
-    from edgekit._core.io import sha256_file
-    from edgekit.bundle.archive import is_archive_name, open_bundle, pack
-    from edgekit.bundle.manifest import SIGNATURE_FILE, read_manifest
-
-    if not directory.is_dir():
-        raise DeployError(
-            f"--artifacts {directory} is not a folder",
-            "give the folder `edgekit fleet serve --artifacts DIR` serves",
-        )
-    if not base_url.lower().startswith(("http://", "https://")):
-        raise DeployError(
-            f"--artifact-url {base_url!r} is not an http(s) URL",
-            "the URL devices reach the artifact folder at, e.g. http://server:8765/artifacts",
-        )
-    with open_bundle(bundle) as folder:
-        manifest = read_manifest(folder)
-        sig_file = folder / SIGNATURE_FILE
-        # manifest.sig is base64 text already; the agent verifies the bundle itself, this is for the record.
-        signature = sig_file.read_bytes().strip().decode("ascii", "replace") if sig_file.is_file() else None
-        if signature is not None and not re.fullmatch(r"[A-Za-z0-9+/=_-]{1,4096}", signature):
-            signature = (
-                None  # not what edgekit writes: leave it out rather than have agents refuse the command
-            )
-    with tempfile.TemporaryDirectory(prefix=".edgekit-artifact-", dir=directory) as tmp:
-        staged = Path(tmp) / "bundle.tar.gz"
-        if bundle.is_dir():
-            pack(bundle, staged)
-        elif is_archive_name(bundle):
-            shutil.copyfile(bundle, staged)
-        else:
-            raise DeployError(f"{bundle} is not a bundle folder or .tar.gz", "pass what edgekit build wrote")
-        sha = sha256_file(staged)
-        stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{manifest.model.name}-{manifest.model.version}").strip(".-")
-        name = f"{stem[:80] or 'bundle'}-{sha[:12]}.tar.gz"
-        assert safe_artifact_name(name), name
-        target = directory / name
-        staged.replace(target)  # same folder: atomic, so the server never serves half a file
-    size = target.stat().st_size
-    url = f"{base_url.rstrip('/')}/{name}"
-    return Artifact(name, target, url, sha, size, manifest.model.name, manifest.model.version, signature)
-
-
-def check_served(artifact: Artifact, timeout_s: float = 10.0) -> str | None:
-    """HEAD the artifact's URL from here: None when it is served with the right size, else why not."""
-    request = urllib.request.Request(artifact.url, method="HEAD")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            length = response.headers.get("Content-Length")
-    except urllib.error.HTTPError as err:
-        return f"{artifact.url} answered HTTP {err.code}"
-    except (urllib.error.URLError, OSError) as err:
-        return f"{artifact.url} is not reachable from here: {getattr(err, 'reason', err)}"
-    if length is not None and length.isdigit() and int(length) != artifact.size:
-        return f"{artifact.url} is {length} bytes, the archive {artifact.size}"
-    return None
-
-
-# -- parsing the command line's values ----------------------------------------------------------
-
-
-def parse_share(text: str) -> float:
-    """``10%`` or ``0.1`` -> 0.1 (a share in (0, 1])."""
-    t = text.strip()
-    try:
-        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise DeployError(f"--canary {text!r} is not a share of the fleet", "write e.g. 10% or 0.25")
-    return value
-
-
-def canary_count(members: int, share: float) -> int:
-    """ceil(share x members), at least one when there is anyone."""
-    return min(members, max(1, math.ceil(share * members - 1e-9))) if members else 0
-
-
 def rollback_id(deploy_id: str) -> str:
     """The id of the rollback that undoes ``deploy_id`` (``<id>-rb``, kept within 64 characters)."""
     return f"{deploy_id[:61]}-rb"
-
-
-# -- the MQTT side --------------------------------------------------------------------------------
-
-
-class FleetLink:
-    """The rollout's MQTT client: agents, results, status births and canary telemetry, kept under one lock."""
-
-    def __init__(self, broker_url: str, fleet: str) -> None:
-        from edgekit.protocol.broker import BrokerConfig
-
-        self.broker = BrokerConfig.from_url(broker_url)
-        self.fleet = fleet
-        self.agents: dict[str, dict[str, Any]] = {}
-        self.finals: dict[tuple[str, str], dict[str, Any]] = {}
-        self.finals_at: dict[tuple[str, str], float] = {}
-        # device -> session -> (first seen, status body)
-        self.sessions: dict[str, dict[str, tuple[float, dict[str, Any]]]] = {}
-        self.telemetry: dict[str, list[tuple[float, dict[str, Any]]]] = {}
-        self.watched: set[str] = set()
-        self.on_progress: Callable[[dict[str, Any]], None] | None = None
-        self.last_message_at = 0.0
-        self._cond = threading.Condition()
-        self._subscribed = threading.Event()
-        self._error = ""
-        self._client = self._make_client()
-
-    def _make_client(self) -> Any:
-        # A clean session: the rollout's own queue is not worth keeping.
-        client = self.broker.client(f"edgekit-deploy-{uuid.uuid4().hex[:10]}", clean_session=True)
-        client.on_connect = self._on_connect
-        client.on_subscribe = self._on_subscribe
-        client.on_message = self._on_message
-        return client
-
-    def _topics(self) -> list[tuple[str, int]]:
-        f = self.fleet
-        return [(topic(f, "+", leaf), 1) for leaf in ("agent", "cmd/result", "status")] + [
-            (topic(f, d, "telemetry"), 1) for d in sorted(self.watched)
-        ]
-
-    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        if reason.is_failure:
-            self._error = f"{self.broker.describe()} refused the connection: {reason}"
-            return
-        client.subscribe(self._topics())
-
-    def _on_subscribe(self, client: Any, userdata: Any, mid: int, reasons: Any, properties: Any) -> None:
-        if any(getattr(r, "is_failure", False) for r in reasons):
-            self._error = "the broker refused a subscription (its ACL?)"
-        self._subscribed.set()
-
-    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        parts = msg.topic.split("/")
-        if len(parts) < 5 or parts[2] != self.fleet or not safe_name(parts[3]):
-            return
-        device, leaf = parts[3], "/".join(parts[4:])
-        now = time.monotonic()
-        payload = bytes(msg.payload)
-        progress = None
-        with self._cond:
-            self.last_message_at = now
-            if leaf == "agent":
-                body = parse_agent_status(payload)
-                if body is None:
-                    self.agents.pop(device, None)  # cleared (empty retained message) or unreadable
-                elif body["device"] == device:
-                    self.agents[device] = body
-            elif leaf == "cmd/result":
-                body = parse_result(payload)
-                if body is not None and body["device"] == device and body["id"] is not None:
-                    if body["final"]:
-                        key = (device, str(body["id"]))
-                        self.finals.setdefault(key, body)
-                        self.finals_at.setdefault(key, now)
-                    else:
-                        progress = body
-            elif leaf == "status":
-                body = _json_object(payload)
-                session = body.get("session") if body else None
-                if body and body.get("state") == "online" and isinstance(session, str):
-                    self.sessions.setdefault(device, {}).setdefault(session, (now, body))
-            elif leaf == "telemetry" and device in self.watched and len(payload) <= MAX_TELEMETRY_BYTES:
-                body = _json_object(payload)
-                if body and body.get("device") == device:
-                    self.telemetry.setdefault(device, []).append((now, body))
-            self._cond.notify_all()
-        if progress is not None and self.on_progress is not None:
-            self.on_progress(progress)
-
-    def connect(self, timeout_s: float = 15.0) -> FleetLink:
-        """Connect, subscribe, and wait for the retained agent messages to arrive."""
-        b = self.broker
-        try:
-            self._client.connect_async(b.host, b.port, keepalive=b.keepalive_s)
-        except (OSError, ValueError) as err:
-            raise DeployError(f"cannot reach {b.describe()}: {err}", "check the --mqtt URL") from err
-        self._client.loop_start()
-        if not self._subscribed.wait(timeout_s) or self._error:
-            self.close()
-            raise DeployError(
-                f"no subscription on {b.describe()} within {timeout_s:g} s: {self._error or 'no answer'}",
-                "check that the broker runs and that --mqtt (user, password, ACL) is right",
-            )
-        # Retained messages come right after the SUBACK: wait until they stop.
-        start = time.monotonic()
-        while time.monotonic() - start < DISCOVER_MAX_S:
-            time.sleep(0.1)
-            with self._cond:
-                quiet = time.monotonic() - max(self.last_message_at, start)
-            if quiet >= DISCOVER_QUIET_S:
-                break
-        return self
-
-    def watch(self, devices: Iterable[str]) -> None:
-        """Also receive the telemetry of ``devices``."""
-        new = [d for d in devices if d not in self.watched]
-        with self._cond:
-            self.watched.update(new)
-        if new:
-            self._client.subscribe([(topic(self.fleet, d, "telemetry"), 1) for d in new])
-
-    def send(self, command: Command) -> None:
-        """Publish ``command`` to its device (QoS 1; waits for the broker's PUBACK)."""
-        info = self._client.publish(topic(self.fleet, command.device, "cmd"), command.to_json(), qos=1)
-        try:
-            info.wait_for_publish(10.0)
-        except (RuntimeError, ValueError) as err:
-            raise DeployError(
-                f"could not publish the command for {command.device}: {err}", "check the broker connection"
-            ) from err
-
-    def wait_finals(
-        self, keys: Sequence[tuple[str, str]], timeout_s: float
-    ) -> dict[tuple[str, str], dict[str, Any]]:
-        """Wait up to ``timeout_s`` for the final results of ``(device, id)``; returns those that came."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not all(k in self.finals for k in keys):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(min(left, 1.0))
-            return {k: self.finals[k] for k in keys if k in self.finals}
-
-    def snapshot_sessions(self, device: str) -> set[str]:
-        with self._cond:
-            return set(self.sessions.get(device, {}))
-
-    def close(self) -> None:
-        self._client.disconnect()
-        self._client.loop_stop()
-
-
-def _json_object(payload: bytes) -> dict[str, Any] | None:
-    try:
-        body = loads_strict(payload, limit=MAX_TELEMETRY_BYTES)
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def _member(device: str, body: dict[str, Any]) -> Member:
-    active = body.get("active") if isinstance(body.get("active"), dict) else {}
-    version = active.get("version") if isinstance(active, dict) else None
-    return Member(
-        device,
-        str(body.get("state")),
-        body.get("group") if isinstance(body.get("group"), str) else None,
-        version if isinstance(version, str) else None,
-        body.get("pipeline") if isinstance(body.get("pipeline"), str) else None,
-        body.get("profile") if isinstance(body.get("profile"), str) else None,
-    )
-
-
-def choose_members(
-    agents: dict[str, dict[str, Any]], targets: Sequence[str], group: str | None
-) -> tuple[list[Member], dict[str, str]]:
-    """The devices to deploy to, by name, and those left out with why (offline, unknown)."""
-    skipped: dict[str, str] = {}
-    chosen: list[Member] = []
-    if targets:
-        for device in sorted(set(targets)):
-            body = agents.get(device)
-            if body is None:
-                skipped[device] = "no agent with this id has reported to the broker"
-                continue
-            m = _member(device, body)
-            if m.state != "online":
-                skipped[device] = "its agent is offline"
-            else:
-                chosen.append(m)
-        return chosen, skipped
-    for device in sorted(agents):
-        m = _member(device, agents[device])
-        if m.group != group:
-            continue
-        if m.state != "online":
-            skipped[device] = "its agent is offline"
-        else:
-            chosen.append(m)
-    return chosen, skipped
 
 
 # -- the rollout ----------------------------------------------------------------------------------
@@ -505,9 +153,7 @@ class Rollout:
 
     def _members(self, link: FleetLink) -> list[Member]:
         o = self.options
-        with link._cond:
-            agents = dict(link.agents)
-        members, skipped = choose_members(agents, o.targets, o.group)
+        members, skipped = choose_members(link.snapshot_agents(), o.targets, o.group)
         self.report.members = [m.device for m in members]
         self.report.skipped = skipped
         self._event("members", members=[m.device for m in members], skipped=skipped)
@@ -655,12 +301,30 @@ class Rollout:
                     "breach": None,
                     "note": "no pipeline runs there: nothing to watch",
                 }
+        canary = CanaryWatch(o.fleet, o.slo_p95_ms, o.slo_miss_rate)
+        try:
+            return self._verdict(link, canary, watched, old_sessions, version)
+        finally:
+            canary.close()
+
+    def _verdict(
+        self,
+        link: FleetLink,
+        canary: CanaryWatch,
+        watched: Sequence[str],
+        old_sessions: dict[str, set[str]],
+        version: str,
+    ) -> dict[str, str]:
+        o = self.options
         started = time.monotonic()
         first: dict[str, float] = {}
         self._event("watch", devices=watched, window_s=o.canary_window_s, slo_p95_ms=o.slo_p95_ms)
         while True:
             now = time.monotonic()
-            health = {d: self._health(link, d, old_sessions[d], version) for d in watched}
+            health = {
+                d: canary.health(d, link.births(d), link.telemetry_of(d), old_sessions[d], version)
+                for d in watched
+            }
             for d, h in health.items():
                 if h.frames and d not in first:
                     first[d] = now
@@ -675,66 +339,12 @@ class Rollout:
         breaches: dict[str, str] = {}
         for d, h in health.items():
             if h.breach is None:
-                h.breach = self._judge(h)
+                h.breach = canary.judge(h)
             self.report.health[d] = h.to_dict()
             if h.breach is not None:
                 breaches[d] = h.breach
         self._event("verdict", health=self.report.health, breaches=breaches)
         return breaches
-
-    def _health(self, link: FleetLink, device: str, old: set[str], version: str) -> Health:
-        """Merge the windows of ``device``'s new sessions (new since the command, of ``version``)."""
-        o = self.options
-        h = Health(device)
-        with link._cond:
-            sessions = dict(link.sessions.get(device, {}))
-            messages = list(link.telemetry.get(device, []))
-        fresh: dict[str, dict[str, Any]] = {}
-        for session, (_, body) in sessions.items():
-            model = body.get("model") if isinstance(body.get("model"), dict) else {}
-            if session not in old and (
-                not isinstance(model, dict) or model.get("version") in (None, version)
-            ):
-                fresh[session] = body
-        h.sessions = sorted(fresh)
-        sketch = LatencySketch()
-        seen: set[tuple[str, int]] = set()
-        for _, body in messages:
-            sid, seq = body.get("session"), body.get("seq")
-            window = body.get("window")
-            if not isinstance(sid, str) or sid not in fresh:
-                continue
-            if type(seq) is not int or not isinstance(window, dict):
-                continue
-            if (sid, seq) in seen:  # a replay after a reconnect
-                continue
-            seen.add((sid, seq))
-            try:
-                frames, missed = int(window["frames"]), int(window["missed"])
-                if frames:
-                    sketch.merge(LatencySketch.from_dict(window["latency_ms"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-            h.frames += frames
-            h.missed += missed
-            h.windows += 1
-        h.p95_ms = sketch.quantile(0.95) if sketch.count else None
-        budgets = [
-            float(b["budget_ms"]) for b in fresh.values() if isinstance(b.get("budget_ms"), (int, float))
-        ]
-        h.budget_ms = budgets[-1] if budgets else None
-        h.limit_ms = o.slo_p95_ms if o.slo_p95_ms is not None else h.budget_ms
-        return h
-
-    def _judge(self, h: Health) -> str | None:
-        if h.limit_ms is not None and h.p95_ms is not None and h.p95_ms > h.limit_ms:
-            return f"p95 {h.p95_ms:.2f} ms over {h.frames} frames > the limit of {h.limit_ms:g} ms"
-        if h.miss_rate > self.options.slo_miss_rate:
-            return (
-                f"{h.missed} of {h.frames} frames missed the budget ({h.miss_rate:.1%} > "
-                f"{self.options.slo_miss_rate:.1%})"
-            )
-        return None
 
     # -- rollback -------------------------------------------------------------------------------
 
