@@ -22,21 +22,16 @@ from edgekit.errors import TelemetryError
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.testing.broker import Mosquitto, secure_mosquitto
 
-from conftest import EDGEKIT, ROOT
-
-SCHEMAS = ROOT / "edgekit" / "telemetry" / "schema"
+from conftest import EDGEKIT
 
 
 def validator(name: str) -> Any:
+    """The published schema ``name`` (generated from the message models: each file stands alone)."""
     import jsonschema
-    from referencing import Registry, Resource
 
-    docs = {p.name: json.loads(p.read_text()) for p in SCHEMAS.glob("*.schema.json")}
-    registry = Registry().with_resources(
-        [(d["$id"], Resource.from_contents(d)) for d in docs.values()]
-        + [(n, Resource.from_contents(d)) for n, d in docs.items()]
-    )
-    return jsonschema.Draft202012Validator(docs[name], registry=registry)
+    from edgekit.protocol.schemas import SCHEMA_DIR
+
+    return jsonschema.Draft202012Validator(json.loads((SCHEMA_DIR / name).read_text()))
 
 
 class Subscriber:

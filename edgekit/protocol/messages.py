@@ -1,0 +1,99 @@
+"""Every JSON payload on edgekit's MQTT tree, as a pydantic model: one definition for senders and receivers.
+
+    telemetry   ``Telemetry``    a reporting window (sketches, counters, gauges)
+    status      ``Status``       a device online (with its birth facts) or offline
+    labels      ``Labels``       what the model said lately
+    cmd         ``Command``      a deploy or rollback command for an agent
+    cmd-result  ``Result``       an agent's progress and final answer to a command
+    agent       ``AgentStatus``  a deploy agent's status
+    health      ``HealthReport`` what an agent's health gate measured (inside a result)
+    sketch      ``Sketch``       a latency sketch (inside telemetry)
+
+``KINDS`` maps each kind to its model; ``edgekit.protocol.schemas`` writes the JSON Schema
+of each to ``edgekit/protocol/schema/<kind>.schema.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from edgekit.protocol.control_messages import (
+    ActiveSlot,
+    AgentStatus,
+    Command,
+    DeployId,
+    HealthReport,
+    NoHealth,
+    Result,
+)
+from edgekit.protocol.telemetry_messages import (
+    Gauges,
+    Label,
+    Labels,
+    ModelFacts,
+    Sketch,
+    SpoolState,
+    Status,
+    Telemetry,
+    Throttled,
+    Window,
+    WireMessage,
+    dump,
+)
+
+KINDS: dict[str, type[BaseModel]] = {
+    "telemetry": Telemetry,
+    "status": Status,
+    "labels": Labels,
+    "cmd": Command,
+    "cmd-result": Result,
+    "agent": AgentStatus,
+    "health": HealthReport,
+    "sketch": Sketch,
+}
+
+
+def checked(model: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` once ``model`` accepts it (else ``ValidationError``): a sender sends nothing a receiver refuses.
+
+    The dict, not a dump of the model, is what is sent: its bytes stay what they were
+    (``1`` is not re-written ``1.0``), and receivers validate the same dict.
+    """
+    model.model_validate(body)
+    return body
+
+
+def first_error(err: ValidationError) -> str:
+    """The first problem of a failed validation in one short line: ``where: what``."""
+    e = err.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in e["loc"]) or "message"
+    return f"{where}: {e['msg']}"
+
+
+__all__ = [
+    "KINDS",
+    "ActiveSlot",
+    "AgentStatus",
+    "Command",
+    "DeployId",
+    "Gauges",
+    "HealthReport",
+    "Label",
+    "Labels",
+    "ModelFacts",
+    "NoHealth",
+    "Result",
+    "Sketch",
+    "SpoolState",
+    "Status",
+    "Telemetry",
+    "Throttled",
+    "ValidationError",
+    "Window",
+    "WireMessage",
+    "checked",
+    "dump",
+    "first_error",
+]

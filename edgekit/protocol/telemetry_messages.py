@@ -1,0 +1,228 @@
+"""What a device publishes: telemetry windows, its status (online with the birth facts, or offline), labels.
+
+One model per payload, used by both sides: ``edgekit.telemetry`` builds its messages with
+them and ``edgekit.fleet``'s collector validates what arrives into them.  A model says what
+a receiver accepts, which is a little more than a current sender sends: fields an older
+device may leave out are optional, and fields this version does not know are kept
+(``extra="allow"``), so an older or a newer device still reports.  The JSON Schemas in
+``edgekit/protocol/schema/`` are generated from these models (``edgekit.protocol.schemas``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
+
+from edgekit._core.sketch import DEFAULT_ACCURACY
+from edgekit.protocol.stages import STAGES
+
+# What an SQLite or PostgreSQL BIGINT column holds: counts beyond it cannot be stored.
+MAX_INT = 2**63
+# Sketch bucket keys beyond this stand for values outside 1e-17..1e17 ms (accuracy 1%): nonsense
+# that would overflow ``math.exp`` when a merged sketch is asked for a quantile.
+MAX_BUCKET_KEY = 2000
+_BUCKET_KEYS = frozenset(str(k) for k in range(-MAX_BUCKET_KEY, MAX_BUCKET_KEY + 1))
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class WireMessage(BaseModel):
+    """The base of every message model: strict types (JSON ``true`` is not the count 1), finite numbers.
+
+    Unknown fields are kept, not refused: a newer sender must still reach an older receiver.
+    """
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="allow", frozen=True)
+
+
+#: A count: a non-negative integer a BIGINT column holds.
+Count = Annotated[int, Field(ge=0, le=MAX_INT - 1)]  # le, not lt: keeps the check on 64-bit integers
+#: A device or fleet name as its payload says it (the topic's names are checked by their own rule).
+Name = Annotated[str, Field(min_length=1)]
+
+
+def _check_buckets(buckets: Any) -> dict[str, int]:
+    # By hand, not as dict[str, Count]: this runs six times a telemetry message, and one set
+    # comparison against every canonical key plus one sum() is a third of what per-item
+    # validation costs.  "012", "-0" or " 12" (which would collide when read back) are refused.
+    if type(buckets) is not dict:
+        raise ValueError("buckets must be an object")
+    if not _BUCKET_KEYS.issuperset(buckets):
+        raise ValueError(f"bucket keys must be integers from -{MAX_BUCKET_KEY} to {MAX_BUCKET_KEY}")
+    if buckets:
+        counts = buckets.values()
+        try:
+            total = sum(counts)  # a float among the counts makes this a float
+        except TypeError:
+            raise ValueError("bucket counts must be integers") from None
+        if type(total) is not int or min(counts) < 0:
+            raise ValueError("bucket counts must be non-negative integers")
+    return buckets
+
+
+#: Bucket key -> count, checked by ``_check_buckets`` (the schema says what it checks).
+Buckets = Annotated[dict[str, Count], PlainValidator(_check_buckets, json_schema_input_type=dict[str, Count])]
+
+
+class Sketch(WireMessage):
+    """A latency sketch (DDSketch, milliseconds): counts per logarithmic bucket, mergeable by adding counts.
+
+    Bucket k holds values in (gamma^(k-1), gamma^k], gamma = (1+accuracy)/(1-accuracy).  Only
+    sketches of the fleet's one accuracy are accepted: other accuracies would not merge exactly.
+    """
+
+    accuracy: float = Field(
+        json_schema_extra={"const": DEFAULT_ACCURACY}, description="relative accuracy; must be the fleet's"
+    )
+    count: Count
+    sum: float
+    min: float | None = Field(description="null when count is 0")
+    max: float | None = Field(description="null when count is 0")
+    zero: Count = Field(description="values of 0 ms (they have no logarithm)")
+    buckets: Buckets = Field(
+        json_schema_extra={"propertyNames": {"pattern": "^(0|-?[1-9][0-9]{0,3})$"}},
+        description="bucket key (a decimal integer) -> how many values fell in it",
+    )
+
+    @model_validator(mode="after")
+    def _adds_up(self) -> Sketch:
+        if self.accuracy != DEFAULT_ACCURACY:
+            raise ValueError(f"sketch accuracy {self.accuracy} is not {DEFAULT_ACCURACY}")
+        if self.zero + sum(self.buckets.values()) != self.count:
+            raise ValueError("sketch counts do not add up")
+        if self.count and (self.min is None or self.max is None):
+            raise ValueError("a sketch with values needs their min and max")
+        return self
+
+
+def _every_stage(stages: dict[str, Sketch]) -> dict[str, Sketch]:
+    missing = [s for s in STAGES if s not in stages]
+    if missing:
+        raise ValueError(f"stages_ms lacks {', '.join(missing)}")
+    return stages
+
+
+class Window(WireMessage):
+    """One reporting window: its wall-clock span, frames and missed deadlines, the latency sketches."""
+
+    start: float = Field(description="seconds since the epoch")
+    end: float = Field(description="seconds since the epoch")
+    frames: Count
+    missed: Count = Field(description="frames over the latency budget")
+    fps: float | None = Field(default=None, ge=0)
+    latency_ms: Sketch = Field(description="end-to-end latency per frame")
+    stages_ms: Annotated[dict[str, Sketch], AfterValidator(_every_stage)] = Field(
+        json_schema_extra={"required": list(STAGES)},
+        description=f"one sketch per stage: {', '.join(STAGES)} (more are kept)",
+    )
+
+
+class Throttled(WireMessage):
+    """A Raspberry Pi's throttling flags (``vcgencmd get_throttled``)."""
+
+    now: bool | None = None
+    since_boot: bool | None = None
+    under_voltage: bool | None = None
+    raw: int | None = None
+
+
+class Gauges(WireMessage):
+    """What the device measured of itself at the end of the window; each only where it can be read."""
+
+    cpu_percent: float | None = None
+    process_cpu_percent: float | None = None
+    memory_total_mb: float | None = None
+    memory_available_mb: float | None = None
+    process_rss_mb: float | None = None
+    gpu_percent: float | None = None
+    cpu_freq_ratio: float | None = None
+    temperature_c: dict[str, float] | None = Field(default=None, description="thermal zone -> degrees C")
+    throttled: Throttled | None = None
+
+
+class SpoolState(WireMessage):
+    """The device's spool when the window closed: messages and bytes still waiting for the broker."""
+
+    pending: Count | None = None
+    bytes: Count | None = None
+
+
+class Telemetry(WireMessage):
+    """One reporting window of one device (``edgekit/v1/<fleet>/<device>/telemetry``, QoS 1).
+
+    De-duplicate on ``(device, epoch, seq)``: a message can arrive twice after a reconnect; a
+    new epoch means the device's sequence restarted.  A device sends every field; older ones
+    may lack ``epoch`` (then ``""``), ``sent_at``, ``gauges`` and ``spool``.
+    """
+
+    schema_: Literal["edgekit/v1/telemetry"] = Field(alias="schema")
+    device: Name
+    fleet: Name | None = None
+    session: str | None = Field(default=None, description="the publishing process's id")
+    epoch: str = Field(
+        default="",
+        max_length=32,
+        description="made with the device's spool: seq is unique per (device, epoch)",
+    )
+    seq: Count
+    sent_at: float | None = Field(default=None, description="seconds since the epoch")
+    window: Window
+    counters: dict[str, Count] = Field(description="the pipeline's and the reporting's counters (only go up)")
+    gauges: Gauges | None = None
+    spool: SpoolState | None = None
+
+
+class ModelFacts(WireMessage):
+    """Which model and artifact the device runs."""
+
+    name: str | None = None
+    version: str | None = None
+    sha256: str | None = Field(default=None, pattern=_SHA256, description="the fp32 source model's SHA-256")
+    artifact: str | None = None
+    artifact_sha256: str | None = Field(default=None, pattern=_SHA256)
+
+
+class Status(WireMessage):
+    """A device's presence (``edgekit/v1/<fleet>/<device>/status``, retained, QoS 1).
+
+    ``online`` and the birth facts (what it runs: model, backend, precision, budget, profile,
+    source, policy) on every connect; ``offline`` from the Last Will or a clean stop.
+    """
+
+    schema_: Literal["edgekit/v1/status"] = Field(alias="schema")
+    state: Literal["online", "offline"]
+    device: Name
+    fleet: Name | None = None
+    ts: float | None = Field(default=None, description="seconds since the epoch")
+    session: str | None = None
+    edgekit: str | None = Field(default=None, description="the device's edgekit version")
+    model: ModelFacts | None = None
+    candidate: str | None = None
+    backend: str | None = None
+    precision: str | None = None
+    budget_ms: float | None = Field(default=None, gt=0)
+    profile: str | None = None
+    source: str | None = None
+    policy: str | None = Field(default=None, description="drop-oldest, block or degrade")
+
+
+class Label(WireMessage):
+    """One class the model reported, with its score."""
+
+    id: int
+    name: str
+    score: float
+
+
+class Labels(WireMessage):
+    """What the model said lately (``edgekit/v1/<fleet>/<device>/labels``, QoS 0, optional)."""
+
+    schema_: Literal["edgekit/v1/labels"] = Field(alias="schema")
+    device: Name
+    ts: float | None = None
+    labels: list[Label]
+
+
+def dump(message: BaseModel) -> dict[str, Any]:
+    """A message as the plain dict a sender publishes: every field it was given, ``schema`` first."""
+    return message.model_dump(mode="json", by_alias=True, exclude_unset=True)
