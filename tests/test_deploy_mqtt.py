@@ -202,7 +202,7 @@ def test_the_wire_formats_follow_their_json_schemas() -> None:
 
     from edgekit.protocol.control import deploy_message, result_message
 
-    schemas = ROOT / "edgekit" / "telemetry" / "schema"
+    schemas = ROOT / "edgekit" / "protocol" / "schema"
 
     def check(name: str, doc: dict[str, Any]) -> None:
         schema = json.loads((schemas / name).read_text())
@@ -613,7 +613,7 @@ def test_bad_commands_each_get_a_clear_answer_and_the_agent_stays_up(fleet: Flee
     # What went over the wire follows the published schemas.
     import jsonschema
 
-    schemas = ROOT / "edgekit" / "telemetry" / "schema"
+    schemas = ROOT / "edgekit" / "protocol" / "schema"
     for leaf, name in (("cmd/result", "cmd-result"), ("agent", "agent")):
         check = jsonschema.Draft202012Validator(json.loads((schemas / f"{name}.schema.json").read_text()))
         for _, _, body in fleet.observer.of(device, leaf):
