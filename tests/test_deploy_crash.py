@@ -1,20 +1,18 @@
-"""Crash safety: ``edgekit agent install`` SIGKILLed 50 times at random points (tools/crash_agent_install.py);
+"""Crash safety: ``edgekit agent install`` SIGKILLed 50 times at random points (crash_harness.py);
 after each kill a restarted agent (recover()) finds the active slot complete and verified."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_harness import sigkill_installs
 from deploy_bundles import slim_bundle
 
 from edgekit.bundle import pack
-
-from conftest import ROOT
 
 
 def test_fifty_sigkills_never_leave_a_broken_active_slot(
@@ -23,15 +21,11 @@ def test_fifty_sigkills_never_leave_a_broken_active_slot(
     folder, _ = x86_bundle
     v1 = pack(slim_bundle(folder, tmp_path / "v1", keys[0], version="1.0-crash"), tmp_path / "v1.tar.gz")
     v2 = pack(slim_bundle(folder, tmp_path / "v2", keys[0], version="2.0-crash"), tmp_path / "v2.tar.gz")
-    tool = ROOT / "tools" / "crash_agent_install.py"
-    cmd = [sys.executable, str(tool), "--root", str(tmp_path / "root"), "--key", str(keys[1])]
-    cmd += ["--bundle", str(v1), "--bundle", str(v2), "--iterations", "50", "--seed", "7"]
-    cmd += ["--health-runs", "10", "--device", "x86_64-cpu", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
-    assert r.returncode in (0, 1), r.stderr[-3000:]
-    summary = json.loads(r.stdout)
+    summary = sigkill_installs(
+        tmp_path / "root", keys[1], (v1, v2), iterations=50, seed=7, health_runs=10, device="x86_64-cpu"
+    )
     print("\n" + json.dumps(summary, indent=2))
-    assert summary["failures"] == [] and r.returncode == 0
+    assert summary["failures"] == []
     kills = summary["kills_by_step"]
     assert sum(kills.values()) == 50
     # The kills really landed inside every step of an install, the switch included.

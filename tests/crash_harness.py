@@ -1,26 +1,21 @@
 """Kill ``edgekit agent install`` with SIGKILL at random points, many times; the active slot must survive.
 
-Usage::
-
-    python tools/crash_agent_install.py --root /tmp/crash-root --key builder.pub.pem \\
-        --bundle v1.tar.gz --bundle v2.tar.gz [--iterations 50] [--seed 1] [--health-runs 10]
-
-First one uninterrupted install of each bundle (they become the two slots, and their step
+``sigkill_installs(root, key, (v1, v2))`` (tests/test_deploy_crash.py runs it).  First one uninterrupted install of each bundle (they become the two slots, and their step
 timings calibrate the kills).  Then each iteration installs the other bundle under a new
 deploy id and SIGKILLs the process: even iterations at a uniformly random time across a
 whole install, odd ones inside a chosen step (every step in turn, the split-millisecond
 ``switch`` included), at a random delay after that step's JSON progress line appeared.
 After each kill, this process plays the restarted agent: ``StateRoot.recover()``, then the
-active slot must be complete and verify (every hash, a trusted signature).  Prints the
-distribution of the steps the kills landed in and the wall time; ``--json`` prints it as
-one document.  Exit code 0 when every check held.
+active slot must be complete and verify (every hash, a trusted signature).  Returns the
+distribution of the steps the kills landed in, the failures (none when every check held) and
+the wall time.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,13 +25,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from edgekit.bundle import read_manifest, verify
+from edgekit.deploy import StateRoot
+
 STEPS = ("signature", "hashes", "unpack", "health", "switch", "done")
 
 
-def agent_command(bundle: Path, root: Path, deploy_id: str, args: argparse.Namespace) -> list[str]:
+def agent_command(
+    bundle: Path, root: Path, deploy_id: str, health_runs: int, device: str | None
+) -> list[str]:
     cmd = [sys.executable, "-m", "edgekit.cli", "agent", "install", str(bundle), "--root", str(root)]
-    cmd += ["--id", deploy_id, "--json", "--health-runs", str(args.health_runs)]
-    return cmd + (["--device", args.device] if args.device else [])
+    cmd += ["--id", deploy_id, "--json", "--health-runs", str(health_runs)]
+    return cmd + (["--device", device] if device else [])
 
 
 class Run:
@@ -104,9 +104,6 @@ class Run:
 
 def check_root(root: Path, key: Path) -> tuple[bool, str, str | None]:
     """What a restarted agent does first, then the invariant: ``(ok, why not, active version)``."""
-    from edgekit.bundle import read_manifest, verify
-    from edgekit.deploy import StateRoot
-
     state = StateRoot(root)
     state.recover()
     active = state.active_bundle()
@@ -118,50 +115,43 @@ def check_root(root: Path, key: Path) -> tuple[bool, str, str | None]:
     return True, "", read_manifest(active).model.version
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--root", type=Path, required=True, help="state root (created; emptied first)")
-    p.add_argument("--key", type=Path, required=True, help="the public key that signed the bundles")
-    p.add_argument(
-        "--bundle", type=Path, action="append", required=True, help="two bundles, installed in turn"
-    )
-    p.add_argument("--iterations", type=int, default=50)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument(
-        "--health-runs", type=int, default=10, help="frames the health gate times (fewer: quicker)"
-    )
-    p.add_argument("--device", default=None, help="device profile for the health gate (default: detect)")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
-    args = p.parse_args(argv)
-    if len(args.bundle) != 2:
-        p.error("pass --bundle twice (two versions to alternate)")
+def sigkill_installs(
+    root: Path,
+    key: Path,
+    bundles: tuple[Path, Path],
+    iterations: int = 50,
+    seed: int = 1,
+    health_runs: int = 10,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """``iterations`` installs of ``bundles`` in turn into ``root`` (emptied first), each SIGKILLed; the summary.
 
-    import shutil
-
-    from edgekit.deploy import StateRoot
-
-    if args.root.exists():
-        shutil.rmtree(args.root)
-    state = StateRoot(args.root)
-    key = state.keys_dir / "trusted.pub.pem"  # read once: the checks below use this copy
-    shutil.copy(args.key, key)
-    rng = random.Random(args.seed)
+    ``key`` is the public key that signed the bundles (two different model versions);
+    ``health_runs`` the frames the health gate times (fewer: quicker); ``device`` the profile
+    for the health gate (default: detect).
+    """
+    if root.exists():
+        shutil.rmtree(root)
+    state = StateRoot(root)
+    trusted = state.keys_dir / "trusted.pub.pem"  # read once: the checks below use this copy
+    shutil.copy(key, trusted)
+    rng = random.Random(seed)
     wall = time.monotonic()
 
     # Calibration: both bundles installed whole; their step timings size the kill windows.
     starts: dict[str, list[float]] = {s: [] for s in STEPS}
     ends: list[float] = []
     version_of: dict[str, Path] = {}
-    for n, bundle in enumerate(args.bundle):
+    for n, bundle in enumerate(bundles):
         for attempt in range(3):  # a shared machine's hiccup can fail a short health gate: retry
-            run = Run(agent_command(bundle, args.root, f"calibrate-{n}-{attempt}", args))
+            run = Run(agent_command(bundle, root, f"calibrate-{n}-{attempt}", health_runs, device))
             rc = run.finish(600)
             if rc == 0 and run.result is not None and run.result.get("ok"):
                 break
         else:
-            print(f"calibration install of {bundle} failed (exit {rc}):\n{run.err[-3000:]}", file=sys.stderr)
-            print(json.dumps(run.result), file=sys.stderr)
-            return 2
+            raise AssertionError(
+                f"calibration install of {bundle} failed (exit {rc}): {json.dumps(run.result)}\n{run.err[-3000:]}"
+            )
         assert run.result is not None
         version_of[str(run.result["version"])] = bundle
         for t, s in run.events:
@@ -177,13 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     targeted: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
     versions: Counter[str] = Counter()
-    if len(version_of) != 2:
-        p.error("the two bundles must have different model versions")
-    active_version: str | None = next(v for v, b in version_of.items() if b == args.bundle[1])
-    for i in range(args.iterations):
+    assert len(version_of) == 2, "the two bundles must have different model versions"
+    active_version: str | None = next(v for v, b in version_of.items() if b == bundles[1])
+    for i in range(iterations):
         # Always the version that is not active, so every completed install is a real switch.
         bundle = next(b for v, b in version_of.items() if v != active_version)
-        run = Run(agent_command(bundle, args.root, f"crash-{i}", args))
+        run = Run(agent_command(bundle, root, f"crash-{i}", health_runs, device))
         if i % 2 == 0:
             time.sleep(rng.uniform(0, total))
         else:
@@ -193,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(rng.uniform(0, max(duration[step], 0.0)))
         where = run.kill()
         landed[where] += 1
-        ok, why, version = check_root(args.root, key)
+        ok, why, version = check_root(root, trusted)
         if version:
             versions[version] += 1
             active_version = version
@@ -201,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             failures.append({"iteration": i, "killed_in": where, "problem": why})
             print(f"iteration {i}: killed in {where}: {why}", file=sys.stderr)
 
-    summary = {
-        "iterations": args.iterations,
-        "seed": args.seed,
+    return {
+        "iterations": iterations,
+        "seed": seed,
         "failures": failures,
         "kills_by_step": {s: landed.get(s, 0) for s in ("startup", *STEPS, "exited")},
         "targeted_steps": dict(targeted),
@@ -211,20 +200,3 @@ def main(argv: list[str] | None = None) -> int:
         "calibration_s": {"install_total": round(total, 3), **{s: round(d, 3) for s, d in duration.items()}},
         "wall_s": round(time.monotonic() - wall, 1),
     }
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{args.iterations} SIGKILLs in {summary['wall_s']} s (an install takes {total:.2f} s):")
-        for s, n in summary["kills_by_step"].items():
-            print(f"  {s:10} {n:3}  {'#' * n}")
-        print(f"active version after the kills: {dict(versions)}")
-        print(
-            "every time: the active slot was complete and verified"
-            if not failures
-            else f"{len(failures)} FAILED"
-        )
-    return 0 if not failures else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
