@@ -1,6 +1,6 @@
 """The deploy commands a fleet sends its agents over MQTT, the results they send back, and their checks.
 
-Topics (JSON payloads; the schemas are in ``edgekit/telemetry/schema/``)::
+Topics (JSON payloads; the schemas are in ``edgekit/protocol/schema/``)::
 
     edgekit/v1/<fleet>/<device>/cmd          QoS 1: a deploy or rollback command (``Command``)
     edgekit/v1/<fleet>/<device>/cmd/result   QoS 1: progress steps and one final result per command
@@ -8,8 +8,9 @@ Topics (JSON payloads; the schemas are in ``edgekit/telemetry/schema/``)::
 
 A command comes from the network, so ``parse_command`` trusts nothing in it: a size cap
 before parsing, JSON only (no NaN, no duplicate keys: two readers must never see two
-different commands in one payload), every field's type and shape checked, and the
-command must name this device.  Nothing received is ever unpickled or evaluated; the
+different commands in one payload), every field's type and shape checked by the
+``Command`` model (``edgekit.protocol.control_messages``), and the command must name this
+device.  Nothing received is ever unpickled or evaluated; the
 bundle it points at is verified (signature, hashes) by the install, not trusted because
 a command named it.  Fields this version does not know are ignored, so a newer sender
 still reaches an older agent.
@@ -18,26 +19,49 @@ still reaches an older agent.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+
+from pydantic import ValidationError
 
 from edgekit.errors import DeployError
+from edgekit.protocol.control_messages import (
+    ACTIONS,
+    DEPLOY_ID_PATTERN,
+    MAX_SIGNATURE_CHARS,
+    MAX_URL_CHARS,
+    AgentStatus,
+    Command,
+    Result,
+)
+from edgekit.protocol.messages import checked
 from edgekit.protocol.topics import SCHEMA_AGENT, SCHEMA_COMMAND, SCHEMA_RESULT
 
-ACTIONS = ("deploy", "rollback")
+__all__ = [
+    "ACTIONS",
+    "MAX_COMMAND_BYTES",
+    "MAX_SIGNATURE_CHARS",
+    "MAX_URL_CHARS",
+    "Command",
+    "CommandError",
+    "check_deploy_id",
+    "deploy_message",
+    "loads_strict",
+    "new_deploy_id",
+    "parse_agent_status",
+    "parse_command",
+    "parse_result",
+    "result_message",
+    "rollback_message",
+    "safe_deploy_id",
+]
+
 # A command is a few hundred bytes; anything much bigger is a mistake or an attack.
 MAX_COMMAND_BYTES = 16 * 1024
-MAX_URL_CHARS = 2048
-MAX_SIGNATURE_CHARS = 4096
-# Deploy ids name files (deploys/<id>.json): no separators, no "." or "..", no wildcards.
-_DEPLOY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_BASE64 = re.compile(r"[A-Za-z0-9+/=_-]+")
+_DEPLOY_ID = re.compile(DEPLOY_ID_PATTERN)
+_ID_RULE = "is not 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit"
 
 
 def safe_deploy_id(value: object) -> bool:
@@ -48,10 +72,7 @@ def safe_deploy_id(value: object) -> bool:
 def check_deploy_id(deploy_id: str) -> str:
     """``deploy_id`` if ``safe_deploy_id`` (the one rule of every transport); else ``DeployError``."""
     if not safe_deploy_id(deploy_id):
-        raise DeployError(
-            f"deploy id {deploy_id!r} is not 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit",
-            "pass --id with a safe name",
-        )
+        raise DeployError(f"deploy id {deploy_id!r} {_ID_RULE}", "pass --id with a safe name")
     return deploy_id
 
 
@@ -70,46 +91,23 @@ class CommandError(DeployError):
         self.deploy_id = deploy_id
 
 
-@dataclass(frozen=True)
-class Command:
-    """One checked command: deploy the bundle at ``url`` (``sha256``, ``size`` bytes), or roll back."""
-
-    id: str
-    action: str
-    device: str
-    url: str | None = None
-    sha256: str | None = None
-    size: int | None = None
-    signature: str | None = None
-    issued_at: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form (``schema`` first; absent optional fields left out)."""
-        body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": self.id, "action": self.action}
-        body["device"] = self.device
-        for key in ("url", "sha256", "size", "signature", "issued_at"):
-            value = getattr(self, key)
-            if value is not None:
-                body[key] = value
-        return body
-
-    def to_json(self) -> bytes:
-        """The payload to publish."""
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
-
-
 def deploy_message(
     deploy_id: str, device: str, url: str, sha256: str, size: int, signature: str | None = None
 ) -> Command:
     """A deploy command, checked as an agent will check it (a sender finds its mistakes first)."""
-    cmd = Command(deploy_id, "deploy", device, url, sha256, size, signature, round(time.time(), 3))
-    return parse_command(cmd.to_json(), device)
+    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "deploy", "device": device}
+    body |= {"url": url, "sha256": sha256, "size": size}
+    if signature is not None:
+        body["signature"] = signature
+    body["issued_at"] = round(time.time(), 3)
+    return parse_command(json.dumps(body, separators=(",", ":")).encode(), device)
 
 
 def rollback_message(deploy_id: str, device: str) -> Command:
     """A rollback command: switch ``device`` back to its other complete slot."""
-    cmd = Command(deploy_id, "rollback", device, issued_at=round(time.time(), 3))
-    return parse_command(cmd.to_json(), device)
+    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "rollback", "device": device}
+    body["issued_at"] = round(time.time(), 3)
+    return parse_command(json.dumps(body, separators=(",", ":")).encode(), device)
 
 
 def _no_constants(name: str) -> Any:
@@ -147,6 +145,35 @@ def _short(value: object) -> str:
     return repr(value)[:80]
 
 
+_URL_HINT = "send a plain http(s) URL"
+# What to say about a field the Command model refused, and what to do about it.
+_REFUSALS: dict[str, tuple[str, str]] = {
+    "action": ("unknown action {}", "use deploy or rollback"),
+    "url": ("a deploy command needs the bundle's url", "http(s)://host:port/artifacts/<name>.tar.gz"),
+    "sha256": ("sha256 {} is not 64 lower-case hex digits", "sha256sum the bundle archive"),
+    "size": ("size {} is not a positive number of bytes", "the archive's size in bytes"),
+    "signature": (
+        f"signature {{}} is not base64 text of at most {MAX_SIGNATURE_CHARS} characters",
+        "leave it out, or send the bundle's manifest.sig in base64",
+    ),
+    "issued_at": ("issued_at {} is not a time", "seconds since the epoch, e.g. 1764500000.0"),
+}
+
+
+def _refusal(err: ValidationError) -> tuple[str, str]:
+    """The message and hint of the first problem the ``Command`` model found."""
+    e = err.errors(include_url=False)[0]
+    field = str(e["loc"][0]) if e["loc"] else ""
+    said = str(e.get("ctx", {}).get("error", ""))
+    if field == "url" and e["type"] == "value_error":  # check_url says which rule the URL broke
+        hint = "host bundles with edgekit fleet serve --artifacts DIR" if "http(s)" in said else _URL_HINT
+        return said, hint
+    if not field:  # the model's own rule: a deploy names its bundle ("... needs the bundle's <field>")
+        return said, _REFUSALS.get(said.rpartition(" ")[2], _REFUSALS["url"])[1]
+    message, hint = _REFUSALS.get(field, (f"{field} {{}}: {e['msg']}", f"send a {SCHEMA_COMMAND} object"))
+    return message.format(_short(e["input"])), hint
+
+
 def parse_command(payload: bytes, device: str) -> Command:
     """Check a command received by ``device``; raises ``CommandError`` saying what is wrong.
 
@@ -164,93 +191,30 @@ def parse_command(payload: bytes, device: str) -> Command:
         raise CommandError("the command is not a JSON object", f"send a {SCHEMA_COMMAND} object")
     raw_id = body.get("id")
     deploy_id = raw_id if safe_deploy_id(raw_id) else None
-
-    def bad(message: str, hint: str) -> CommandError:
-        return CommandError(message, hint, deploy_id)
-
+    # Schema, id and device first, each with its own answer: they say whether to answer at all.
     if body.get("schema") != SCHEMA_COMMAND:
-        raise bad(
+        raise CommandError(
             f"schema {_short(body.get('schema'))} is not {SCHEMA_COMMAND!r}",
             "this agent speaks edgekit/v1 commands; upgrade the sender or the agent",
+            deploy_id,
         )
     if deploy_id is None:
-        raise bad(
-            f"deploy id {_short(raw_id)} is not 1-64 of A-Z a-z 0-9 . _ - starting with a letter or digit",
-            "edgekit deploy makes one; pass --id with a safe name",
+        raise CommandError(
+            f"deploy id {_short(raw_id)} {_ID_RULE}", "edgekit deploy makes one; pass --id with a safe name"
         )
-    target = body.get("device")
-    if target != device:
-        raise bad(
-            f"the command is for device {_short(target)}, this is {device!r}",
+    if body.get("device") != device:
+        raise CommandError(
+            f"the command is for device {_short(body.get('device'))}, this is {device!r}",
             "publish to edgekit/v1/<fleet>/<device>/cmd with that device's own id in the payload",
+            deploy_id,
         )
-    action = body.get("action")
-    if action not in ACTIONS:
-        raise bad(f"unknown action {_short(action)}", "use deploy or rollback")
-    issued_at = body.get("issued_at")
-    if issued_at is not None and (
-        type(issued_at) not in (int, float) or not math.isfinite(issued_at) or issued_at < 0
-    ):
-        raise bad(
-            f"issued_at {_short(issued_at)} is not a time", "seconds since the epoch, e.g. 1764500000.0"
-        )
-    if action == "rollback":
-        return Command(deploy_id, "rollback", device, issued_at=issued_at)
-    return Command(
-        deploy_id,
-        "deploy",
-        device,
-        url=_check_url(body.get("url"), bad),
-        sha256=_check_sha256(body.get("sha256"), bad),
-        size=_check_size(body.get("size"), bad),
-        signature=_check_signature(body.get("signature"), bad),
-        issued_at=issued_at,
-    )
-
-
-def _check_url(url: object, bad: Any) -> str:
-    if type(url) is not str or not url:
-        raise bad("a deploy command needs the bundle's url", "http(s)://host:port/artifacts/<name>.tar.gz")
-    if len(url) > MAX_URL_CHARS or any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
-        raise bad(
-            f"url {_short(url)} is too long or holds spaces or control characters", "send a plain http(s) URL"
-        )
+    if body.get("action") == "rollback":  # a rollback names no bundle: whatever else it carries is ignored
+        body = {k: v for k, v in body.items() if k in ("schema", "id", "action", "device", "issued_at")}
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as err:
-        raise bad(f"url {_short(url)} is not a URL: {err}", "send a plain http(s) URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        # file://, ftp://, data: ... would let a command read the device's own files or more.
-        raise bad(
-            f"url {_short(url)} is not an http(s) URL",
-            "host bundles with edgekit fleet serve --artifacts DIR",
-        )
-    return url
-
-
-def _check_sha256(value: object, bad: Any) -> str:
-    if type(value) is not str or not _SHA256.fullmatch(value):
-        raise bad(f"sha256 {_short(value)} is not 64 lower-case hex digits", "sha256sum the bundle archive")
-    return value
-
-
-def _check_size(value: object, bad: Any) -> int:
-    # type() is int, not isinstance: JSON true must not pass as the size 1.
-    if type(value) is not int or value <= 0:
-        raise bad(f"size {_short(value)} is not a positive number of bytes", "the archive's size in bytes")
-    return value
-
-
-def _check_signature(value: object, bad: Any) -> str | None:
-    if value is None:
-        return None
-    if type(value) is not str or not 0 < len(value) <= MAX_SIGNATURE_CHARS or not _BASE64.fullmatch(value):
-        raise bad(
-            f"signature {_short(value)} is not base64 text of at most {MAX_SIGNATURE_CHARS} characters",
-            "leave it out, or send the bundle's manifest.sig in base64",
-        )
-    return value
+        return Command.model_validate(body)
+    except ValidationError as err:
+        message, hint = _refusal(err)
+        raise CommandError(message, hint, deploy_id) from None
 
 
 def result_message(
@@ -268,7 +232,7 @@ def result_message(
     replayed: bool = False,
     info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A ``cmd/result`` message: a progress step (``final`` false, ``ok`` null) or the final outcome.
+    """A ``cmd/result`` message (a ``Result``): a progress step (``final`` false, ``ok`` null) or the final outcome.
 
     ``deploy_id`` is ``None`` when a command was refused before its id could be read.
     """
@@ -289,34 +253,34 @@ def result_message(
     }
     if info:
         body["info"] = info
-    return body
+    return checked(Result, body)
 
 
 def parse_result(payload: bytes) -> dict[str, Any] | None:
-    """A ``cmd/result`` message as a dict when it is one (the rollout reads agents' answers), else None."""
+    """A ``cmd/result`` message as a dict when it is a valid ``Result`` (the rollout reads agents' answers), else None."""
     try:
         body = loads_strict(payload, limit=4 * MAX_COMMAND_BYTES)
     except ValueError:
         return None
     if type(body) is not dict or body.get("schema") != SCHEMA_RESULT:
         return None
-    if not (body.get("id") is None or safe_deploy_id(body.get("id"))) or type(body.get("final")) is not bool:
-        return None
-    if type(body.get("device")) is not str or body.get("ok") not in (True, False, None):
-        return None
-    if type(body.get("health", {})) is not dict:
+    try:
+        Result.model_validate(body)
+    except ValidationError:
         return None
     return body
 
 
 def parse_agent_status(payload: bytes) -> dict[str, Any] | None:
-    """A retained ``agent`` message as a dict when it is one, else None (an empty payload clears it)."""
+    """A retained ``agent`` message as a dict when it is a valid ``AgentStatus``, else None (an empty payload clears it)."""
     try:
         body = loads_strict(payload, limit=4 * MAX_COMMAND_BYTES)
     except ValueError:
         return None
     if type(body) is not dict or body.get("schema") != SCHEMA_AGENT:
         return None
-    if body.get("state") not in ("online", "offline") or type(body.get("device")) is not str:
+    try:
+        AgentStatus.model_validate(body)
+    except ValidationError:
         return None
     return body

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    model_validator,
+)
 
 from edgekit._core.sketch import DEFAULT_ACCURACY
 from edgekit.protocol.stages import STAGES
@@ -41,23 +49,34 @@ Count = Annotated[int, Field(ge=0, le=MAX_INT - 1)]  # le, not lt: keeps the che
 Name = Annotated[str, Field(min_length=1)]
 
 
-def _check_buckets(buckets: Any) -> dict[str, int]:
-    # By hand, not as dict[str, Count]: this runs six times a telemetry message, and one set
-    # comparison against every canonical key plus one sum() is a third of what per-item
-    # validation costs.  "012", "-0" or " 12" (which would collide when read back) are refused.
+def _check_buckets(buckets: Any, info: ValidationInfo) -> dict[str, int]:
+    # By hand, not as dict[str, Count] plus a model validator: this runs six times a telemetry
+    # message, and one set comparison against every canonical key plus one sum() is a third of
+    # what per-item validation costs.  "012", "-0" or " 12" (which would collide when read back)
+    # are refused.  The fields before ``buckets`` are in ``info.data`` when they were valid.
     if type(buckets) is not dict:
         raise ValueError("buckets must be an object")
     if not _BUCKET_KEYS.issuperset(buckets):
         raise ValueError(f"bucket keys must be integers from -{MAX_BUCKET_KEY} to {MAX_BUCKET_KEY}")
+    total = info.data.get("zero", 0)
     if buckets:
         counts = buckets.values()
         try:
-            total = sum(counts)  # a float among the counts makes this a float
+            total += sum(counts)  # a float among the counts makes this a float
         except TypeError:
             raise ValueError("bucket counts must be integers") from None
         if type(total) is not int or min(counts) < 0:
             raise ValueError("bucket counts must be non-negative integers")
+    if "count" in info.data and total != info.data["count"]:
+        raise ValueError("sketch counts do not add up: zero + buckets != count")
     return buckets
+
+
+def _check_accuracy(accuracy: float) -> float:
+    # Sketches of one accuracy merge exactly; another accuracy would break the fleet's queries.
+    if accuracy != DEFAULT_ACCURACY:
+        raise ValueError(f"sketch accuracy {accuracy} is not {DEFAULT_ACCURACY}")
+    return accuracy
 
 
 #: Bucket key -> count, checked by ``_check_buckets`` (the schema says what it checks).
@@ -69,9 +88,10 @@ class Sketch(WireMessage):
 
     Bucket k holds values in (gamma^(k-1), gamma^k], gamma = (1+accuracy)/(1-accuracy).  Only
     sketches of the fleet's one accuracy are accepted: other accuracies would not merge exactly.
+    ``zero`` plus the bucket counts is ``count``; ``min`` and ``max`` are null only when it is 0.
     """
 
-    accuracy: float = Field(
+    accuracy: Annotated[float, AfterValidator(_check_accuracy)] = Field(
         json_schema_extra={"const": DEFAULT_ACCURACY}, description="relative accuracy; must be the fleet's"
     )
     count: Count
@@ -85,11 +105,7 @@ class Sketch(WireMessage):
     )
 
     @model_validator(mode="after")
-    def _adds_up(self) -> Sketch:
-        if self.accuracy != DEFAULT_ACCURACY:
-            raise ValueError(f"sketch accuracy {self.accuracy} is not {DEFAULT_ACCURACY}")
-        if self.zero + sum(self.buckets.values()) != self.count:
-            raise ValueError("sketch counts do not add up")
+    def _has_min_and_max(self) -> Sketch:
         if self.count and (self.min is None or self.max is None):
             raise ValueError("a sketch with values needs their min and max")
         return self
