@@ -25,6 +25,7 @@ from typing import Any
 
 from edgekit._core.stats import agreement, percentile
 from edgekit.errors import EdgekitError
+from edgekit.protocol import messages
 
 # Timed frames: LoadGen's p99 (index floor(0.99 n) of the sorted runs) leaves the slowest run
 # out from 101 runs on, so one outlier on a busy device does not fail the gate.
@@ -53,25 +54,29 @@ class HealthReport:
     candidate: str | None = None
     load_ms: float | None = None
 
+    def to_message(self) -> messages.HealthReport:
+        """The wire form (what a ``cmd/result`` carries as ``health``): rounded, ``hint`` left out."""
+        return messages.HealthReport(
+            ok=self.ok,
+            p50_ms=_round(self.p50_ms),
+            p99_ms=_round(self.p99_ms),
+            budget_ms=self.budget_ms,
+            top1_agreement=_round(self.top1_agreement, 4),
+            threshold=self.threshold,
+            frames=self.frames,
+            decisive_frames=self.decisive_frames,
+            runs=self.runs,
+            flipped=list(self.flipped),
+            backend=self.backend,
+            precision=self.precision,
+            candidate=self.candidate,
+            load_ms=_round(self.load_ms, 1),
+            reason=self.reason or None,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The numbers as plain data: ``p50_ms, p99_ms, budget_ms, top1_agreement, frames, backend, precision`` and more."""
-        return {
-            "ok": self.ok,
-            "p50_ms": _round(self.p50_ms),
-            "p99_ms": _round(self.p99_ms),
-            "budget_ms": self.budget_ms,
-            "top1_agreement": _round(self.top1_agreement, 4),
-            "threshold": self.threshold,
-            "frames": self.frames,
-            "decisive_frames": self.decisive_frames,
-            "runs": self.runs,
-            "flipped": list(self.flipped),
-            "backend": self.backend,
-            "precision": self.precision,
-            "candidate": self.candidate,
-            "load_ms": _round(self.load_ms, 1),
-            "reason": self.reason or None,
-        }
+        return messages.dump(self.to_message())
 
 
 def _round(x: float | None, digits: int = 3) -> float | None:

@@ -1,6 +1,7 @@
 """``TelemetryPublisher``: reports a device's measurements to an MQTT broker from its own thread.
 
-Topics (JSON payloads; the schemas are in ``edgekit/telemetry/schema/``)::
+Topics (JSON payloads: the models ``Status``, ``Telemetry`` and ``Labels`` of
+``edgekit.protocol.messages``; their schemas are in ``edgekit/protocol/schema/``)::
 
     edgekit/v1/<fleet>/<device>/status     retained, QoS 1: "online" and the birth facts on every
                                            connect; the Last Will sets it "offline"
@@ -27,10 +28,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from edgekit._core.names import safe_name
 from edgekit._version import __version__
 from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig
+from edgekit.protocol.messages import Labels, Status, Telemetry, checked, first_error
 from edgekit.protocol.topics import SCHEMA_LABELS, SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.spool import Spool
@@ -101,6 +105,15 @@ class TelemetryPublisher:
         self.window = window or MetricsWindow()
         self.counters = counters
         self.birth = dict(birth or {})
+        try:  # the birth facts go into every online status: a fact the fleet would refuse fails here
+            Status.model_validate(
+                {"schema": SCHEMA_STATUS, "state": "online", "device": self.device_id, **self.birth}
+            )
+        except ValidationError as err:
+            raise TelemetryError(
+                f"the birth facts are not a valid status: {first_error(err)}",
+                "see edgekit/protocol/schema/status.schema.json",
+            ) from None
         self.spool = (
             spool
             if isinstance(spool, Spool)
@@ -235,7 +248,7 @@ class TelemetryPublisher:
                 "edgekit": __version__,
                 **self.birth,
             }
-        return json.dumps(body, separators=(",", ":")).encode()
+        return json.dumps(checked(Status, body), separators=(",", ":")).encode()
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -359,7 +372,7 @@ class TelemetryPublisher:
         """Close the current window and describe it (also what ``--json`` tools can print)."""
         w = self.window.take()
         self.last_seq = self.spool.next_sequence()
-        payload = self._payload(w, self.last_seq)
+        payload = checked(Telemetry, self._payload(w, self.last_seq))
         self._last_gauges = payload["gauges"]
         return payload
 
@@ -438,7 +451,8 @@ class TelemetryPublisher:
             "ts": round(at, 3),
             "labels": [{"id": lab.id, "name": lab.name, "score": round(lab.score, 5)} for lab in labels],
         }
-        self._client.publish(self.labels_topic, json.dumps(body, separators=(",", ":")).encode(), qos=0)
+        payload = json.dumps(checked(Labels, body), separators=(",", ":")).encode()
+        self._client.publish(self.labels_topic, payload, qos=0)
 
     def stop(self, timeout: float = 3.0) -> None:
         """Send the last window, wait up to ``timeout`` s for acks, say offline, disconnect."""
