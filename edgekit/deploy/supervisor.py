@@ -1,0 +1,146 @@
+"""``PipelineSupervisor``: the agent's child ``edgekit run <active bundle> ...``, kept running.
+
+Restarted on request (after a switch), started again with back-off when it crashes, and
+killed with the agent (``PR_SET_PDEATHSIG`` on Linux) so no orphan reports under its device id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# A child that ran this long before it exited was healthy: the next crash starts the back-off again.
+HEALTHY_RUN_S = 60.0
+MAX_BACKOFF_S = 60.0
+STOP_CHILD_S = 10.0
+
+
+class PipelineSupervisor:
+    """Keeps ``edgekit run <active bundle> ...`` running: restart on request, back off when it crashes."""
+
+    def __init__(
+        self,
+        command: Callable[[Path], list[str]],
+        active_bundle: Callable[[], Path | None],
+        on_state: Callable[[str], None] = lambda state: None,
+    ) -> None:
+        self._command = command
+        self._active_bundle = active_bundle
+        self._on_state = on_state
+        self.state = "stopped"
+        self.starts = 0
+        self.bundle: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._restart = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="edgekit-agent-pipeline", daemon=True)
+
+    def start(self) -> PipelineSupervisor:
+        self._thread.start()
+        return self
+
+    def restart(self) -> None:
+        """Stop the child (if any) and start it again on the bundle that is active now."""
+        self._restart.set()
+
+    def stop(self) -> None:
+        """Stop the child and the supervising thread."""
+        self._stop.set()
+        self._restart.set()
+        if self._thread.is_alive():
+            self._thread.join(STOP_CHILD_S + 5)
+        self._end_child()
+
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _set(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            try:
+                self._on_state(state)
+            except Exception:  # the status message is a report; supervising goes on without it
+                log.exception("agent: reporting the pipeline state failed")
+
+    def _run(self) -> None:
+        backoff = 1.0
+        while not self._stop.is_set():
+            self._restart.clear()
+            bundle = self._active_bundle()
+            if bundle is None:
+                self._set("none")  # nothing installed yet: wait for a deploy
+                self._restart.wait()
+                continue
+            started = time.monotonic()
+            try:
+                self._spawn(bundle)
+            except OSError as err:
+                log.error("agent: cannot start the pipeline: %s", err)
+            else:
+                self._set("running")
+                while not self._restart.wait(0.5):
+                    if self._proc is not None and self._proc.poll() is not None:
+                        break
+            if self._restart.is_set():  # a switch or a stop: end the child, start again at once
+                self._end_child()
+                backoff = 1.0
+                continue
+            code = self._proc.returncode if self._proc is not None else None
+            ran = time.monotonic() - started
+            backoff = 1.0 if ran >= HEALTHY_RUN_S else min(backoff * 2, MAX_BACKOFF_S)
+            log.warning(
+                "agent: the pipeline on %s exited with %s after %.0f s; starting it again in %g s",
+                bundle, code, ran, backoff,
+            )  # fmt: skip
+            self._set("backoff")
+            self._restart.wait(backoff)
+
+    def _spawn(self, bundle: Path) -> None:
+        argv = self._command(bundle)
+        log.info("agent: starting the pipeline: %s", " ".join(argv))
+        self.bundle = bundle
+        self.starts += 1
+        # stdout would be the per-frame view; the child's log lines (stderr) go where ours go.
+        self._proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+
+    def _end_child(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        # SIGINT first: `edgekit run` then ends its window, says offline and closes the camera.
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(STOP_CHILD_S)
+        except subprocess.TimeoutExpired:
+            log.warning("agent: the pipeline did not stop within %g s; killing it", STOP_CHILD_S)
+            proc.kill()
+            proc.wait(5)
+
+
+_prctl: Any = None
+if sys.platform == "linux":
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before any fork
+
+
+def _die_with_parent() -> None:
+    # In the child, before exec: if the agent is killed (SIGKILL, OOM), its pipeline goes too,
+    # so a restarted agent never finds a second pipeline reporting under the same device id.
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
