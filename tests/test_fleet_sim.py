@@ -24,7 +24,7 @@ from edgekit.testing.fleet_sim import SimDevice, SimOptions
 from conftest import EDGEKIT, ROOT
 
 SIM = [*EDGEKIT, "fleet", "simulate"]
-BENCH = ROOT / "tools" / "bench_fleet_ingest.py"
+BENCH = [sys.executable, "-m", "benchmarks.fleet_ingest"]  # run from the repository root
 KEEPALIVE = 2
 # How long after the broker's keep-alive deadline (1.5x the keep-alive) an offline may take to
 # reach the store: the broker's timer, the Will's delivery, the collector.  Generous on purpose.
@@ -178,9 +178,9 @@ def test_the_creeping_device_goes_over_budget_and_the_others_stay_within(tmp_pat
 def test_the_ingest_bench_runs_and_drops_nothing(fmt: str, mode: str) -> None:
     backlog = ["--backlog"] if mode == "backlog" else []
     run = subprocess.run(
-        [sys.executable, str(BENCH), "--rate", "300", "--duration", "2", "--devices", "4", "--format", fmt, "--json",
+        [*BENCH, "--rate", "300", "--duration", "2", "--devices", "4", "--format", fmt, "--json",
          *backlog],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     r = json.loads(run.stdout.strip().splitlines()[-1])

@@ -5,7 +5,7 @@ A collector only subscribes, so it speaks just that part of MQTT 3.1.1 itself: C
 makes redelivery harmless), SUBSCRIBE with QoS 1, PUBLISH in, PUBACK out, PINGREQ.  Why
 not paho: paho parses every packet with several ``recv()`` calls, a ``select()``, a wake-up
 socket write and a ``send()`` per PUBACK — measured here as much CPU per message as the
-collector itself (0.26 ms/msg end to end with paho, 0.15 with this; tools/bench_fleet_ingest.py).
+collector itself (0.26 ms/msg end to end with paho, 0.15 with this; benchmarks/fleet_ingest.py).
 This reads up to 256 KiB per ``recv()``, handles every complete packet in it, then
 acknowledges them all with one ``sendall()``: a crash before handling means redelivery,
 never loss.  TLS, user/password, keep-alive and reconnect with back-off are supported.

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cold start and peak memory: fresh processes from interpreter start to the first label, per artifact.
 
 Each run is a new Python process that does what a device application does and nothing
@@ -22,12 +21,11 @@ detection); ``auto`` is ``edgekit.load(bundle)`` as ``edgekit run`` does it, det
 included.  ``--imports`` adds one ``python -X importtime`` run per artifact and lists the
 top-level imports that cost most.
 
-    .venv/bin/python tools/bench_cold_start.py [BUNDLE] [--artifacts auto,onnxruntime-int8] [--runs 5]
+    .venv/bin/python -m benchmarks.cold_start [BUNDLE] [--artifacts auto,onnxruntime-int8] [--runs 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -37,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from benchmarks._harness import bundle_of, parse, parser, print_json, run
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry
@@ -183,8 +183,7 @@ def import_costs(bundle: Path, device: str, env: dict[str, str], top: int = 8) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("bundle", nargs="?", type=Path)
+    ap = parser(__doc__, bundle=True, device=False, json_flag=True)
     ap.add_argument(
         "--artifacts",
         default="auto,onnxruntime-fp32,onnxruntime-int8",
@@ -200,18 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         help="another edgekit source tree (e.g. `git archive HEAD edgekit devices` unpacked): "
         "its runs alternate with this tree's, side by side, shown as NAME@DIR",
     )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
 
     from edgekit._core.elf import host_arch
     from edgekit.bundle import read_manifest
     from edgekit.runtime.host import match_profile
 
-    if args.bundle is None:
-        from edgekit.demo import host_reference_bundle
-
-        args.bundle = host_reference_bundle()
-    bundle = args.bundle.resolve()
+    bundle = bundle_of(args).resolve()
     manifest = read_manifest(bundle)
     runnable = [a for a in manifest.artifacts if a.arch in ("any", host_arch()) and "edgetpu" not in a.kind]
     wanted = [n.strip() for n in args.artifacts.split(",") if n.strip()]
@@ -280,11 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             "imports_ms": imports.get(name, []),
         }
     if args.json:
-        print(
-            json.dumps(
-                {"bundle": str(bundle), "runs": args.runs, "frames": args.frames, "results": summary},
-                indent=2,
-            )
+        print_json(
+            {"bundle": str(bundle), "runs": args.runs, "frames": args.frames, "results": summary}, indent=2
         )
         return 0
     print(f"{manifest.model.name}: {bundle}; {args.runs} fresh processes each, {args.frames} pipeline frames")
@@ -306,4 +297,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -6,7 +6,7 @@ drops, the latency percentiles and how long frames waited in the slot; then whet
 loaded run kept p99 within 2x the budget, counted its drops, and queued nothing (with
 drop-oldest a frame never waits behind another: its wait stays under one inference).
 
-    .venv/bin/python tools/bench_pipeline_budget.py [BUNDLE] [--frames 10000] [--budget 33]
+    .venv/bin/python -m benchmarks.pipeline_budget [BUNDLE] [--frames 10000] [--budget 33]
 
 Without BUNDLE it uses (building if needed) the reference bundle ``edgekit demo`` uses.
 """
@@ -14,20 +14,18 @@ Without BUNDLE it uses (building if needed) the reference bundle ``edgekit demo`
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import edgekit
-from edgekit.demo import host_reference_bundle
+from benchmarks._harness import bundle_of, parse, parser, run
 from edgekit.pipeline import Summary
 
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
-def run(model: edgekit.Model, args: argparse.Namespace, title: str) -> tuple[Summary, float]:
+def measure(model: edgekit.Model, args: argparse.Namespace, title: str) -> tuple[Summary, float]:
     max_wait = 0.0
 
     def watch(rec: edgekit.FrameRecord) -> None:
@@ -50,26 +48,23 @@ def run(model: edgekit.Model, args: argparse.Namespace, title: str) -> tuple[Sum
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("bundle", nargs="?", type=Path)
-    ap.add_argument("--device", default="auto")
+    ap = parser(__doc__, bundle=True)
     ap.add_argument("--frames", type=int, default=10_000)
     ap.add_argument("--budget", type=float, default=33.0)
     ap.add_argument("--policy", default="drop-oldest")
     ap.add_argument("--source", default="synthetic:640x480@30")
     ap.add_argument("--hog-core", type=int, default=0)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    bundle = args.bundle or host_reference_bundle()
+    args = parse(ap, argv)
+    bundle = bundle_of(args)
     with edgekit.load(bundle, device=args.device) as model:
         print(
             f"{model.name} on {model.candidate}; {args.source}; budget {args.budget:g} ms; {args.policy}; "
             f"{args.frames} frames per run; {os.cpu_count()} cores"
         )
-        quiet, _ = run(model, args, "alone")
+        quiet, _ = measure(model, args, "alone")
         hog = subprocess.Popen([sys.executable, "-c", HOG, str(args.hog_core)])
         try:
-            loaded, max_wait = run(model, args, f"CPU hog on core {args.hog_core}")
+            loaded, max_wait = measure(model, args, f"CPU hog on core {args.hog_core}")
         finally:
             hog.kill()
             hog.wait()
@@ -88,4 +83,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -6,8 +6,8 @@ thread has the frame to the moment the sink got its labels; the source is a synt
 640x480 camera at 30 fps, or at a third of what the session can run when that is less (a
 busy machine), so the loop is never behind and every frame is fresh.  Goal: >= 0.95.
 
-    .venv/bin/python tools/bench_pipeline_efficiency.py [BUNDLE] [--rounds 5] [--frames 150]
-    .venv/bin/python tools/bench_pipeline_efficiency.py [BUNDLE] --resize-study
+    .venv/bin/python -m benchmarks.pipeline_efficiency [BUNDLE] [--rounds 5] [--frames 150]
+    .venv/bin/python -m benchmarks.pipeline_efficiency [BUNDLE] --resize-study
 
 Without BUNDLE it uses (building if needed) the reference bundle ``edgekit demo`` uses.
 After the rounds it splits the preprocess stage into the resize and the rest, and prints
@@ -20,19 +20,17 @@ artifact of the bundle fed that way, against the fp32 artifact fed INTER_AREA as
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 
 import edgekit
-from edgekit.demo import host_reference_bundle
+from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr, run, verdict
 from edgekit.protocol.stages import STAGES
 from edgekit.runtime.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 
@@ -104,9 +102,7 @@ def resize_study(bundle: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("bundle", nargs="?", type=Path)
-    ap.add_argument("--device", default="auto")
+    ap = parser(__doc__, bundle=True, json_flag=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--frames", type=int, default=150, help="frames per pipeline round (30 fps: 5 s)")
     ap.add_argument("--runs", type=int, default=150, help="bare runs per round")
@@ -124,15 +120,20 @@ def main(argv: list[str] | None = None) -> int:
         help="what-if: run with this preprocess interpolation instead of the bundle's "
         "(a bundle must be built with it for its answers to be gated)",
     )
-    ap.add_argument("--json", action="store_true", help="print one JSON document (the log goes to stderr)")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    args = parse(ap, argv)
+    with progress_on_stderr(args.json):  # the round lines become progress on stderr
+        bundle = bundle_of(args)
+        if args.resize_study:
+            resize_study(bundle)
+            return 0
+        doc = measure(bundle, args)
     if args.json:
-        real_stdout, sys.stdout = sys.stdout, sys.stderr  # the round lines become progress on stderr
-    bundle = args.bundle or host_reference_bundle()
-    if args.resize_study:
-        resize_study(bundle)
-        return 0
+        print_json(doc, indent=1)
+    return 0
+
+
+def measure(bundle: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The rounds, then the preprocess split; prints as it goes and returns the JSON document."""
     bare: list[float] = []
     e2e: list[float] = []
     stages: dict[str, list[float]] = {s: [] for s in STAGES}
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     rz, pp = statistics.median(resize_ms), statistics.median(prep_ms)
     print(f"  preprocess alone (p50)  : {pp:.3f} ms, of which the resize {rz:.3f} ms ({100 * rz / pp:.0f}%)")
     ratio = b / e
-    print(f"pipeline efficiency       : {ratio:.3f} (goal >= 0.95: {'met' if ratio >= 0.95 else 'NOT met'})")
+    print(f"pipeline efficiency       : {ratio:.3f} (goal >= 0.95: {verdict(ratio >= 0.95)})")
     # On a shared machine the runtime's speed drifts between the bare rounds and the pipeline
     # rounds; within one frame it does not.  The overhead in ms is what the pipeline adds,
     # whatever the model: efficiency on a quiet machine is bare / (bare + overhead).
@@ -205,32 +206,24 @@ def main(argv: list[str] | None = None) -> int:
         f"  per frame (same frame)  : inference / latency p50 {per_frame:.3f}; overhead p50 {overhead:.3f} ms"
     )
     print(f"  ceiling with this resize: {b / (b + rz):.3f} (bare / (bare + resize): nothing else left)")
-    if args.json:
-        sys.stdout = real_stdout
-        print(
-            json.dumps(
-                {
-                    "bundle": str(bundle),
-                    "candidate": candidate,
-                    "source": args.source,
-                    "interpolation": interpolation,
-                    "bare_p50_ms": b,
-                    "e2e_p50_ms": e,
-                    "efficiency": ratio,
-                    "stages_p50_ms": {s: statistics.median(v) for s, v in stages.items()},
-                    "preprocess_p50_ms": pp,
-                    "resize_p50_ms": rz,
-                    "overhead_p50_ms": overhead,
-                    "inference_over_latency_p50": per_frame,
-                    "ceiling_with_this_resize": b / (b + rz),
-                    "bare_runs": len(bare),
-                    "frames": len(e2e),
-                },
-                indent=1,
-            )
-        )
-    return 0
+    return {
+        "bundle": str(bundle),
+        "candidate": candidate,
+        "source": args.source,
+        "interpolation": interpolation,
+        "bare_p50_ms": b,
+        "e2e_p50_ms": e,
+        "efficiency": ratio,
+        "stages_p50_ms": {s: statistics.median(v) for s, v in stages.items()},
+        "preprocess_p50_ms": pp,
+        "resize_p50_ms": rz,
+        "overhead_p50_ms": overhead,
+        "inference_over_latency_p50": per_frame,
+        "ceiling_with_this_resize": b / (b + rz),
+        "bare_runs": len(bare),
+        "frames": len(e2e),
+    }
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

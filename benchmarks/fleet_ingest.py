@@ -7,7 +7,7 @@ subscriber feeding ``Collector.handle``, an SQLite store in a temporary folder),
 by the broker), stored, duplicates, dropped (sent - stored), the ingest rate, the collector's
 lag (device ``sent_at`` to handled) and its CPU seconds per 1000 messages.  Goal: >= 5,000 msg/s.
 
-    .venv/bin/python tools/bench_fleet_ingest.py [--rate 6000] [--duration 10] [--devices 20]
+    .venv/bin/python -m benchmarks.fleet_ingest [--rate 6000] [--duration 10] [--devices 20]
         [--format json|sparkplug] [--batch 500] [--json]
 """
 
@@ -23,27 +23,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-import _mosquitto
+from benchmarks._harness import parse, parser, pinned, print_json, run, verdict
+from edgekit.testing.broker import Mosquitto
 
 SIM = [sys.executable, "-m", "edgekit.cli", "fleet", "simulate"]
-
-
-def start_broker(folder: Path, cores: set[int]) -> tuple[subprocess.Popen[bytes], int]:
-    # The default queue (1000 messages a client) would drop QoS 1 messages whenever the
-    # collector fell a second behind: the bench is about the collector, not the broker's limits.
-    return _mosquitto.start_broker(folder, "max_queued_messages 10000000\nmax_queued_bytes 0\n", _pin(cores))
-
-
-def _pin(cores: set[int]) -> Callable[[], None] | None:
-    if not cores:
-        return None
-    return lambda: os.sched_setaffinity(0, cores)
+# The default queue (1000 messages a client) would drop QoS 1 messages whenever the
+# collector fell a second behind: the bench is about the collector, not the broker's limits.
+BROKER_QUEUES = "max_queued_messages 10000000\nmax_queued_bytes 0\n"
 
 
 def _cpu_s() -> float:
@@ -118,13 +108,15 @@ def collector_main(url: str, db: str, core: int, batch: int, conn: Connection, b
     )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     cores = sorted(os.sched_getaffinity(0))
     core = cores[-1]
     others = set(cores) - {core}  # the broker and the simulator stay off the collector's core
-    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-        broker, port = start_broker(Path(tmp), others)
-        url = f"mqtt://127.0.0.1:{port}"
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp,
+        Mosquitto(Path(tmp), BROKER_QUEUES, persistence=False, log=False, cores=others) as broker,
+    ):
+        url = broker.url
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(
@@ -137,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sim = subprocess.run(
                 [*SIM, "--mqtt", url, "--fleet", "bench", "--devices", str(args.devices),
                  "--rate", str(args.rate), "--duration", str(args.duration), "--format", args.format],
-                capture_output=True, text=True, timeout=args.duration + 120, preexec_fn=_pin(others),
+                capture_output=True, text=True, timeout=args.duration + 120, preexec_fn=pinned(others),
             )  # fmt: skip
             lines = [ln for ln in sim.stdout.splitlines() if ln.startswith("{")]
             if not lines:
@@ -151,8 +143,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             if proc.is_alive():
                 proc.kill()
-            broker.terminate()
-            broker.wait()
     n = max(got["telemetry"] + got["duplicates"], 1)
     return {
         "mode": "backlog" if args.backlog else "live",
@@ -174,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__, json_flag=True)
     ap.add_argument("--rate", type=float, default=6000.0, help="simulator load, messages a second in all")
     ap.add_argument("--duration", type=float, default=10.0, help="seconds of load")
     ap.add_argument("--devices", type=int, default=20)
@@ -186,11 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         help="publish while the collector is away, then time it draining the broker's queue "
         "(its own rate, not the simulator's: on two cores the simulator tops out near 4.5k msg/s)",
     )
-    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    args = ap.parse_args(argv)
-    r = run(args)
+    args = parse(ap, argv)
+    r = measure(args)
     if args.json:
-        print(json.dumps(r))
+        print_json(r)
         return 0 if r["dropped"] == 0 else 1
     lag = r["lag_ms"]
     print(
@@ -210,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         f"(= {r['core_capacity']} msg/s if the core were its own)"
     )
     ok = r["dropped"] == 0 and (r["ingest_rate"] or 0) >= 5000
-    print(f"goal >= 5000 msg/s on one core, nothing dropped: {'met' if ok else 'NOT met'}")  # fmt: skip
+    print(f"goal >= 5000 msg/s on one core, nothing dropped: {verdict(ok)}")
     return 0 if r["dropped"] == 0 else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)
