@@ -1,6 +1,6 @@
 """``edgekit deploy``: a bundle (or a model, built first) onto a device over SSH, or onto a fleet.
 
-Two transports, one of them per run: ``--host user@ip`` (SSH; ``edgekit.deploy.ssh``) or
+Two transports, one of them per run: ``--host user@ip`` (SSH; ``edgekit.deploy.remote``) or
 ``--fleet F`` (MQTT commands and a canary rollout; ``edgekit.deploy.rollout``).  Either way
 the device's agent verifies the bundle and health-gates it before it becomes active; a
 refused bundle exits 1 and leaves the device running what it ran.
@@ -283,7 +283,7 @@ def deploy_command(
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
-    from edgekit.deploy.ssh import deploy_over_ssh
+    from edgekit.deploy.remote import deploy_over_ssh
 
     ssh = _target(
         host, port, key, known_hosts, accept_new_host_key, ssh_config, connect_timeout, remote_edgekit
@@ -323,7 +323,7 @@ def rollback_command(
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
-    from edgekit.deploy.ssh import rollback_over_ssh
+    from edgekit.deploy.remote import rollback_over_ssh
 
     ssh = _target(
         host, port, key, known_hosts, accept_new_host_key, ssh_config, connect_timeout, remote_edgekit

@@ -1,4 +1,7 @@
-"""Ship a bundle to one device over SSH and install it there with ``edgekit agent install``.
+"""The SSH transport to one device: the target, its failures explained, the archive copied there.
+
+``edgekit.deploy.remote`` builds the deploy on it: it installs the copy there with
+``edgekit agent install``.
 
 The transport is the system's OpenSSH client (``ssh``), so a deploy uses exactly what the
 user's own ``ssh user@device`` uses: their keys, agent, ``~/.ssh/config`` and, above all,
@@ -16,22 +19,18 @@ with ``shlex.quote``; nothing the device prints is evaluated, only parsed as JSO
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from edgekit.errors import DeployError
-from edgekit.protocol.control import check_deploy_id, new_deploy_id
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ COPY_CHUNK = 256 * 1024
 MAX_LINE = 1 << 20  # a progress line longer than this is not one the agent wrote
 REMOTE_ARCHIVE = "bundle.tar.gz"
 
-_SSH_FAILED = 255  # what ssh itself exits with when the connection or login fails
+SSH_FAILED = 255  # what ssh itself exits with when the connection or login fails
 _HOST = re.compile(r"^(?:[^@\s]+@)?(?:\[[0-9A-Fa-f:.%\w]+\]|[^@\s\[\]]+)$")
 
 
@@ -254,7 +253,7 @@ def explain_ssh_failure(target: SshTarget, stderr: str, doing: str) -> SshError:
     )
 
 
-class _Ssh:
+class SshProcess:
     """One ``ssh`` process with stderr drained by a thread (so a chatty remote never blocks it)."""
 
     def __init__(self, target: SshTarget, script: str, stdin: int | IO[bytes] | None) -> None:
@@ -309,7 +308,7 @@ class _Ssh:
                 self.proc.wait()
 
 
-def _remote_error(stderr: str) -> tuple[str, str]:
+def remote_error(stderr: str) -> tuple[str, str]:
     """The ``error:`` and ``hint:`` lines edgekit printed on the device (or its last line)."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     error = next((ln[6:].strip() for ln in lines if ln.startswith("error:")), lines[-1] if lines else "")
@@ -318,12 +317,12 @@ def _remote_error(stderr: str) -> tuple[str, str]:
 
 
 def _run(target: SshTarget, script: str, doing: str) -> tuple[int, str, str]:
-    ssh = _Ssh(target, script, subprocess.DEVNULL)
+    ssh = SshProcess(target, script, subprocess.DEVNULL)
     try:
         code, out, err = ssh.finish()
     finally:
         ssh.kill()
-    if code == _SSH_FAILED:
+    if code == SSH_FAILED:
         raise explain_ssh_failure(target, err, doing)
     return code, out, err
 
@@ -335,7 +334,7 @@ def check_remote(target: SshTarget) -> str:
     if code in (126, 127):
         raise SshError(
             f"edgekit is not installed on {target.host} (`{target.remote_edgekit} --version`: "
-            f"{_remote_error(err)[0] or 'not found'})",
+            f"{remote_error(err)[0] or 'not found'})",
             "install it on the device (pip install 'edgekit[device]') and pass its path with "
             "--remote-edgekit, e.g. --remote-edgekit ~/edgekit/.venv/bin/edgekit (a command run over SSH "
             "does not see a virtual environment's PATH)",
@@ -366,7 +365,7 @@ def copy_archive(target: SshTarget, archive: Path, progress: Progress | None = N
         "trap - EXIT; "
         'printf \'%s %s\\n\' "$n" "$d"'
     )
-    ssh = _Ssh(target, script, subprocess.PIPE)
+    ssh = SshProcess(target, script, subprocess.PIPE)
     assert ssh.proc.stdin is not None
     sent = 0
     try:
@@ -384,11 +383,11 @@ def copy_archive(target: SshTarget, archive: Path, progress: Progress | None = N
         code, out, err = ssh.finish()
     finally:
         ssh.kill()
-    if code == _SSH_FAILED:
+    if code == SSH_FAILED:
         raise explain_ssh_failure(target, err, "copying the bundle")
     fields = out.split(maxsplit=1)
     if code != 0 or len(fields) != 2 or not fields[0].isdigit():
-        reason = _remote_error(err)[0] or f"exit {code}"
+        reason = remote_error(err)[0] or f"exit {code}"
         raise SshError(
             f"copying the bundle to {target.host} failed ({reason}); nothing was installed",
             "check the free space in the device's temp folder (df -h /tmp, or its TMPDIR)",
@@ -412,177 +411,3 @@ def remove_remote(target: SshTarget, remote_file: str) -> None:
         _run(target, f"rm -rf -- {shlex.quote(folder)}", "removing the copied bundle")
     except DeployError as err:
         log.warning("could not remove %s on %s: %s", folder, target.host, err.message)
-
-
-def parse_agent_output(stdout_lines: Sequence[str]) -> dict[str, Any] | None:
-    """The agent's result from its ``--json`` output: a ``{"result": ...}`` line, or one JSON document."""
-    for line in reversed(stdout_lines):
-        with contextlib.suppress(ValueError):
-            doc = json.loads(line)
-            if isinstance(doc, dict) and isinstance(doc.get("result"), dict):
-                return dict(doc["result"])
-    with contextlib.suppress(ValueError):
-        doc = json.loads("".join(stdout_lines))
-        if isinstance(doc, dict):
-            inner = doc.get("result")
-            return dict(inner) if isinstance(inner, dict) else doc
-    return None
-
-
-def run_remote_agent(
-    target: SshTarget, args: Sequence[str], doing: str, progress: Progress | None = None, cleanup: str = ""
-) -> tuple[int, dict[str, Any] | None, str]:
-    """Run ``<remote edgekit> agent ARGS`` and pass each JSON ``{"step": ...}`` line to ``progress``.
-
-    ``cleanup`` is a shell command run on the device after the agent, whatever its outcome.
-    Returns (the agent's exit code, its result, its stderr).  Lines that are not JSON
-    objects are logged and skipped: the device's output is data, never code.
-    """
-    agent = f"{target.remote_edgekit_words()} agent {shlex.join(args)}"
-    script = f"{agent}; rc=$?; {cleanup}; exit $rc" if cleanup else agent
-    ssh = _Ssh(target, script, subprocess.DEVNULL)
-    kept: list[str] = []
-    try:
-        for raw in ssh.lines():
-            line = raw.decode(errors="replace").strip()
-            if not line:
-                continue
-            kept.append(line)
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue  # part of a multi-line document, or noise; parse_agent_output sorts it out
-            if isinstance(doc, dict) and isinstance(doc.get("step"), str) and progress is not None:
-                progress(doc["step"], {k: v for k, v in doc.items() if k != "step"})
-        code, rest, err = ssh.finish()
-    finally:
-        ssh.kill()
-    kept += [ln for ln in rest.splitlines() if ln.strip()]
-    if code == _SSH_FAILED:
-        raise explain_ssh_failure(target, err, doing)
-    return code, parse_agent_output(kept), err
-
-
-@dataclass
-class SshOutcome:
-    """What a deploy or rollback over SSH came to: the agent's result and where it ran."""
-
-    host: str
-    deploy_id: str
-    result: dict[str, Any]
-    remote_version: str = ""
-    seconds: float = 0.0
-    copied_bytes: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """True when the agent reported success."""
-        return bool(self.result.get("ok"))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "deploy_id": self.deploy_id,
-            "ok": self.ok,
-            "remote_edgekit": self.remote_version,
-            "seconds": round(self.seconds, 3),
-            "copied_bytes": self.copied_bytes,
-            "result": self.result,
-            **self.extra,
-        }
-
-
-def _judge(
-    target: SshTarget, code: int, result: dict[str, Any] | None, err: str, what: str
-) -> dict[str, Any]:
-    """The agent's result when it gave one (ok or a failed step: exit 0 or 1), else ``SshError``."""
-    if code in (0, 1) and result is not None:
-        return result
-    if code in (126, 127):
-        raise SshError(
-            f"edgekit is no longer runnable on {target.host}", "check --remote-edgekit", "remote-edgekit"
-        )
-    error, hint = _remote_error(err)
-    if "no such command" in err.lower() and "agent" in err.lower():
-        hint = "the device's edgekit is too old for `edgekit agent`: upgrade it there"
-    raise SshError(
-        f"{what} on {target.host} failed (exit {code}): {error or 'no result from the agent'}",
-        hint or "run the same `edgekit agent` command on the device to see its full output",
-        "remote",
-    )
-
-
-def deploy_over_ssh(
-    target: SshTarget,
-    bundle: Path,
-    *,
-    root: str = DEFAULT_ROOT,
-    deploy_id: str | None = None,
-    profile: str | None = None,
-    progress: Progress | None = None,
-    budget_ms: float | None = None,
-) -> SshOutcome:
-    """Copy ``bundle`` (a folder or ``.tar.gz``) to ``target`` and install it with the device's agent.
-
-    Raises ``SshError`` when the bundle never reached the agent (host key, login, copy, no
-    edgekit there).  Otherwise returns the agent's verdict: ``outcome.ok`` is False when it
-    refused the bundle (``result["step"]`` and ``result["reason"]`` say where and why), and
-    the device keeps running what it ran before.
-    """
-    from edgekit.bundle.archive import is_archive_name, pack
-
-    started = time.monotonic()
-    deploy_id = check_deploy_id(deploy_id or new_deploy_id("ssh"))
-    report = progress or (lambda step, info: None)
-    version = check_remote(target)
-    report("check", {"host": target.host, "remote_edgekit": version})
-    with tempfile.TemporaryDirectory(prefix="edgekit-deploy-") as tmp:
-        if bundle.is_dir():
-            report("pack", {"bundle": str(bundle)})
-            archive = pack(bundle, Path(tmp) / REMOTE_ARCHIVE)
-        elif is_archive_name(bundle) and bundle.is_file():
-            archive = bundle
-        else:
-            raise DeployError(
-                f"{bundle} is neither a bundle folder nor a .tar.gz", "pass what edgekit build wrote"
-            )
-        size = archive.stat().st_size
-        remote_file = copy_archive(target, archive, report)
-    args = [remote_file, "--root", root, "--id", deploy_id, "--json"]
-    if profile:
-        args += ["--device", profile]
-    if budget_ms is not None:  # the device runs at its own budget: the gate holds p99 to that
-        args += ["--budget", f"{budget_ms:g}"]
-    folder = remote_file.rsplit("/", 1)[0]
-    finished = False
-    try:
-        code, result, err = run_remote_agent(
-            target, ["install", *args], "installing", progress, cleanup=f"rm -rf -- {shlex.quote(folder)}"
-        )
-        finished = True
-    finally:
-        if not finished:  # interrupted or the link dropped: the script's own cleanup may not have run
-            remove_remote(target, remote_file)
-    result = _judge(target, code, result, err, "the install")
-    return SshOutcome(target.host, deploy_id, result, version, time.monotonic() - started, size)
-
-
-def rollback_over_ssh(
-    target: SshTarget,
-    *,
-    root: str = DEFAULT_ROOT,
-    deploy_id: str | None = None,
-    progress: Progress | None = None,
-) -> SshOutcome:
-    """Run ``edgekit agent rollback`` on ``target``: the other complete slot becomes active again."""
-    started = time.monotonic()
-    deploy_id = check_deploy_id(deploy_id or new_deploy_id("ssh"))
-    version = check_remote(target)
-    if progress is not None:
-        progress("check", {"host": target.host, "remote_edgekit": version})
-    code, result, err = run_remote_agent(
-        target, ["rollback", "--root", root, "--id", deploy_id, "--json"], "rolling back", progress
-    )
-    result = _judge(target, code, result, err, "the rollback")
-    return SshOutcome(target.host, deploy_id, result, version, time.monotonic() - started)
