@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -60,69 +59,11 @@ def _root(
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def doctor_report() -> dict[str, Any]:
-    """What ``edgekit doctor`` reports, as plain data."""
-    from edgekit.backends import registry
-    from edgekit.runtime.cpu import this_cpu
-    from edgekit.runtime.host import detect, rank_profiles
-    from edgekit.runtime.precision import compute_precision
-    from edgekit.runtime.profiles import all_profiles
-    from edgekit.runtime.selection import backend_availability
-
-    host = detect()
-    cpu = this_cpu()
-    backends: dict[str, Any] = {}
-    for name in registry.names():
-        try:
-            a = registry.get(name).available()
-        except EdgekitError as err:
-            backends[name] = {
-                "available": False,
-                "version": None,
-                "reason": err.message,
-                "hint": err.hint,
-                "devices": [],
-            }
-            continue
-        backends[name] = {
-            "available": a.ok,
-            "version": a.version,
-            "reason": a.reason,
-            "hint": a.hint,
-            "devices": list(a.devices),
-        }
-    ranked = rank_profiles(host, all_profiles().values())
-    profile = ranked[0] if ranked else None
-    candidates = []
-    for cand in profile.candidates if profile else ():
-        a = backend_availability(cand)
-        candidates.append(
-            {
-                "name": cand.key,
-                "backend": cand.backend,
-                "precision": cand.precision,
-                "variant": cand.variant,
-                "requires": list(cand.requires),
-                "computes_in": compute_precision(cand, cpu),
-                "available": a.ok,
-                "reason": a.reason,
-            }
-        )
-    return {
-        "edgekit": __version__,
-        "python": platform.python_version(),
-        "host": host.to_dict(),
-        "cpu": cpu.to_dict(),
-        "profile": profile.name if profile else None,
-        "also_matches": [p.name for p in ranked[1:]],
-        "backends": backends,
-        "candidates": candidates,
-    }
-
-
 @app.command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Show this host, the device profile it matches, and every backend: available, version, why not."""
+    from edgekit.runtime.doctor import doctor_report
+
     report = doctor_report()
     if as_json:
         _print_json(report)

@@ -6,9 +6,9 @@ Runs, one after another on the same machine:
 1. ``edgekit bench`` on the bundle (every candidate, ``--rounds`` turns each in a fresh
    process, pooled to at least LoadGen's 662 queries): latency percentiles, cold start,
    peak RSS, top-1 agreement, and the latency plot;
-2. ``tools/bench_cold_start.py``: process start -> ``edgekit.load`` -> first label, and
+2. ``benchmarks/cold_start.py``: process start -> ``edgekit.load`` -> first label, and
    peak RSS, for the auto-selected artifact and the int8 one;
-3. ``tools/bench_pipeline_efficiency.py``: bare ``session.run`` p50 / end-to-end frame p50
+3. ``benchmarks/pipeline_efficiency.py``: bare ``session.run`` p50 / end-to-end frame p50
    from a 640x480 source.
 
 and writes ``REPORT.md`` (the bars, each as a ratio measured side by side in this run,
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "tools"
 
 #: The issue's bars: (name, target, how to compare).
 BARS = {
@@ -52,7 +51,10 @@ def step(title: str) -> float:
 
 
 def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
-    """Run a tool that prints one JSON document on stdout (progress on stderr, passed through)."""
+    """Run a program that prints one JSON document on stdout (progress on stderr, passed through).
+
+    From the repository root: the benchmarks run as ``python -m benchmarks.<name>``.
+    """
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=timeout, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"perf_report: {' '.join(cmd[1:3])} failed with exit {r.returncode}")
@@ -61,7 +63,7 @@ def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    from edgekit.cli import doctor_report
+    from edgekit.runtime.doctor import doctor_report
 
     rep = doctor_report()
     out = {name: b.get("version") or "-" for name, b in rep["backends"].items() if b.get("available")}
@@ -212,13 +214,13 @@ def markdown(
         "",
         "\\* fewer queries than LoadGen's early-stopping rule needs for that percentile (p99: 662, p99.9: 6636).",
         "",
-        "## Cold start (tools/bench_cold_start.py)",
+        "## Cold start (benchmarks/cold_start.py)",
         "",
         "```json",
         json.dumps(cold, indent=1)[:4000],
         "```",
         "",
-        "## Pipeline efficiency (tools/bench_pipeline_efficiency.py)",
+        "## Pipeline efficiency (benchmarks/pipeline_efficiency.py)",
         "",
         "```json",
         json.dumps(eff, indent=1)[:3000],
@@ -274,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     cold = run_json(
         [
             py,
-            str(TOOLS / "bench_cold_start.py"),
+            "-m",
+            "benchmarks.cold_start",
             str(args.bundle),
             "--artifacts",
             "auto,onnxruntime-int8",
@@ -290,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     eff = run_json(
         [
             py,
-            str(TOOLS / "bench_pipeline_efficiency.py"),
+            "-m",
+            "benchmarks.pipeline_efficiency",
             str(args.bundle),
             "--rounds",
             "2" if args.quick else "5",
