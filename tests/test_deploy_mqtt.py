@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from broker import Mosquitto, free_port
+
+from edgekit.testing.broker import Mosquitto, free_port
 
 from conftest import EDGEKIT, ROOT, edgekit
 
