@@ -15,7 +15,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 import edgekit
 from edgekit.fleet import Collector, FleetStore, safe_name
 from edgekit.fleet.collector import MAX_PAYLOAD
-from edgekit.pipeline.records import STAGES, FrameRecord
+from edgekit.pipeline.records import FrameRecord
+from edgekit.protocol.stages import STAGES
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.telemetry.window import MetricsWindow
 from edgekit.testing.broker import Mosquitto

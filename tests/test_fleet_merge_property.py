@@ -19,7 +19,7 @@ from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.fleet.collector import Collector
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.view import FleetView
-from edgekit.pipeline.records import STAGES
+from edgekit.protocol.stages import STAGES
 from edgekit.telemetry.window import Window
 
 NOW = 1_800_000_000.0

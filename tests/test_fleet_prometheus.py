@@ -33,7 +33,8 @@ from edgekit.fleet.prometheus import (
     cumulative_counts,
     render,
 )
-from edgekit.pipeline.records import STAGES, FrameRecord
+from edgekit.pipeline.records import FrameRecord
+from edgekit.protocol.stages import STAGES
 from edgekit.telemetry.window import MetricsWindow
 
 MONITORING = Path(prometheus.__file__).with_name("monitoring")

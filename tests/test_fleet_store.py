@@ -21,7 +21,7 @@ from edgekit.fleet.backends import open_store
 from edgekit.fleet.sql import StoreError
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.sums import Bucket
-from edgekit.pipeline.records import STAGES
+from edgekit.protocol.stages import STAGES
 from edgekit.testing.broker import free_port
 
 T = 1_764_490_000.0  # a real timestamp: a float4 column would round it by minutes

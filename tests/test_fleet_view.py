@@ -10,7 +10,7 @@ import pytest
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.view import FleetView, SloPolicy
-from edgekit.pipeline.records import STAGES
+from edgekit.protocol.stages import STAGES
 from edgekit.telemetry.window import Window
 
 

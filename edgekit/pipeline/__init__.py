@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from edgekit.pipeline.loop import Pipeline
 from edgekit.pipeline.policy import Policy
-from edgekit.pipeline.records import STAGES, Counters, FrameRecord, FrameResult
+from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.sources import Source, SourceInfo, open_source
 from edgekit.pipeline.stats import Summary
+from edgekit.protocol.stages import STAGES
 
 __all__ = [
     "STAGES",

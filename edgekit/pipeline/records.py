@@ -14,7 +14,6 @@ if TYPE_CHECKING:
 
 # STAGES, in order: the frame waits in the slot (capture_wait), is prepared, run, turned into
 # labels, and handed to the sink (your loop body or callback).
-__all__ = ["STAGES", "Counters", "FrameRecord", "FrameResult"]
 
 
 @dataclass(frozen=True, slots=True)
