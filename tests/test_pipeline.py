@@ -242,6 +242,16 @@ def test_a_bundle_with_a_missing_artifact_is_refused_at_load(
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr and onnx in r.stderr
 
 
+def test_cli_run_reads_the_broker_from_edgekit_mqtt_as_the_agent_does(
+    x86_bundle: tuple[Path, dict[str, Any]], cache_env: dict[str, str]
+) -> None:
+    env = {**cache_env, "EDGEKIT_MQTT": "http://not-a-broker"}
+    r = run_cli(
+        env, "run", str(x86_bundle[0]), "--source", "synthetic:", "--frames", "3", "--device", "x86_64-cpu"
+    )
+    assert r.returncode == 2 and "not an MQTT broker URL: 'http://not-a-broker'" in r.stderr, r.stderr[-2000:]
+
+
 def test_cli_run_on_a_file_prints_json_and_writes_records(
     x86_bundle: tuple[Path, dict[str, Any]], chelsea_clip: Path, tmp_path: Path, cache_env: dict[str, str]
 ) -> None:

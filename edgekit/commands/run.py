@@ -140,7 +140,11 @@ def run_command(
     ] = None,
     mqtt: Annotated[
         str | None,
-        typer.Option("--mqtt", help="Report telemetry to this broker: mqtt[s]://[user@]host[:port]."),
+        typer.Option(
+            "--mqtt",
+            envvar="EDGEKIT_MQTT",
+            help="Report telemetry to this broker: mqtt[s]://[user@]host[:port] (as `edgekit agent run`).",
+        ),
     ] = None,
     fleet: Annotated[str, typer.Option("--fleet", help="Fleet name in the telemetry topics.")] = "default",
     device_id: Annotated[
