@@ -94,8 +94,9 @@ EDGEKIT = [shutil.which("edgekit")] if shutil.which("edgekit") else [sys.executa
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """In-process code (telemetry spools, build steps) writes under a cache of this run, not ~/.cache."""
+    """In-process code (telemetry spools, build steps) writes under a cache and state of this run, not ~."""
     os.environ["EDGEKIT_CACHE"] = str(tmp_path_factory.mktemp("run-cache"))
+    os.environ["EDGEKIT_STATE"] = str(tmp_path_factory.mktemp("run-state"))
 
 
 @pytest.fixture(scope="session")

@@ -81,7 +81,7 @@ class Sshd:
             "UsePAM no\n"
             "StrictModes no\n"
             f"AllowUsers {self.user}\n"
-            f"SetEnv TMPDIR={self.remote_tmp} EDGEKIT_CACHE={self.remote_cache}\n"
+            f"SetEnv TMPDIR={self.remote_tmp} EDGEKIT_CACHE={self.remote_cache} EDGEKIT_STATE={self.remote_cache}/state\n"
             "LogLevel VERBOSE\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgekit._core.io import CHUNK, atomic_path, digest_file, remove_tree, sha256_file, write_atomic
-from edgekit._core.paths import cache_root
+from edgekit._core.paths import cache_root, state_root
 
 
 def _names(folder: Path) -> list[str]:
@@ -156,3 +156,29 @@ def test_cache_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("EDGEKIT_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_root() == tmp_path / "home" / ".cache" / "edgekit"
+
+
+def test_state_root_is_not_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("EDGEKIT_STATE", str(tmp_path / "state"))
+    assert state_root() == tmp_path / "state"
+    monkeypatch.delenv("EDGEKIT_STATE")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert state_root() == tmp_path / "xdg" / "edgekit"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.delenv("EDGEKIT_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert state_root() == tmp_path / "home" / ".local" / "state" / "edgekit" != cache_root()
+
+
+def test_a_spool_left_in_the_cache_by_an_earlier_version_is_still_replayed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from edgekit.telemetry.publisher import default_spool
+
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("EDGEKIT_STATE", str(tmp_path / "state"))
+    assert default_spool("lab", "cam-1") == tmp_path / "state" / "telemetry" / "lab-cam-1.db"
+    earlier = tmp_path / "cache" / "telemetry" / "lab-cam-1.db"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"")
+    assert default_spool("lab", "cam-1") == earlier

@@ -520,8 +520,12 @@ def fleet(
             # Hard links: an install never rewrites a file in place (it writes the other slot,
             # renames, unlinks), and four copies of an 80 MB bundle would fill /tmp quickly.
             shutil.copytree(template, root, symlinks=True, copy_function=os.link)
-            # Each agent's own cache: the pipeline's spool and nothing shared between devices.
-            env = {**cache_env, "EDGEKIT_CACHE": str(work / "cache" / device)}
+            # Each agent's own cache and state: nothing shared between devices.
+            env = {
+                **cache_env,
+                "EDGEKIT_CACHE": str(work / "cache" / device),
+                "EDGEKIT_STATE": str(work / "state" / device),
+            }
             argv = [*EDGEKIT, "agent", "run", "--root", str(root), "--mqtt", broker.url, "--fleet", FLEET,
                     "--device-id", device, "--group", "lab", "--profile", PROFILE,
                     "--source", "synthetic:96x96@5", "--telemetry-interval", "0.5",

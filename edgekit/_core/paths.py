@@ -1,4 +1,10 @@
-"""Where edgekit keeps things on a machine: the one definition of the cache root."""
+"""Where edgekit keeps things on a machine: the one cache root and the one state root.
+
+The cache holds what can be made again (builds, tuning databases, engines, demo clips):
+deleting it costs time, never data.  The state root holds what cannot: telemetry that was
+measured but not yet delivered.  The deploy agent keeps its own state (slots, deploy
+records, its pipeline's spool) under its ``--root``, ``/var/lib/edgekit`` by default.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,15 @@ from pathlib import Path
 
 
 def cache_root() -> Path:
-    """``$EDGEKIT_CACHE`` or ``~/.cache/edgekit`` (builds, tuning databases, engines, telemetry spools, demo clips)."""
+    """``$EDGEKIT_CACHE`` or ``~/.cache/edgekit`` (builds, tuning databases, engines, demo clips)."""
     root = os.environ.get("EDGEKIT_CACHE")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "edgekit"
+
+
+def state_root() -> Path:
+    """``$EDGEKIT_STATE``, else ``$XDG_STATE_HOME/edgekit``, else ``~/.local/state/edgekit`` (telemetry spools)."""
+    root = os.environ.get("EDGEKIT_STATE")
+    if root:
+        return Path(root).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state") / "edgekit"
