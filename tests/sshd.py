@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from edgekit.testing.broker import free_port
+from edgekit.testing.process import stop_process
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 
@@ -130,10 +131,4 @@ class Sshd:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)

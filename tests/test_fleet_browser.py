@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.process import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -75,13 +76,7 @@ def _wait_for(what: str, check: Callable[[], Any], timeout: float, interval: flo
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    stop_process(proc, grace_s=10)
 
 
 class Processes:

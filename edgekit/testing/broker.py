@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from edgekit.errors import EdgekitError
+from edgekit.testing.process import stop_process
 
 
 class BrokerMissing(EdgekitError):
@@ -118,13 +119,7 @@ class Mosquitto:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not gone within 5 s."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
     def __enter__(self) -> Mosquitto:
         return self if self.proc is not None and self.proc.poll() is None else self.start()

@@ -95,6 +95,20 @@ function observeResize(target) {
   if (resizeObserver) resizeObserver.observe(target);
 }
 
+
+// What every latency chart shares: a live legend, no drag-zoom, time across, milliseconds up.
+function msChartOptions(series, hooks) {
+  var opts = {
+    legend: { live: true },
+    cursor: { drag: { x: false, y: false } },
+    scales: { x: { time: true }, y: { range: yRange } },
+    axes: [timeAxis(), msAxis()],
+    series: [{ label: "time", value: legendTime }].concat(series),
+  };
+  if (hooks) opts.hooks = hooks;
+  return opts;
+}
+
 export function resizeCharts() {
   Object.keys(charts).forEach(function (slot) {
     var c = charts[slot];
@@ -140,19 +154,14 @@ export function drawLatency(slot, target, series, budget, gaps) {
     target,
     "lat",
     function () {
-      return {
-        legend: { live: true },
-        cursor: { drag: { x: false, y: false } },
-        scales: { x: { time: true }, y: { range: yRange } },
-        axes: [timeAxis(), msAxis()],
-        series: [
-          { label: "time", value: legendTime },
+      return msChartOptions(
+        [
           { label: "p50", stroke: accent, width: 2, value: legendMs, points: { show: sparse, size: 5 } },
           { label: "p95", stroke: "#a673f5", width: 1.5, value: legendMs, points: { show: sparse, size: 5 } },
           { label: "p99", stroke: "#e4572e", width: 1.5, value: legendMs, points: { show: sparse, size: 5 } },
           { label: "budget", stroke: bad, width: 1.5, dash: [6, 5], value: legendMs, points: { show: false } },
         ],
-        hooks: {
+        {
           drawClear: [
             function (u) {
               var gl = chartGaps[slot];
@@ -170,8 +179,8 @@ export function drawLatency(slot, target, series, budget, gaps) {
               ctx.restore();
             },
           ],
-        },
-      };
+        }
+      );
     },
     data
   );
@@ -257,13 +266,8 @@ export function drawStages(slot, target, stages, stageOrder) {
     target,
     "stages:" + names.join(","),
     function () {
-      return {
-        legend: { live: true },
-        cursor: { drag: { x: false, y: false } },
-        scales: { x: { time: true }, y: { range: yRange } },
-        axes: [timeAxis(), msAxis()],
-        series: [{ label: "time", value: legendTime }].concat(
-          order.map(function (i) {
+      return msChartOptions(
+        order.map(function (i) {
             var color = stageColor(names[i], i);
             return {
               label: names[i],
@@ -277,8 +281,7 @@ export function drawStages(slot, target, stages, stageOrder) {
               },
             };
           })
-        ),
-      };
+      );
     },
     data
   );
