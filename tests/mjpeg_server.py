@@ -40,7 +40,7 @@ class MjpegCamera:
                 pass
 
             def do_GET(self) -> None:
-                if self.path != "/stream.mjpg":
+                if self.path.split("?", 1)[0] != "/stream.mjpg":  # a camera ignores ?token=...
                     self.send_error(404)
                     return
                 self.send_response(200)

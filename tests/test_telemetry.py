@@ -537,10 +537,10 @@ def test_gauges_read_what_raspberry_pi_and_jetson_expose(tmp_path: Path) -> None
 
 
 def test_names_and_credentials_that_must_not_reach_the_broker() -> None:
-    from edgekit.pipeline.loop import _without_credentials
+    from edgekit._core.redact import redact_source
 
     for bad in ("cam 1", "a/b", "cam+", ".hidden", "x" * 129, "a..b"):
         with pytest.raises(TelemetryError, match="cannot be part of an MQTT topic"):
             TelemetryPublisher(BrokerConfig.from_url("mqtt://127.0.0.1:1"), device_id=bad, spool=":memory:")
-    assert _without_credentials("rtsp://admin:hunter2@10.0.0.9:554/s1") == "rtsp://10.0.0.9:554/s1"
-    assert _without_credentials("synthetic:640x480@30") == "synthetic:640x480@30"
+    assert redact_source("rtsp://admin:hunter2@10.0.0.9:554/s1") == "rtsp://admin:***@10.0.0.9:554/s1"
+    assert redact_source("synthetic:640x480@30") == "synthetic:640x480@30"

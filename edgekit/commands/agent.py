@@ -272,12 +272,19 @@ def trust_command(
     from edgekit._core.io import write_atomic
     from edgekit.bundle import key_id, load_public_key
     from edgekit.deploy import StateRoot
+    from edgekit.deploy.keystore import is_system_root, require_root_for, secure_key_file
 
     public = load_public_key(key)  # refuses a private key, a non-Ed25519 key, garbage
     kid = key_id(public)
-    state = StateRoot(root)
-    dest = state.keys_dir / f"{kid}.pub.pem"
-    write_atomic(dest, key.read_bytes())
+    require_root_for(root)  # the system root's keys are root's, never the agent user's
+    if is_system_root(root):  # only keys/: as root, StateRoot() would make the agent's folders root's
+        keys_dir = Path(root) / "keys"
+        keys_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        keys_dir = StateRoot(root).keys_dir
+    dest = keys_dir / f"{kid}.pub.pem"
+    write_atomic(dest, key.read_bytes(), mode=0o644)
+    secure_key_file(dest)  # as root: root's, 0644, in a root-owned 0755 keys/
     if as_json:
         print_json({"key_id": kid, "file": str(dest)})
         return
@@ -385,6 +392,9 @@ def run_agent_command(
     broker = BrokerConfig.from_url(
         mqtt, ca_file=mqtt_ca, cert_file=mqtt_cert, key_file=mqtt_key, protocol=mqtt_protocol
     )
+    from edgekit.deploy.keystore import check_trust_store
+
+    check_trust_store(root, Path(root) / "keys")  # refuse a trust store the agent's own user could change
     # A service's log is its record: info lines (each command, each pipeline start) by default.
     wanted = logging.getLevelName(os.environ.get("EDGEKIT_LOG", "INFO").upper())
     top = logging.getLogger()

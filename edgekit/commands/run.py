@@ -115,6 +115,7 @@ def run_command(
         typer.Option(
             "--source",
             "-s",
+            envvar="EDGEKIT_SOURCE",  # a source with a password: keep it off the command line
             help="0 or /dev/video0 (camera), a video file, an image folder, an http(s)/rtsp URL, "
             "a GStreamer pipeline, or synthetic:640x480@30.",
         ),

@@ -108,7 +108,7 @@ class Agent:
         self._connected = threading.Event()
         self._worker = threading.Thread(target=self._work, name="edgekit-agent-worker", daemon=True)
         self.supervisor = PipelineSupervisor(
-            self._child_argv, self._active_bundle, lambda state: self.publish_status()
+            self._child_argv, self._active_bundle, lambda state: self.publish_status(), self._child_env
         )
         self._client = self._make_client()
 
@@ -214,8 +214,13 @@ class Agent:
     def _child_argv(self, bundle: Path) -> list[str]:
         c = self.config
         assert c.source is not None
-        argv = [sys.executable, "-m", "edgekit.cli", "run", str(bundle), "--source", c.source, "--json"]
-        argv += ["--mqtt", c.mqtt_url, "--fleet", c.fleet, "--device-id", c.device_id]
+        from edgekit._core.redact import has_secret, without_password
+
+        # No secret on a command line (ps shows it to everyone): a source with a password goes
+        # in the child's environment (_child_env), the broker URL without its password.
+        source = [] if has_secret(c.source) else ["--source", c.source]
+        argv = [sys.executable, "-m", "edgekit.cli", "run", str(bundle), *source, "--json"]
+        argv += ["--mqtt", without_password(c.mqtt_url), "--fleet", c.fleet, "--device-id", c.device_id]
         argv += ["--telemetry-interval", f"{c.telemetry_interval_s:g}"]
         # In the state root: the one place the agent's unit lets it write, kept across restarts.
         argv += ["--spool", str(Path(self.root.path) / "telemetry.db")]
@@ -234,6 +239,20 @@ class Agent:
         if c.budget_ms is not None:
             argv += ["--budget", f"{c.budget_ms:g}"]
         return argv + list(c.child_args)
+
+    def _child_env(self) -> dict[str, str]:
+        """Our environment plus the secrets the child must not get on its command line."""
+        import os
+
+        from edgekit._core.redact import has_secret
+        from edgekit.protocol.broker import PASSWORD_ENV
+
+        env = dict(os.environ)
+        if self.broker.password:
+            env[PASSWORD_ENV] = self.broker.password
+        if self.config.source is not None and has_secret(self.config.source):
+            env["EDGEKIT_SOURCE"] = self.config.source  # `edgekit run --source` reads it
+        return env
 
     # -- commands ----------------------------------------------------------------------------
 

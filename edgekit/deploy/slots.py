@@ -171,7 +171,14 @@ class StateRoot:
         return "b" if slot == "a" else "a"
 
     def trusted_keys(self) -> list[Path]:
-        """The public keys this device trusts, sorted by name."""
+        """The public keys this device trusts, sorted by name; none from a store the agent's user could change."""
+        from edgekit.deploy.keystore import check_trust_store
+
+        try:
+            check_trust_store(self.path, self.keys_dir)  # the system root's keys are root's
+        except DeployError as err:
+            log.error("%s (%s)", err.message, err.hint)
+            return []
         return sorted(p for p in self.keys_dir.glob("*.pub.pem") if p.is_file())
 
     # -- the lock --------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 Restarted on request (after a switch), started again with back-off when it crashes, and
 killed with the agent (``PR_SET_PDEATHSIG`` on Linux) so no orphan reports under its device id.
+No secret goes on the child's command line (``ps`` shows it to every user): the agent hands
+passwords over in the child's environment (``env``), and the command line it logs is redacted.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from edgekit._core.redact import redact_source
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +37,10 @@ class PipelineSupervisor:
         command: Callable[[Path], list[str]],
         active_bundle: Callable[[], Path | None],
         on_state: Callable[[str], None] = lambda state: None,
+        env: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self._command = command
+        self._env = env  # the child's environment (None: ours)
         self._active_bundle = active_bundle
         self._on_state = on_state
         self.state = "stopped"
@@ -109,12 +115,13 @@ class PipelineSupervisor:
 
     def _spawn(self, bundle: Path) -> None:
         argv = self._command(bundle)
-        log.info("agent: starting the pipeline: %s", " ".join(argv))
+        env = self._env() if self._env is not None else None
+        log.info("agent: starting the pipeline: %s", " ".join(redact_source(arg) for arg in argv))
         self.bundle = bundle
         self.starts += 1
         # stdout would be the per-frame view; the child's log lines (stderr) go where ours go.
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent
         )
 
     def _end_child(self) -> None:

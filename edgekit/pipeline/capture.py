@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from edgekit._core.redact import redact_source
 from edgekit.errors import EdgekitError, SourceError, first_line
 from edgekit.pipeline.policy import Policy
 
@@ -102,7 +103,7 @@ class CaptureThread(threading.Thread):
     """Reads ``source`` into ``slot`` until the source ends or ``stop()``; ``pace_fps`` replays files in real time."""
 
     def __init__(self, source: Source, slot: FrameSlot, pace_fps: float | None = None) -> None:
-        super().__init__(name=f"edgekit-capture[{source.info.uri}]", daemon=True)
+        super().__init__(name=f"edgekit-capture[{redact_source(source.info.uri)}]", daemon=True)
         self.source = source
         self.slot = slot
         self.pace_fps = pace_fps if pace_fps and pace_fps > 0 else None
@@ -132,7 +133,8 @@ class CaptureThread(threading.Thread):
             self.slot.finish(err)
         except Exception as err:  # a runtime's error on the capture thread must reach the loop
             log.debug("capture failed", exc_info=True)
-            self.slot.finish(SourceError(f"reading {self.source.info.uri!r} failed: {first_line(err)}", ""))
+            where = redact_source(self.source.info.uri)
+            self.slot.finish(SourceError(f"reading {where!r} failed: {first_line(err)}", ""))
         finally:
             self.slot.finish()  # whatever happened, the loop learns that no more frames come
 

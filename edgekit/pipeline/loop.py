@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.redact import redact_source
 from edgekit.errors import PipelineError
 from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
 from edgekit.pipeline.policy import DegradeController, Policy
@@ -377,7 +378,7 @@ class Pipeline:
             duration,
             model=self.model.name,
             candidate=self._levels[0].name,
-            source=info.uri,
+            source=redact_source(info.uri),
             source_kind=kind,
             policy=self.policy.value,
             budget_ms=self.budget_ms,
@@ -412,7 +413,7 @@ class Pipeline:
             "precision": art.precision if art else None,
             "budget_ms": self.budget_ms,
             "profile": m.device.profile,
-            "source": _without_credentials(self.source.info.uri),
+            "source": redact_source(self.source.info.uri),  # a source's password is not telemetry
             "policy": self.policy.value,
         }
 
@@ -435,13 +436,3 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _without_credentials(uri: str) -> str:
-    """``rtsp://user:pass@cam/stream`` -> ``rtsp://cam/stream``: a source's password is not telemetry."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))

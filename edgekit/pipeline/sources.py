@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.redact import redact_source
 from edgekit.errors import SourceError
 from edgekit.runtime.preprocessing import as_bgr
 
@@ -104,7 +105,7 @@ class Source(ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.info.uri!r}>"
+        return f"<{type(self).__name__} {redact_source(self.info.uri)!r}>"
 
 
 class _CaptureSource(Source):
@@ -136,7 +137,7 @@ class _CaptureSource(Source):
         return cap
 
     def _open_error(self) -> SourceError:
-        uri, kind = self.info.uri, self.info.kind
+        uri, kind = redact_source(self.info.uri), self.info.kind
         if kind == "camera":
             return SourceError(
                 f"cannot open camera {uri!r} (V4L2)",
@@ -173,7 +174,7 @@ class _CaptureSource(Source):
 
     def _reconnect(self) -> None:
         self.counters.outages += 1
-        log.warning("source %s stopped delivering frames; reopening", self.info.uri)
+        log.warning("source %s stopped delivering frames; reopening", redact_source(self.info.uri))
         with self._lock:
             if self._cap is not None:
                 self._cap.release()
@@ -188,7 +189,9 @@ class _CaptureSource(Source):
                         return
                     self._cap = cap
                 self.counters.reopens += 1
-                log.warning("source %s reopened (outage %d)", self.info.uri, self.counters.outages)
+                log.warning(
+                    "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
+                )
                 return
             # Wait on the close event: close() ends the backoff at once, never a hang.
             self._closed.wait(wait)
@@ -330,7 +333,7 @@ def parse_source(uri: str) -> SourceSpec:
     if path.is_file():
         return SourceSpec("file", str(path))
     raise SourceError(
-        f"source {uri!r} is not a camera, a URL, a pipeline, or an existing file or folder",
+        f"source {redact_source(uri)!r} is not a camera, a URL, a pipeline, or an existing file or folder",
         "give a camera index (0), /dev/videoN, a video file, an image folder, an http(s)/rtsp URL "
         "or synthetic:640x480@30",
     )
@@ -369,7 +372,7 @@ def open_source(uri: str, *, fps: float | None = None) -> Source:
     if spec.kind == "gstreamer":
         if not gstreamer_available():
             raise SourceError(
-                f"this OpenCV ({cv2.__version__}) was built without GStreamer, so it cannot run {uri!r}",
+                f"this OpenCV ({cv2.__version__}) was built without GStreamer, so it cannot run {redact_source(uri)!r}",
                 "opencv-python-headless from PyPI has no GStreamer: use the distribution's OpenCV "
                 "(apt install python3-opencv; on Jetson, JetPack's OpenCV) in a venv made with "
                 "--system-site-packages, or give the camera (/dev/video0) or stream URL directly",

@@ -1,21 +1,72 @@
-"""Where telemetry goes: an ``mqtt[s]://[user[:password]@]host[:port]`` URL, TLS files, protocol version."""
+"""Where telemetry goes: an ``mqtt[s]://[user@]host[:port]`` URL, TLS files, protocol version.
+
+The password is not part of the URL one passes: it comes from ``EDGEKIT_MQTT_PASSWORD`` or,
+under systemd, from the credential ``mqtt-password`` (``LoadCredential=mqtt-password:/etc/...``
+puts it in ``$CREDENTIALS_DIRECTORY``), so that it never reaches a command line, where
+``ps`` and ``/proc/<pid>/cmdline`` show it to every user.  A password in the URL still
+works, with a warning when that URL is on our command line.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from edgekit._core.redact import redact_url
 from edgekit.errors import TelemetryError
 
+log = logging.getLogger(__name__)
+
 PROTOCOLS = ("3.1.1", "5")
+PASSWORD_ENV = "EDGEKIT_MQTT_PASSWORD"
+CREDENTIAL = "mqtt-password"  # the file's name in $CREDENTIALS_DIRECTORY (systemd LoadCredential=)
+
+
+def password_from_environment() -> str | None:
+    """``EDGEKIT_MQTT_PASSWORD``, else the systemd credential ``mqtt-password`` (its first line), else None."""
+    password = os.environ.get(PASSWORD_ENV)
+    if password:
+        return password
+    folder = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return None
+    try:
+        text = (Path(folder) / CREDENTIAL).read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as err:
+        raise TelemetryError(
+            f"cannot read the MQTT password from {Path(folder) / CREDENTIAL}: {err}",
+            "check the unit's LoadCredential=mqtt-password:<file> and that file",
+        ) from err
+    return text.splitlines()[0] if text.strip() else None
+
+
+def warn_if_on_command_line(url: str, argv: list[str] | None = None) -> bool:
+    """Warn (once, without the password) when ``url`` holds a password and is on our command line."""
+    if not urlsplit(url).password:
+        return False
+    if not any(url in arg for arg in (sys.argv if argv is None else argv)):
+        return False
+    log.warning(
+        "the MQTT password in %s is on the command line, where ps and /proc/<pid>/cmdline show it to every user of this machine",
+        redact_url(url),
+    )
+    log.warning(
+        "put it in %s or a systemd credential (LoadCredential=%s:<file>) and give the URL without it",
+        PASSWORD_ENV, CREDENTIAL,
+    )  # fmt: skip
+    return True
 
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    """An MQTT broker and how to talk to it.  The password may come from ``EDGEKIT_MQTT_PASSWORD``."""
+    """An MQTT broker and how to talk to it.  The password comes from ``password_from_environment()``."""
 
     host: str
     port: int
@@ -41,8 +92,8 @@ class BrokerConfig:
         parts = urlsplit(url)
         if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
             raise TelemetryError(
-                f"not an MQTT broker URL: {url!r}",
-                "write mqtt://host:1883 or mqtts://user@host:8883 (the password can come from EDGEKIT_MQTT_PASSWORD)",
+                f"not an MQTT broker URL: {redact_url(url)!r}",
+                "write mqtt://host:1883 or mqtts://user@host:8883 (the password comes from EDGEKIT_MQTT_PASSWORD)",
             )
         if protocol not in PROTOCOLS:
             raise TelemetryError(f"unknown MQTT protocol version {protocol!r}", "use 3.1.1 or 5")
@@ -50,13 +101,17 @@ class BrokerConfig:
         try:
             port = parts.port or (8883 if tls else 1883)
         except ValueError as err:
-            raise TelemetryError(f"bad port in {url!r}: {err}", "a port is a number, e.g. :1883") from err
+            raise TelemetryError(
+                f"bad port in {redact_url(url)!r}: {err}", "a port is a number, e.g. :1883"
+            ) from err
         for what, path in (("CA file", ca_file), ("client certificate", cert_file), ("client key", key_file)):
             if path is not None and not Path(path).is_file():
                 raise TelemetryError(
                     f"{what} {path} does not exist", "give the PEM file the broker's TLS setup uses"
                 )
-        password = unquote(parts.password) if parts.password else os.environ.get("EDGEKIT_MQTT_PASSWORD")
+        if parts.password:
+            warn_if_on_command_line(url)
+        password = unquote(parts.password) if parts.password else password_from_environment()
         return cls(
             host=parts.hostname,
             port=port,

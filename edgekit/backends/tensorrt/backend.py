@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.backends.base import Availability, Options, Session, check_artifact, load_failed
-from edgekit.backends.tensorrt.cache import _cache_path, _write_atomically
+from edgekit.backends.tensorrt.cache import _cache_path, _read_cached, _sidecar, _write_atomically
 from edgekit.backends.tensorrt.cuda import _cuda, _CudaError, _gpu_name, _import_cudart
 from edgekit.backends.tensorrt.engine import _build_engine, _deserialize
 from edgekit.backends.tensorrt.logger import _trt_logger
@@ -150,15 +150,17 @@ class TensorRTBackend:
     ) -> Any:
         onnx = artifact.read_bytes()
         cached = _cache_path(s, onnx, str(trt.__version__), gpu)
-        if cached.is_file():
+        plan = _read_cached(cached) if cached.is_file() else None  # None: damaged, or not ours
+        if plan is not None:
             try:
-                engine = _deserialize(runtime, cached.read_bytes(), cached)
+                engine = _deserialize(runtime, plan, cached)
                 log.info("tensorrt: using cached engine %s", cached)
                 return engine
             except ModelLoadError as err:
                 # A cache entry that won't load (disk corruption, a driver update) is rebuilt, once.
                 log.warning("tensorrt: cached engine %s is unusable, rebuilding (%s)", cached, err.message)
                 cached.unlink(missing_ok=True)
+                _sidecar(cached).unlink(missing_ok=True)
         plan = _build_engine(trt, logger, onnx, artifact, s)
         _write_atomically(cached, plan)
         return _deserialize(runtime, plan, artifact)
