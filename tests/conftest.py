@@ -97,6 +97,9 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """In-process code (telemetry spools, build steps) writes under a cache and state of this run, not ~."""
     os.environ["EDGEKIT_CACHE"] = str(tmp_path_factory.mktemp("run-cache"))
     os.environ["EDGEKIT_STATE"] = str(tmp_path_factory.mktemp("run-state"))
+    # The trust store of this run (edgekit.bundle.trust): the `keys` fixture puts the session's
+    # builder key in it, so bundles signed with it load like on a machine that trusts its builder.
+    os.environ["EDGEKIT_TRUST"] = str(tmp_path_factory.mktemp("trusted-keys"))
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +119,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str]) ->
     stem = tmp_path_factory.mktemp("keys") / "builder"
     r = edgekit(cache_env, "keys", "generate", "--out", str(stem))
     assert r.returncode == 0, r.stderr
+    shutil.copy(f"{stem}.pub.pem", Path(os.environ["EDGEKIT_TRUST"]) / "builder.pub.pem")
     return Path(f"{stem}.pem"), Path(f"{stem}.pub.pem")
 
 

@@ -31,7 +31,10 @@ def test_top_k_matches_numpy_and_breaks_ties_by_id() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_bundles(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def tiny_bundles(
+    tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]
+) -> dict[str, Path]:
+    # Signed with the session's builder key, which the run's trust store holds (conftest).
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
     from edgekit.convert.report import BuildRequest
@@ -53,6 +56,7 @@ def tiny_bundles(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory) 
             precisions=("fp32",),
             use_cache=False,
             measure_latency=False,
+            sign_key=keys[0],
         )
         made[device] = build(req).bundle
     return made
@@ -136,7 +140,7 @@ def test_load_hashes_what_it_loads_and_checks_the_rest_by_size(
 
 
 def test_a_bundle_records_its_interpolation_and_a_device_preprocesses_with_it(
-    tiny: TinyArtifacts, tmp_path: Path
+    tiny: TinyArtifacts, tmp_path: Path, keys: tuple[Path, Path]
 ) -> None:
     from dataclasses import replace
 
@@ -157,6 +161,7 @@ def test_a_bundle_records_its_interpolation_and_a_device_preprocesses_with_it(
         precisions=("fp32",),
         use_cache=False,
         measure_latency=False,
+        sign_key=keys[0],
     )
     bundle = build(req).bundle
     assert read_manifest(bundle).preprocess.interpolation == "box2-linear"

@@ -6,6 +6,8 @@ inside a bundle would prove nothing, since whoever changed the bundle could chan
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import stat
 from collections.abc import Collection, Iterable, Sequence
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edgekit._core.io import digest_file
+from edgekit._core.io import CHUNK
 from edgekit.bundle.errors import BundleError, VerificationError
 from edgekit.bundle.manifest import (
     MANIFEST_FILE,
@@ -135,14 +137,52 @@ def _load_keys(paths: Sequence[Path]) -> list[tuple[str, Any]]:
     return [(key_id(k), k) for k in keys]
 
 
+def _open_plain(path: Path) -> int | None:
+    """A read-only descriptor of ``path`` if it is a regular file, opened without following a link; else None.
+
+    ``O_NOFOLLOW`` and an ``fstat`` of the descriptor itself: what is checked is what is read,
+    even if the name is swapped for a link in between.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # the last component is a link
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
 def _read_plain(path: Path) -> bytes | None:
     """The bytes of ``path`` if it is a regular file (never through a link), else None."""
-    try:
-        if not stat.S_ISREG(path.lstat().st_mode):
-            return None
-        return path.read_bytes()
-    except FileNotFoundError:
+    fd = _open_plain(path)
+    if fd is None:
         return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _inside(folder: Path, rel: str) -> bool:
+    """Whether ``folder/rel`` lies inside ``folder`` with no link on the way (a linked folder would leave it)."""
+    return Path(os.path.realpath(folder / rel)) == Path(os.path.realpath(folder)).joinpath(*rel.split("/"))
+
+
+def _digest_plain(path: Path) -> tuple[str, int] | None:
+    """``(sha256, size)`` of ``path`` read through a descriptor opened without following links; None if not a plain file."""
+    fd = _open_plain(path)
+    if fd is None:
+        return None
+    h = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
 
 
 def _verify_folder(
@@ -179,10 +219,12 @@ def _file_check(folder: Path, rel: str, entry: FileEntry | EvalFrame, hash_it: b
     path = folder / rel
     try:
         st = path.lstat()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return Check(rel, "fail", "missing: the manifest lists it but the bundle does not hold it", _REBUILD)
-    if not stat.S_ISREG(st.st_mode):
-        return Check(rel, "fail", "is a link or special file, not a plain file", _REBUILD)
+    if not stat.S_ISREG(st.st_mode) or not _inside(folder, rel):
+        return Check(
+            rel, "fail", "is a link or special file (or under a linked folder), not a plain file", _REBUILD
+        )
     if not hash_it:
         if st.st_size != entry.size:
             return Check(
@@ -192,7 +234,10 @@ def _file_check(folder: Path, rel: str, entry: FileEntry | EvalFrame, hash_it: b
                 _REBUILD,
             )
         return Check(rel, "ok", f"{st.st_size:,} bytes (not hashed: hashed when loaded)")
-    digest, size = digest_file(path)
+    got = _digest_plain(path)
+    if got is None:
+        return Check(rel, "fail", "is a link or special file, not a plain file", _REBUILD)
+    digest, size = got
     if digest != entry.sha256 or size != entry.size:
         return Check(
             rel,

@@ -102,10 +102,14 @@ def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sin
     return pipeline.summary()
 
 
-def _load(bundle: Path, device: str, keys: list[Path] | None, require_signature: bool) -> Model:
+def _load(bundle: Path, device: str, keys: list[Path] | None, allow_unsigned: bool) -> Model:
     import edgekit
 
-    return edgekit.load(bundle, device=device, trusted_keys=keys, require_signature=require_signature)
+    if allow_unsigned:
+        from edgekit.bundle.trust import UNSIGNED_RISK
+
+        err_console.print(f"[bold yellow]warning:[/] {UNSIGNED_RISK}", highlight=False)
+    return edgekit.load(bundle, device=device, trusted_keys=keys, allow_unsigned=allow_unsigned)
 
 
 def run_command(
@@ -133,9 +137,24 @@ def run_command(
     top: Annotated[int, typer.Option("--top", help="Labels per frame.")] = 5,
     device: DeviceOpt = "auto",
     key: Annotated[
-        list[Path] | None, typer.Option("--key", help="Trusted public key (repeat); checks the signature.")
+        list[Path] | None,
+        typer.Option(
+            "--key",
+            help="Trusted public key (repeat): the bundle must be signed by one of these "
+            "(default: the trust store, $EDGEKIT_TRUST or ~/.config/edgekit/trusted-keys).",
+        ),
     ] = None,
-    require_signature: Annotated[bool, typer.Option(help="Refuse a bundle not signed by --key.")] = False,
+    allow_unsigned: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unsigned",
+            help="Run a bundle that is unsigned or signed by a key not trusted here (its native code "
+            "runs unchecked). Not with --key.",
+        ),
+    ] = False,
+    require_signature: Annotated[
+        bool, typer.Option(hidden=True, help="Kept for old scripts: a signature is always required.")
+    ] = True,
     records: Annotated[
         Path | None, typer.Option("--records", help="Write every frame's record to this file (JSON lines).")
     ] = None,
@@ -172,7 +191,7 @@ def run_command(
 
     _quiet_opencv()
     with (
-        _load(bundle, device, key, require_signature) as model,
+        _load(bundle, device, key, allow_unsigned) as model,
         Pipeline(
             model,
             source,
@@ -229,7 +248,7 @@ def demo_command(
 ) -> None:
     """Build (or reuse) the reference bundle for this host and label a sample clip at 30 fps."""
     from edgekit.commands.build import _with_progress
-    from edgekit.demo import CLIP_IMAGES, image_at, reference_bundle, sample_clip
+    from edgekit.demo import CLIP_IMAGES, demo_key, image_at, reference_bundle, sample_clip
     from edgekit.pipeline import Pipeline
     from edgekit.runtime.host import match_profile
     from edgekit.runtime.profiles import get_profile
@@ -254,7 +273,7 @@ def demo_command(
             seen[image_at(result.record.index)][result.top.name] += 1
 
     with (
-        _load(bundle, profile.name, None, False) as model,
+        _load(bundle, profile.name, [demo_key()[1]], False) as model,  # it signed it itself
         Pipeline(model, str(clip), budget_ms=budget, policy=policy, realtime=True, frames=frames) as pipeline,
     ):
         summary = drive(pipeline, as_json=as_json, sink=tally)

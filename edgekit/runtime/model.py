@@ -1,7 +1,7 @@
 """``edgekit.load(bundle)``: a bundle as a model that classifies frames on the best backend here.
 
-Loading verifies the bundle (every file's hash; the signature too when trusted keys are
-given), picks the device profile (``device="auto"`` detects this host), matches the
+Loading verifies the bundle (every file's hash; its signature by a trusted key, required
+unless ``allow_unsigned``: see ``edgekit.bundle.trust``), picks the device profile (``device="auto"`` detects this host), matches the
 profile's candidates to the bundle's artifacts and loads the first that runs here, with
 one logged fallback per failure.  Artifacts the profile does not mention are tried last,
 with their default options, so a bundle built for another device still runs if anything
@@ -158,9 +158,18 @@ def load(
     device: str = "auto",
     *,
     trusted_keys: Sequence[Path] | None = None,
-    require_signature: bool = False,
+    require_signature: bool = True,
+    allow_unsigned: bool = False,
 ) -> Model:
-    """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``."""
+    """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``.
+
+    The bundle must be signed by a trusted key: one of ``trusted_keys`` when given (then
+    only those), else one in the trust store (``edgekit.bundle.trust``).  ``allow_unsigned``
+    loads a bundle that is unsigned, or signed by a key nobody here trusts, with a warning
+    (never one whose signature is bad, nor an unsigned one when ``trusted_keys`` are given).
+    ``require_signature`` is kept for old callers: a signature is required either way.
+    The manifest used is parsed from the very bytes whose signature was checked.
+    """
     load_ms: dict[str, float] = {}
     t0 = time.perf_counter()
 
@@ -170,7 +179,8 @@ def load(
         load_ms[name] = (now - t0) * 1e3
         t0 = now
 
-    from edgekit.bundle import read_manifest, unpack, verify
+    from edgekit.bundle import unpack, verify
+    from edgekit.bundle.trust import keys_for, require_trusted
     from edgekit.bundle.verify import check_files
     from edgekit.runtime.host import match_profile
     from edgekit.runtime.measured import measured_order, with_threads
@@ -190,8 +200,14 @@ def load(
         phase("unpack")
     try:
         # Every file's presence and size now; an artifact's hashes just before it loads (resolve).
-        verify(path, trusted_keys, require_signature=require_signature, hash_files=()).raise_if_failed()
-        manifest = read_manifest(path)
+        keys, explicit = keys_for(trusted_keys)
+        report = verify(path, keys, hash_files=())
+        report.raise_if_failed()
+        require_trusted(
+            Path(bundle), report.signature, report.key_id, explicit=explicit, allow_unsigned=allow_unsigned
+        )
+        manifest = report.manifest  # parsed from the bytes whose signature was checked: no second read
+        assert manifest is not None  # a report that passed has one
         phase("verify")
         profile = match_profile() if device == "auto" else get_profile(device)
         phase("profile")

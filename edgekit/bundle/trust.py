@@ -1,0 +1,106 @@
+"""Which keys a bundle that is about to run must be signed by, and the one rule that decides.
+
+A bundle carries native code (a TVM ``.so`` runs its constructors as it loads), so loading
+one is running code: ``edgekit.load`` and ``edgekit run`` require a valid signature by a
+trusted key unless the caller explicitly allows an unsigned bundle.
+
+*Trusted keys* are the ones the caller passes (``--key``, ``trusted_keys=``); when it passes
+none, the trust store: every ``*.pub.pem`` in ``$EDGEKIT_TRUST`` (folders separated by
+``:``), else in ``$XDG_CONFIG_HOME/edgekit/trusted-keys`` (``~/.config/edgekit/trusted-keys``),
+plus the device agent's own store ``<agent root>/keys`` (``$EDGEKIT_AGENT_ROOT``, else
+``/var/lib/edgekit``) when it is readable.  Keys passed explicitly replace the store: only
+they count.  A bundle signed by a key that is in neither is refused, never run as if checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from edgekit.bundle.errors import VerificationError
+
+log = logging.getLogger(__name__)
+
+AGENT_ROOT = Path("/var/lib/edgekit")
+UNSIGNED_RISK = (
+    "running an UNSIGNED bundle (--allow-unsigned): nothing proves who built it, and its native "
+    "code (a TVM .so runs as it loads) runs with your privileges"
+)
+
+
+def trust_dirs() -> list[Path]:
+    """The trust store's folders, in order (they need not exist)."""
+    env = os.environ.get("EDGEKIT_TRUST")
+    if env is not None:
+        dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    else:
+        xdg = os.environ.get("XDG_CONFIG_HOME")
+        config = Path(xdg).expanduser() if xdg else Path.home() / ".config"
+        dirs = [config / "edgekit" / "trusted-keys"]
+    agent = os.environ.get("EDGEKIT_AGENT_ROOT")
+    dirs.append((Path(agent).expanduser() if agent else AGENT_ROOT) / "keys")
+    return dirs
+
+
+def store_keys() -> list[Path]:
+    """Every readable ``*.pub.pem`` in the trust store (a folder that is missing or unreadable adds none)."""
+    found: list[Path] = []
+    for folder in trust_dirs():
+        try:
+            found += sorted(p for p in folder.glob("*.pub.pem") if p.is_file())
+        except OSError:
+            continue
+    return found
+
+
+def keys_for(trusted_keys: Sequence[Path] | None) -> tuple[list[Path], bool]:
+    """``(keys, explicit)``: the keys passed, else the trust store's; ``explicit`` when passed."""
+    if trusted_keys:
+        return list(trusted_keys), True
+    return store_keys(), False
+
+
+def trust_hint(explicit: bool) -> str:
+    where = ", ".join(str(d) for d in trust_dirs())
+    if explicit:
+        return "pass the public key of the key that signed it with --key KEY.pub.pem"
+    return (
+        f"pass the builder's public key with --key KEY.pub.pem, or put it in the trust store ({where}); "
+        "to run it anyway, unchecked, pass --allow-unsigned"
+    )
+
+
+def require_trusted(
+    shown: Path, signature: str | None, key_id: str | None, *, explicit: bool, allow_unsigned: bool
+) -> None:
+    """Refuse (``VerificationError``) a bundle that is not signed by a trusted key, unless ``allow_unsigned``.
+
+    ``signature`` is ``VerifyReport.signature`` of a report that otherwise passed.  Keys
+    passed explicitly (``explicit``) mean "signed by one of these": nothing else passes.
+    Otherwise ``allow_unsigned`` lets an unsigned (or unchecked) bundle pass, with a warning
+    naming the risk.
+    """
+    if signature == "verified":
+        return
+    if signature == "unsigned":
+        what = f"{shown} is not signed; edgekit runs only bundles signed by a trusted key"
+        hint = "build it with --sign-key KEY.pem (edgekit keys generate makes one); " + trust_hint(explicit)
+    elif signature == "unchecked":
+        what = (
+            f"{shown} is signed by key {key_id}, but no trusted key was given or found to check it "
+            "against, so nothing proves it is that key's"
+        )
+        hint = trust_hint(explicit)
+    else:  # invalid / missing: verify already failed on these
+        raise VerificationError(f"{shown}: signature {signature}", trust_hint(explicit))
+    if explicit:  # keys were named: it must be signed by one of them, whatever else was allowed
+        raise VerificationError(
+            what + "; keys were given (--key), so it must be signed by one of them "
+            "(--allow-unsigned does not override --key)",
+            hint,
+        )
+    if not allow_unsigned:
+        raise VerificationError(what, hint)
+    log.warning("%s: %s", shown, UNSIGNED_RISK)

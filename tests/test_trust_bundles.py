@@ -1,0 +1,227 @@
+"""Trust nothing on the wire: a bundle runs only when a trusted key signed it, and a device never goes back.
+
+Against real bundles (a tiny ONNX model built by the real build, the reference x86 bundle for the
+agent) and the real CLI: a signature stripped from a bundle is refused under ``--key``; an unsigned
+bundle is refused by default with a hint and runs only with ``--allow-unsigned`` (loudly); a signed
+bundle whose key nobody here trusts is refused; the manifest used is the one whose signature was
+checked; and the agent refuses a bundle older than its floor unless the operator forces it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import edgekit
+from edgekit.bundle import generate_keypair
+from edgekit.errors import EdgekitError
+
+from conftest import EDGEKIT, ROOT
+
+LABELS = tuple(f"thing {i}" for i in range(10))
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Path:
+    """A tiny ONNX Runtime bundle, built by the real build and signed with the session's key A."""
+    from edgekit.convert.builder import build
+    from edgekit.convert.modelcard import card_for_file
+    from edgekit.convert.report import BuildRequest
+
+    import tiny_model
+
+    out = tmp_path_factory.mktemp("trust")
+    onnx = tiny_model.write_onnx(out / "tiny.onnx", tiny_model.make_weights())
+    labels = out / "labels.txt"
+    labels.write_text("\n".join(LABELS) + "\n")
+    card = card_for_file(onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0), labels=labels)
+    req = BuildRequest(
+        card=card,
+        device="x86_64-cpu",
+        out=out / "bundle",
+        onnx=onnx,
+        backends=("onnxruntime",),
+        precisions=("fp32",),
+        use_cache=False,
+        measure_latency=False,
+        sign_key=keys[0],
+    )
+    return build(req).bundle
+
+
+@pytest.fixture(scope="module")
+def key_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another key's public half: the one a device trusts, which did not sign ``signed``."""
+    return generate_keypair(tmp_path_factory.mktemp("key-b") / "b")[1]
+
+
+@pytest.fixture
+def empty_trust(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """A trust store with nothing in it (in this process and in the CLI's environment)."""
+    store = tmp_path / "no-trusted-keys"
+    store.mkdir()
+    monkeypatch.setenv("EDGEKIT_TRUST", str(store))
+    monkeypatch.setenv("EDGEKIT_AGENT_ROOT", str(tmp_path / "no-agent"))
+    return {**os.environ}
+
+
+def stripped(bundle: Path, out: Path, *, keep_signer: bool = False) -> Path:
+    """``bundle`` with its signature removed: ``manifest.sig`` deleted and (unless ``keep_signer``) the signer too."""
+    shutil.copytree(bundle, out)
+    (out / "manifest.sig").unlink()
+    if not keep_signer:
+        doc = json.loads((out / "manifest.json").read_bytes())
+        doc["signature"] = None
+        (out / "manifest.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return out
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EDGEKIT, *args], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)  # type: ignore[list-item]
+
+
+def run_bundle(env: dict[str, str], bundle: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run(env, "run", str(bundle), "--source", "synthetic:64x48@30", "--frames", "3", "--device",
+               "x86_64-cpu", "--json", *args)  # fmt: skip
+
+
+@pytest.fixture
+def no_backend_load(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every backend asked to load an artifact: a refused bundle must reach none."""
+    from edgekit.backends import registry
+
+    asked: list[str] = []
+    real = registry.get
+
+    def spy(name: str) -> Any:
+        asked.append(name)
+        return real(name)
+
+    monkeypatch.setattr(registry, "get", spy)
+    return asked
+
+
+# -- load() ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep_signer", [False, True], ids=["signer-removed", "sig-file-deleted"])
+def test_load_refuses_a_stripped_signature_under_a_trusted_key(
+    signed: Path, key_b: Path, tmp_path: Path, no_backend_load: list[str], keep_signer: bool
+) -> None:
+    bundle = stripped(signed, tmp_path / "stripped", keep_signer=keep_signer)
+    with pytest.raises(EdgekitError) as err:
+        edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[key_b])
+    assert "sign" in err.value.message and err.value.hint
+    # An explicit --allow-unsigned does not override --key: the key given means "signed by it".
+    with pytest.raises(EdgekitError):
+        edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[key_b], allow_unsigned=True)
+    assert no_backend_load == []  # refused before any native code was opened
+
+
+def test_load_refuses_a_bundle_signed_by_another_key(signed: Path, key_b: Path) -> None:
+    with pytest.raises(EdgekitError, match="not a trusted key"):
+        edgekit.load(signed, device="x86_64-cpu", trusted_keys=[key_b])
+
+
+def test_load_refuses_unsigned_by_default_and_allows_it_loudly(
+    signed: Path, tmp_path: Path, empty_trust: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    bundle = stripped(signed, tmp_path / "unsigned")
+    with pytest.raises(EdgekitError) as err:
+        edgekit.load(bundle, device="x86_64-cpu")
+    assert "not signed" in err.value.message
+    assert "--key" in err.value.hint and "--allow-unsigned" in err.value.hint
+    with caplog.at_level("WARNING"), edgekit.load(bundle, device="x86_64-cpu", allow_unsigned=True) as m:
+        assert m.classify(tiny_frame())
+    assert "UNSIGNED" in caplog.text
+
+
+def test_a_signed_bundle_with_no_key_to_check_is_not_trusted(
+    signed: Path, keys: tuple[Path, Path], empty_trust: dict[str, str]
+) -> None:
+    with pytest.raises(EdgekitError) as err:
+        edgekit.load(signed, device="x86_64-cpu")
+    assert "no trusted key" in err.value.message and "trust store" in err.value.hint
+    with edgekit.load(signed, device="x86_64-cpu", trusted_keys=[keys[1]]) as m:  # named: verified
+        assert m.classify(tiny_frame())
+
+
+def test_the_trust_store_is_where_keys_come_from_by_default(
+    signed: Path, keys: tuple[Path, Path], empty_trust: dict[str, str]
+) -> None:
+    shutil.copy(keys[1], Path(os.environ["EDGEKIT_TRUST"]) / "builder.pub.pem")
+    with edgekit.load(signed, device="x86_64-cpu") as m:
+        assert m.classify(tiny_frame())
+
+
+def test_load_uses_the_manifest_whose_signature_it_checked(
+    signed: Path, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second read of manifest.json after the check would see whatever is there by then.
+    import edgekit.bundle.manifest as manifest_module
+
+    def second_read(bundle: Path) -> Any:
+        raise AssertionError("load() read manifest.json again after verifying it")
+
+    monkeypatch.setattr(manifest_module, "read_manifest", second_read)
+    monkeypatch.setattr(edgekit.bundle, "read_manifest", second_read)
+    with edgekit.load(signed, device="x86_64-cpu", trusted_keys=[keys[1]]) as m:
+        assert m.manifest.to_bytes() == (signed / "manifest.json").read_bytes()
+
+
+def test_an_artifact_under_a_linked_folder_is_refused(
+    signed: Path, keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    bundle = tmp_path / "linked"
+    shutil.copytree(signed, bundle)
+    art = next((bundle / "artifacts").iterdir())
+    elsewhere = tmp_path / "elsewhere"
+    art.rename(elsewhere)
+    art.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(EdgekitError, match="link"):
+        edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[keys[1]])
+
+
+def tiny_frame() -> Any:
+    import numpy as np
+
+    return np.random.default_rng(3).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+
+
+# -- edgekit run -----------------------------------------------------------------------------
+
+
+def test_cli_run_refuses_a_stripped_signature_under_key(
+    signed: Path, key_b: Path, tmp_path: Path, empty_trust: dict[str, str]
+) -> None:
+    bundle = stripped(signed, tmp_path / "stripped")
+    r = run_bundle(empty_trust, bundle, "--key", str(key_b))
+    assert r.returncode == 2, r.stderr
+    assert "error:" in r.stderr and "not signed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_run_refuses_unsigned_by_default_and_runs_it_with_allow_unsigned(
+    signed: Path, tmp_path: Path, empty_trust: dict[str, str]
+) -> None:
+    bundle = stripped(signed, tmp_path / "unsigned")
+    r = run_bundle(empty_trust, bundle)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "not signed" in r.stderr and "--allow-unsigned" in r.stderr and "--key" in r.stderr
+    r = run_bundle(empty_trust, bundle, "--allow-unsigned")
+    assert r.returncode == 0, r.stderr
+    assert "UNSIGNED" in r.stderr  # loud: the risk is named
+    assert json.loads(r.stdout)["frames"] == 3
+
+
+def test_cli_run_runs_a_bundle_signed_by_the_key_given(
+    signed: Path, keys: tuple[Path, Path], empty_trust: dict[str, str]
+) -> None:
+    r = run_bundle(empty_trust, signed, "--key", str(keys[1]))
+    assert r.returncode == 0, r.stderr
+    assert "UNSIGNED" not in r.stderr
