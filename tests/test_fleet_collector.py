@@ -319,6 +319,7 @@ def test_stats_before_any_window() -> None:
         "seen": {},
         "rejected": {},
         "lag_ms": {"p50": None, "p99": None},
+        "devices": {"tracked": 0, "max": 10_000},
     }
 
 

@@ -534,7 +534,7 @@ def test_metrics_endpoint_serves_the_collectors_feed(tmp_path: Path) -> None:
 
     send(4)
     assert collector.handle("edgekit/v1/lab/cam-a/telemetry", b"{not json").startswith("rejected")
-    with TestClient(create_app(view)) as client:
+    with TestClient(create_app(view), base_url="http://127.0.0.1") as client:
         response = client.get("/metrics")
         assert response.status_code == 200
         assert response.headers["content-type"] == CONTENT_TYPE

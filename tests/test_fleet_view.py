@@ -129,7 +129,7 @@ def test_the_web_app_serves_json_events_and_refuses_bad_names() -> None:
     view.status("f", "cam-1", "online", clock.t, birth("onnxruntime", 33.3))
     view.window("f", "cam-1", body("cam-1", 0, clock.t, [10.0, 12.0, 40.0]), clock.t)
     view.tick()
-    with TestClient(create_app(view)) as client:
+    with TestClient(create_app(view), base_url="http://127.0.0.1") as client:
         assert "<html" in client.get("/").text.lower()
         assert client.get("/static/vendor/uPlot.iife.min.js").status_code == 200
         snap = client.get("/api/fleet?window=300").json()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -80,6 +80,34 @@ def serve_command(
             "--artifacts", help="Also serve the bundle archives in DIR at /artifacts/ (fleet deploys)."
         ),
     ] = None,
+    artifacts_port: Annotated[
+        int | None,
+        typer.Option(
+            "--artifacts-port",
+            help="Serve --artifacts on this port instead, read-only and without the token (devices fetch there).",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="Require this token (Authorization: Bearer, or /?token= once in a browser); "
+            "or set EDGEKIT_FLEET_TOKEN. Needed off loopback.",
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host", help="Also answer requests for this host name (browsers' Host header)."
+        ),
+    ] = None,
+    max_devices: Annotated[
+        int,
+        typer.Option("--max-devices", help="Track at most this many devices; more are rejected, counted."),
+    ] = 10_000,
+    max_streams: Annotated[
+        int, typer.Option("--max-streams", help="At most this many live dashboards (SSE) at once, then 503.")
+    ] = 64,
 ) -> None:
     """Collect fleet telemetry from MQTT and serve the dashboard (http://HOST:PORT/) and /metrics."""
     try:
@@ -88,6 +116,7 @@ def serve_command(
         raise EdgekitError(
             f"the fleet dashboard needs its extra: {err}", "pip install 'edgekit[fleet]'"
         ) from err
+    from edgekit.fleet.access import MAKE_ONE, allowed_hosts, is_loopback, read_token
     from edgekit.fleet.backends import open_store
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.mqtt import FleetSubscriber
@@ -95,6 +124,27 @@ def serve_command(
     from edgekit.fleet.view import FleetView, SloPolicy
     from edgekit.protocol.broker import BrokerConfig
 
+    token = read_token(token_file)
+    if token is None and not is_loopback(host):
+        raise EdgekitError(
+            f"--host {host} would put the dashboard, its API, /metrics and /artifacts/ on the network "
+            "with nothing to keep anyone out",
+            f"give it a token with --token-file PATH or EDGEKIT_FLEET_TOKEN ({MAKE_ONE}), "
+            "or keep the default --host 127.0.0.1 behind a reverse proxy that authenticates",
+        )
+    if artifacts is not None and token is not None and artifacts_port is None:
+        raise EdgekitError(
+            "--artifacts with a token: devices do not send the dashboard's token",
+            "serve the bundles on their own read-only listener: --artifacts-port N "
+            "(and --artifact-url http://HOST:N/artifacts for edgekit deploy)",
+        )
+    if artifacts_port is not None and artifacts is None:
+        raise EdgekitError(
+            "--artifacts-port without --artifacts", "add --artifacts DIR, the bundles to serve"
+        )
+    if max_devices < 1 or max_streams < 1:
+        raise EdgekitError("--max-devices and --max-streams must be 1 or more", "e.g. --max-devices 10000")
+    hosts = allowed_hosts(host, allowed_host or ())
     if not 0 < slo_quantile < 1:
         raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")
     raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
@@ -104,6 +154,8 @@ def serve_command(
         level=os.environ.get("EDGEKIT_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     _check_port(host, port)
+    if artifacts_port is not None:
+        _check_port(host, artifacts_port)
     if artifacts is not None and not artifacts.is_dir():
         raise EdgekitError(
             f"--artifacts {artifacts} is not a folder",
@@ -112,8 +164,7 @@ def serve_command(
     store = open_store(db)
     view = FleetView(store, slo=slo)
     view.load()
-    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view)
-    view.stats = collector.stats
+    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, max_devices=max_devices)
 
     def housekeeping() -> None:
         import time
@@ -123,24 +174,61 @@ def serve_command(
         log.info("fleet: compacted the store: %s", done)
 
     # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
-    # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
     ticker = Ticker(view, housekeeping=housekeeping, each_tick=collector.flush)
     try:
-        subscriber = FleetSubscriber(broker, collector.handle, client_id=client_id).start()
+        subscriber = FleetSubscriber(
+            broker, collector.handle, client_id=client_id, reject=collector.reject
+        ).start()
     except BaseException:
         store.close()
         raise
-    app = create_app(view, ticker, artifacts=artifacts)
+    view.stats = lambda: {**collector.stats(), "link": subscriber.stats()}
+    app = create_app(
+        view,
+        ticker,
+        artifacts=artifacts if artifacts_port is None else None,
+        token=token,
+        allowed_hosts=hosts,
+        max_sse=max_streams,
+    )
+    bundles = _artifact_server(artifacts, host, artifacts_port) if artifacts_port is not None else None
     err_console.print(
         f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {_describe_db(db)}; "
         f"dashboard on http://{host}:{port}/  (metrics: /metrics)"
+        + (" — token required" if token else "")
+        + (f"; bundles on http://{host}:{artifacts_port}/artifacts/" if artifacts_port is not None else "")
     )
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
+        if bundles is not None:
+            bundles.should_exit = True
         subscriber.stop()
         collector.flush()
         store.close()
+
+
+def _artifact_server(folder: Path | None, host: str, port: int) -> Any:
+    """``/artifacts/`` alone on its own port, on a thread: read-only, no token (see ``--artifacts-port``).
+
+    Devices download bundles without the dashboard's token (the agent has no way to hold it, and
+    it would let every device read the whole fleet): what is served here is not secret — an
+    install is verified by the bundle's signature and the command's SHA-256, not by who could
+    download it — and this listener serves nothing else (no API, no telemetry, no writes).
+    """
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from edgekit.fleet.artifacts import artifacts_app
+
+    assert folder is not None
+    app = Starlette(routes=[Mount("/artifacts", app=artifacts_app(folder))])
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    threading.Thread(target=server.run, name="edgekit-fleet-artifacts", daemon=True).start()
+    return server
 
 
 @fleet_app.command("simulate")

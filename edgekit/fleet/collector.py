@@ -11,7 +11,9 @@ is evaluated or unpickled), the schema version, that the payload names the devic
 topic, and then the whole payload against its model (``edgekit.protocol.messages``): every
 number and sketch a later query would trip over.  A rejected message is
 counted by reason and logged; the collector stays up.  Telemetry is de-duplicated on
-``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.
+``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.  At most
+``max_devices`` devices are tracked: a message from one more is rejected (``too-many-devices``),
+so made-up device names cannot grow the store and the dashboard without end.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ SPARKPLUG = "spBv1.0"
 # Sparkplug message kinds a fleet collector has no use for (commands to nodes, host state, node data).
 SPARKPLUG_IGNORED = ("NCMD", "DCMD", "NDATA", "STATE")
 MAX_TOPICS = 100_000
+MAX_DEVICES = 10_000
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -138,8 +141,10 @@ class Collector:
         batch_size: int = 1,
         flush_s: float = 0.25,
         listener: CollectorListener | None = None,
+        max_devices: int = MAX_DEVICES,
     ) -> None:
         self.store = store
+        self.max_devices = max_devices
         self.batch_size = max(1, batch_size)
         self.flush_s = flush_s
         self.listener = listener
@@ -154,6 +159,22 @@ class Collector:
         self._events: list[tuple[Any, ...]] = []
         self._last_flush = time.monotonic()
         self._lock = threading.RLock()
+        self._known = set(store.device_keys())  # every device the store has (the cap counts these)
+
+    def _admit(self, fleet: str, device: str) -> None:
+        """Reject a device this collector does not know yet once it tracks ``max_devices``.
+
+        A device becomes known when it is stored (``_set_state``), not when a message names it:
+        rejected messages with made-up names do not use up the cap.
+        """
+        if len(self._known) >= self.max_devices and (fleet, device) not in self._known:
+            raise Rejected("too-many-devices", f"{fleet}/{device}: already {len(self._known)} devices")
+
+    def reject(self, topic: str, reason: str, detail: str) -> None:
+        """Count and log a message refused before ``handle`` (the MQTT reader drops one too large to read)."""
+        with self._lock:
+            self.rejected[reason] += 1
+        log.warning("collector: rejected a message on %r: %s: %s", topic[:200], reason, detail)
 
     def handle(self, topic: str, payload: bytes, now: float | None = None) -> str:
         """Take one message; returns what became of it (``telemetry``, ``duplicate``, ``rejected:<why>``…)."""
@@ -193,13 +214,14 @@ class Collector:
                 log.exception("collector: the listener failed on a %s event", event[0])
 
     def stats(self) -> dict[str, Any]:
-        """``{seen: {...}, rejected: {...}, lag_ms: {p50, p99}}`` (lag ``None`` before any window)."""
+        """``{seen: {...}, rejected: {...}, lag_ms: {p50, p99}, devices: {tracked, max}}`` (lag ``None`` before any window)."""
         with self._lock:
             lag = {f"p{q}": self.lag.quantile(q / 100) for q in (50, 99)}
             return {
                 "seen": dict(self.seen),
                 "rejected": dict(self.rejected),
                 "lag_ms": {k: None if math.isnan(v) else round(v, 3) for k, v in lag.items()},
+                "devices": {"tracked": len(self._known), "max": self.max_devices},
             }
 
     def flush(self) -> None:
@@ -251,6 +273,7 @@ class Collector:
         self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None
     ) -> None:
         self.store.set_state(fleet, device, state, at, birth)
+        self._known.add((fleet, device))
         track = self._track(fleet, device)
         if track is not None:
             track.state = state
@@ -283,6 +306,7 @@ class Collector:
         fleet, device, leaf = self._topic(topic)
         if leaf == "deploy":
             return "deploy"  # the agents' channel (edgekit.deploy): counted, not the dashboard's to store
+        self._admit(fleet, device)
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:
@@ -365,6 +389,7 @@ class Collector:
         fleet, device = parts[1], parts[3]
         if not (safe_name(fleet) and safe_name(device)):
             raise Rejected("bad-id", f"fleet {fleet!r} / device {device!r}")
+        self._admit(fleet, device)
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:

@@ -9,6 +9,17 @@ collector itself (0.26 ms/msg end to end with paho, 0.15 with this; benchmarks/f
 This reads up to 256 KiB per ``recv()``, handles every complete packet in it, then
 acknowledges them all with one ``sendall()``: a crash before handling means redelivery,
 never loss.  TLS, user/password, keep-alive and reconnect with back-off are supported.
+
+Nothing a client publishes can stop it (any device may publish on its own topics, retained):
+
+- a PUBLISH over ``max_packet`` is drained — read and thrown away chunk by chunk, never
+  buffered — then acknowledged (so the broker does not deliver it again on every reconnect)
+  and reported to ``reject(topic, "too-large", detail)``;
+- a malformed packet (a PUBLISH too short for its topic, a length over four bytes) ends the
+  connection, which is counted (``malformed``) and made again;
+- the reading thread is its own supervisor: whatever escapes a connection (a bug included)
+  is logged and counted (``restarts``), and it connects again with back-off.  It ends only on
+  ``stop()``.
 """
 
 from __future__ import annotations
@@ -30,9 +41,12 @@ TOPICS = (EVERYTHING, "spBv1.0/#")
 CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT = (
     1, 2, 3, 4, 8, 9, 12, 13, 14,
 )  # fmt: skip
-# A packet bigger than this is a broken stream, not telemetry (the collector refuses > 256 KiB anyway).
-MAX_PACKET = 64 * 1024 * 1024
+# A PUBLISH bigger than this is drained unread (the collector refuses payloads over 256 KiB anyway;
+# topics are at most 64 KiB).  MQTT itself caps a packet at 256 MiB (a four-byte length).
+MAX_PACKET = 1024 * 1024
 READ_SIZE = 256 * 1024
+# Back-off between connection attempts, and after the reader caught something unexpected.
+RETRY_S, RETRY_MAX_S = 1.0, 5.0
 CONNACK_REASONS = {
     1: "it does not speak MQTT 3.1.1",
     2: "it rejected the client id",
@@ -64,6 +78,14 @@ class Refused(ConnectionError):
     """The broker answered, and said no (credentials, ACL): retrying the same will not help."""
 
 
+class Malformed(ConnectionError):
+    """A packet that breaks MQTT 3.1.1: the stream cannot be trusted past it, so the connection ends."""
+
+
+def _no_reject(topic: str, reason: str, detail: str) -> None:
+    log.warning("fleet: dropped a message on %r (%s: %s)", topic[:200], reason, detail)
+
+
 class FleetSubscriber:
     """Subscribes to ``topics`` with QoS 1 and calls ``handle(topic, payload)`` for each message, in order."""
 
@@ -73,16 +95,25 @@ class FleetSubscriber:
         handle: Callable[[str, bytes], object],
         client_id: str = "edgekit-fleet-collector",
         topics: tuple[str, ...] = TOPICS,
+        reject: Callable[[str, str, str], object] = _no_reject,
+        max_packet: int = MAX_PACKET,
     ) -> None:
         self.broker = broker
         self.handle = handle
+        self.reject = reject  # (topic, reason, detail) of a message dropped before ``handle``
         self.client_id = client_id
         self.topics = topics
+        self.max_packet = max_packet
         self.connected = threading.Event()
         self.last_error = ""
         self.messages = 0
         self.handler_errors = 0
         self.connects = 0
+        self.too_large = 0  # PUBLISHes drained unread
+        self.malformed = 0  # connections ended by a malformed packet
+        self.restarts = 0  # times the reader caught something unexpected and started over
+        self._skip = 0  # bytes of an oversized PUBLISH still to drain
+        self._skip_ack = b""  # its PUBACK, sent once it is drained (acks go in order)
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
@@ -191,29 +222,50 @@ class FleetSubscriber:
             data += chunk
         return data
 
+    def stats(self) -> dict[str, int]:
+        """The link's counters: messages read, connects, drained (too large), malformed, reader restarts."""
+        return {
+            "messages": self.messages,
+            "connects": self.connects,
+            "too_large": self.too_large,
+            "malformed": self.malformed,
+            "restarts": self.restarts,
+            "handler_errors": self.handler_errors,
+        }
+
     def _run(self) -> None:
-        delay = 1.0
+        """Connect, read, and on any failure connect again with back-off, until ``stop()``: the thread never dies."""
+        delay = RETRY_S
         while not self._stop.is_set():
             try:
                 if self._sock is None:
                     self._sock = self._connect()
-                delay = 1.0
+                delay = RETRY_S
                 self._serve(self._sock)
             except Refused as err:
                 self.last_error = str(err)
                 log.error("fleet: %s refused the collector: %s", self.broker.describe(), err)
+            except Malformed as err:
+                self.malformed += 1
+                self.last_error = str(err)
+                log.warning("fleet: %s; reconnecting to %s in %g s", err, self.broker.describe(), delay)
             except (OSError, ConnectionError) as err:
                 if self._stop.is_set():
                     break
                 self.last_error = str(err)
                 log.warning("fleet: lost %s (%s); reconnecting in %g s", self.broker.describe(), err, delay)
+            except Exception as err:  # a bug or an input nobody foresaw: start over, never end collection
+                self.restarts += 1
+                self.last_error = f"reader failed: {err!r}"[:300]
+                log.exception("fleet: the reader failed; restarting it in %g s", delay)
             finally:
                 self.connected.clear()
+                self._skip, self._skip_ack = 0, b""
                 if self._sock is not None:
                     self._sock.close()
                     self._sock = None
             self._stop.wait(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, RETRY_MAX_S)
 
     def _serve(self, sock: socket.socket) -> None:
         keepalive = self.broker.keepalive_s
@@ -230,9 +282,19 @@ class FleetSubscriber:
                 raise ConnectionError("the broker closed the connection")
             if data:
                 last_heard = now
-                buf += data
-                pos, acks = self._frames(buf)
-                del buf[:pos]
+                acks: list[bytes] = []
+                fresh = memoryview(data)
+                if self._skip:  # the rest of an oversized PUBLISH: count it off, keep nothing
+                    n = min(self._skip, len(data))
+                    self._skip -= n
+                    fresh = fresh[n:]
+                    if not self._skip and self._skip_ack:
+                        acks.append(self._skip_ack)
+                        self._skip_ack = b""
+                if fresh:
+                    buf += fresh
+                    pos = self._frames(buf, acks)
+                    del buf[:pos]
                 if acks:
                     self._send(sock, b"".join(acks))
                     last_sent = now
@@ -242,16 +304,15 @@ class FleetSubscriber:
                 self._send(sock, _packet(PINGREQ, 0, b""))
                 last_sent = now
 
-    def _frames(self, buf: bytearray) -> tuple[int, list[bytes]]:
-        """Handle every complete packet in ``buf``; returns how far it got and the PUBACKs owed."""
+    def _frames(self, buf: bytearray, acks: list[bytes]) -> int:
+        """Handle every complete packet in ``buf``, adding the PUBACKs owed to ``acks``; returns how far it got."""
         pos, end = 0, len(buf)
-        acks: list[bytes] = []
         while end - pos >= 2:
             head = buf[pos]
             length, shift, i = 0, 0, pos + 1
             while True:
                 if i >= end:
-                    return pos, acks
+                    return pos
                 byte = buf[i]
                 i += 1
                 length |= (byte & 0x7F) << shift
@@ -259,18 +320,29 @@ class FleetSubscriber:
                     break
                 shift += 7
                 if shift > 21:
-                    raise ConnectionError("malformed packet length from the broker")
-            if length > MAX_PACKET:
-                raise ConnectionError(f"a {length}-byte packet from the broker: refusing the stream")
+                    raise Malformed("a malformed packet length from the broker")
+            kind = head >> 4
+            if length > self.max_packet:
+                if kind != PUBLISH:
+                    raise Malformed(f"a {length}-byte packet of type {kind} from the broker")
+                got = self._oversized(buf, i, end, length, head, acks)
+                if got is None or self._skip:  # its topic is not all here yet, or the rest is to come
+                    return pos if got is None else got
+                pos = got
+                continue
             stop = i + length
             if stop > end:
                 break
-            kind = head >> 4
             if kind == PUBLISH:
+                qos = head & 0x06
+                if length < 2:
+                    raise Malformed(f"a {length}-byte PUBLISH (no room for its topic)")
                 tlen = buf[i] << 8 | buf[i + 1]
-                topic = buf[i + 2 : i + 2 + tlen].decode("utf-8", "replace")
                 p = i + 2 + tlen
-                if head & 0x06:  # QoS 1 (we never subscribe at 2): a packet id follows the topic
+                if p + (2 if qos else 0) > stop:
+                    raise Malformed(f"a {length}-byte PUBLISH with a {tlen}-byte topic")
+                topic = buf[i + 2 : p].decode("utf-8", "replace")
+                if qos:  # QoS 1 (we never subscribe at 2): a packet id follows the topic
                     acks.append(b"\x40\x02" + bytes(buf[p : p + 2]))
                     p += 2
                 self.messages += 1
@@ -285,4 +357,36 @@ class FleetSubscriber:
                 self.last_error = ""
                 self.connected.set()
             pos = stop
-        return pos, acks
+        return pos
+
+    def _oversized(
+        self, buf: bytearray, i: int, end: int, length: int, head: int, acks: list[bytes]
+    ) -> int | None:
+        """Start draining the PUBLISH at ``i`` (``length`` bytes): report it, and skip what is not here yet.
+
+        Returns where ``buf`` is used up to, or None until its topic and packet id have arrived.
+        """
+        if end - i < 2:
+            return None
+        tlen = buf[i] << 8 | buf[i + 1]
+        qos = head & 0x06
+        need = 2 + tlen + (2 if qos else 0)
+        if need > length:
+            raise Malformed(f"a {length}-byte PUBLISH with a {tlen}-byte topic")
+        if end - i < need:
+            return None
+        topic = buf[i + 2 : i + 2 + tlen].decode("utf-8", "replace")
+        ack = b"\x40\x02" + bytes(buf[i + need - 2 : i + need]) if qos else b""
+        self.messages += 1
+        self.too_large += 1
+        here = min(length, end - i)
+        self._skip = length - here
+        if self._skip:
+            self._skip_ack = ack
+        elif ack:
+            acks.append(ack)
+        try:
+            self.reject(topic, "too-large", f"{length} bytes > {self.max_packet}")
+        except Exception:
+            log.exception("fleet: reporting a dropped message on %r failed", topic[:200])
+        return i + here

@@ -176,7 +176,9 @@ def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None 
     """The exposition text for ``devices`` and, when given, the collector's counters.
 
     ``collector`` is ``view.collector_stats()``: ``seen`` (messages by kind), ``rejected``
-    (by reason) and ``lag_ms`` (e.g. ``{"p50": 3.1, "p99": 40.0}``); missing parts are skipped.
+    (by reason), ``lag_ms`` (e.g. ``{"p50": 3.1, "p99": 40.0}``), ``devices`` (``tracked``,
+    ``max``) and ``link`` (the MQTT reader's counters: ``connects``, ``too_large``,
+    ``malformed``, ``restarts``...); missing parts are skipped.
     """
     f = {
         name: _Family(name, kind, text)
@@ -236,4 +238,19 @@ def _collector_families(stats: Mapping[str, Any]) -> list[_Family]:
     for stat, ms in sorted(dict(stats.get("lag_ms") or {}).items()):
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms):
             lag.add((("stat", stat),), ms / 1000)
-    return [seen, rejected, lag]
+    devices = _Family(
+        "edgekit_collector_devices", "gauge", "Devices the collector tracks, and the most it will (limit)."
+    )
+    for which, n in sorted(dict(stats.get("devices") or {}).items()):
+        if isinstance(n, int) and not isinstance(n, bool):
+            devices.add((("which", which),), n)
+    link = _Family(
+        "edgekit_collector_link_events_total",
+        "counter",
+        "The MQTT reader: messages read, connects, messages too large (drained), malformed packets "
+        "(connection ended), reader restarts, handler errors.",
+    )
+    for event, n in sorted(dict(stats.get("link") or {}).items()):
+        if isinstance(n, int) and not isinstance(n, bool):
+            link.add((("event", event),), n)
+    return [seen, rejected, lag, devices, link]

@@ -3,7 +3,11 @@
 Everything the page needs is served from the package (``static/``, uPlot vendored): a
 dashboard on a site without internet still draws.  Snapshots are built once per tick and
 shared by every client; the SSE stream sends one only when something changed (and a
-comment line every few seconds so proxies keep the connection open).
+comment line every few seconds so proxies keep the connection open).  At most ``max_sse``
+streams are open at once (then 503): each holds a connection and a snapshot's worth of work.
+
+Who may ask is ``edgekit.fleet.access``: the ``Host`` must be one the server answers to, and
+with a ``token`` every request but ``/healthz`` must carry it.
 """
 
 from __future__ import annotations
@@ -26,12 +30,28 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from edgekit._core.names import safe_name
+from edgekit.fleet.access import LOOPBACK_NAMES, TokenMiddleware
 from edgekit.fleet.view import FleetView
 
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).with_name("static")
 KEEPALIVE_S = 5.0
+MAX_SSE = 64
+
+
+class _CountedStream(StreamingResponse):
+    """A stream that calls ``release`` when it ends however it ends (sent, client gone, cancelled)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 try:
@@ -109,12 +129,23 @@ class Ticker:
 
 
 def create_app(
-    view: FleetView, ticker: Ticker | None = None, static_dir: Path = STATIC, artifacts: Path | None = None
+    view: FleetView,
+    ticker: Ticker | None = None,
+    static_dir: Path = STATIC,
+    artifacts: Path | None = None,
+    *,
+    token: str | None = None,
+    allowed_hosts: list[str] | None = None,
+    max_sse: int = MAX_SSE,
 ) -> Any:
     """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app.
 
     With ``artifacts`` (a folder of bundle archives) it also serves ``/artifacts/<name>`` for fleet deploys.
+    With ``token`` every request but ``/healthz`` needs it; only ``allowed_hosts`` (default: loopback's
+    names) are answered; at most ``max_sse`` event streams are open at once.
     """
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
     from edgekit.fleet import prometheus
 
     @asynccontextmanager
@@ -127,7 +158,16 @@ def create_app(
             if ticker is not None:
                 ticker.stop()
 
-    app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # The last added runs first: the Host is checked before the token.
+    if token is not None:
+        app.add_middleware(TokenMiddleware, token=token)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or list(LOOPBACK_NAMES))
+    streams = [0]  # open SSE streams (one event loop: no lock needed)
+
+    def release() -> None:
+        streams[0] -= 1
+
     app.mount("/static", _StaticFiles(directory=static_dir), name="static")
     if artifacts is not None:
         from edgekit.fleet.artifacts import artifacts_app
@@ -159,7 +199,16 @@ def create_app(
         return json_response(page)
 
     @app.get("/api/events")
-    async def events(request: Request, window: int = Query(300, ge=1, le=30 * 86400)) -> StreamingResponse:
+    async def events(request: Request, window: int = Query(300, ge=1, le=30 * 86400)) -> Response:
+        if streams[0] >= max_sse:
+            return Response(
+                f"503: {max_sse} live streams are open, the most this server keeps\n",
+                status_code=503,
+                headers={"Retry-After": "10"},
+                media_type="text/plain",
+            )
+        streams[0] += 1
+
         async def stream() -> AsyncIterator[bytes]:
             sent_version, sent_at = -1, 0.0
             yield b"retry: 2000\n\n"
@@ -175,7 +224,7 @@ def create_app(
                 await asyncio.sleep(0.25)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+        return _CountedStream(stream(), release, media_type="text/event-stream", headers=headers)
 
     @app.get("/metrics")
     async def metrics() -> Response:

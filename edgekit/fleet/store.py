@@ -130,6 +130,11 @@ class FleetStore:
             "epoch": row[5],
         }
 
+    def device_keys(self) -> list[tuple[str, str]]:
+        """``(fleet, device)`` of every known device (one query: the collector's device count)."""
+        with self._lock:
+            return [(str(f), str(d)) for f, d in self._query("SELECT fleet, device FROM devices")]
+
     def devices(self) -> list[dict[str, Any]]:
         """Every known device's row, ordered by fleet and name."""
         with self._lock:
