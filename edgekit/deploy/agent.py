@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._version import __version__
 from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download
-from edgekit.deploy.supervisor import PipelineSupervisor
+from edgekit.deploy.supervisor import PipelineSupervisor, child_environment
 from edgekit.errors import EdgekitError
 from edgekit.protocol.control import Command, CommandError, parse_command, result_message
 from edgekit.protocol.topics import SCHEMA_AGENT, topic
@@ -241,18 +241,7 @@ class Agent:
         return argv + list(c.child_args)
 
     def _child_env(self) -> dict[str, str]:
-        """Our environment plus the secrets the child must not get on its command line."""
-        import os
-
-        from edgekit._core.redact import has_secret
-        from edgekit.protocol.broker import PASSWORD_ENV
-
-        env = dict(os.environ)
-        if self.broker.password:
-            env[PASSWORD_ENV] = self.broker.password
-        if self.config.source is not None and has_secret(self.config.source):
-            env["EDGEKIT_SOURCE"] = self.config.source  # `edgekit run --source` reads it
-        return env
+        return child_environment(self.broker.password, self.config.source)
 
     # -- commands ----------------------------------------------------------------------------
 

@@ -177,21 +177,25 @@ class Rollout:
                 "e.g. --artifacts /srv/edgekit/artifacts --artifact-url http://server:8765/artifacts "
                 "(what `edgekit fleet serve --artifacts DIR` serves)",
             )
+        from edgekit._core.redact import redact_url
+
         artifact = publish_artifact(o.bundle, o.artifacts, o.artifact_url)
         problem = check_served(artifact)
         if problem is not None and "HTTP 404" in problem:
-            raise DeployError(problem, "--artifact-url must be where the server serves --artifacts DIR")
+            raise DeployError(
+                redact_url(problem), "--artifact-url must be where the server serves --artifacts DIR"
+            )
         report = self.report
         report.deploy_id = o.deploy_id or new_deploy_id("d", artifact.sha256)
         report.artifact = {
             "name": artifact.name,
-            "url": artifact.url,
+            "url": redact_url(artifact.url),  # the report is printed and logged; the command has the URL
             "sha256": artifact.sha256,
             "size": artifact.size,
             "model": artifact.model,
             "version": artifact.version,
         }
-        self._event("artifact", **report.artifact, warning=problem)
+        self._event("artifact", **report.artifact, warning=problem and redact_url(problem))
         link = FleetLink(o.mqtt, o.fleet).connect()
         link.on_progress = lambda body: self._event("progress", **body)
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.redact import redact_source
+from edgekit._core.redact import has_secret, redact_source
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,17 @@ class PipelineSupervisor:
             log.warning("agent: the pipeline did not stop within %g s; killing it", STOP_CHILD_S)
             proc.kill()
             proc.wait(5)
+
+
+def child_environment(password: str | None, source: str | None) -> dict[str, str]:
+    """Our environment plus the secrets the child must not get on its command line:
+    the MQTT password (``EDGEKIT_MQTT_PASSWORD``) and a source holding one (``EDGEKIT_SOURCE``)."""
+    env = dict(os.environ)
+    if password:
+        env["EDGEKIT_MQTT_PASSWORD"] = password
+    if source is not None and has_secret(source):
+        env["EDGEKIT_SOURCE"] = source  # `edgekit run --source` reads it
+    return env
 
 
 _prctl: Any = None
