@@ -87,9 +87,12 @@ class Processes:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: dict[int, Path] = {}
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: list[str], env_extra: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = self.logdir / f"{name}.log"
         env = dict(os.environ, TMPDIR=str(self.logdir), EDGEKIT_LOG="WARNING", PYTHONUNBUFFERED="1")
+        env.update(env_extra or {})
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         self.procs.append(proc)
@@ -136,7 +139,7 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         driver.quit()
 
 
-def _serve(processes: Processes, mqtt_url: str, db: Path) -> str:
+def _serve(processes: Processes, mqtt_url: str, db: Path, token: str | None = None) -> str:
     port = free_port()
     server = processes.start(
         "fleet-serve",
@@ -153,6 +156,7 @@ def _serve(processes: Processes, mqtt_url: str, db: Path) -> str:
             "--port",
             str(port),
         ],
+        {"EDGEKIT_FLEET_TOKEN": token} if token else None,
     )
     url = f"http://127.0.0.1:{port}"
 
@@ -390,3 +394,34 @@ def test_dashboard_lists_devices_draws_charts_and_shows_a_killed_device_offline(
             for shot in shots.glob("*.png"):
                 shutil.copy(shot, Path(target) / shot.name)
             print(f"copied to {target}")
+
+
+def test_with_a_token_the_page_works_once_opened_with_it(
+    tmp_path: Path, processes: Processes, browser: Any
+) -> None:
+    """``/?token=`` once: the cookie it sets carries the page's modules, its JSON and its SSE stream."""
+    token = "browser-token-0123456789abcdef"
+    broker = Mosquitto(tmp_path).start()
+    try:
+        url = _serve(processes, broker.url, tmp_path / "fleet.db", token=token)
+        _sim(processes, "sim-cams", broker.url, devices=2, prefix="cam")
+        browser.get(url + "/")
+        assert "needs its token" in browser.find_element("tag name", "body").text
+        browser.get(f"{url}/?token={token}")
+        assert browser.current_url == url + "/"  # the token left the address bar
+        expected = {f"{FLEET}/cam-01", f"{FLEET}/cam-02"}
+        _wait_for(
+            "the device table to list the devices online",
+            lambda: set(_states(browser)) == expected and set(_states(browser).values()) == {"online"},
+            timeout=60,
+        )
+        _wait_for(
+            "the live stream",
+            lambda: browser.find_element("id", "conn").get_attribute("data-conn") == "live",
+            timeout=30,
+        )
+        assert not _js_errors(browser)
+        cookies = {c["name"]: c for c in browser.get_cookies()}
+        assert cookies["edgekit_fleet"]["httpOnly"] and token not in cookies["edgekit_fleet"]["value"]
+    finally:
+        broker.stop()

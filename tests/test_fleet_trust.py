@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -142,7 +143,8 @@ class FakeBroker:
                 conn.sendall(b"\x20\x02\x00\x00")
                 time.sleep(0.1)
                 conn.recv(65536)  # SUBSCRIBE (two topics)
-                conn.sendall(b"\x90\x04\x00\x01\x01\x01" + script)
+                conn.sendall(b"\x90\x04\x00\x01\x01\x01")
+                conn.sendall(script)
                 while conn.recv(65536):  # PUBACKs, PINGREQs, until it hangs up
                     pass
             except OSError:
@@ -186,8 +188,8 @@ def test_a_malformed_packet_ends_the_connection_and_the_next_message_is_ingested
         fake.close()
 
 
-def test_an_oversized_publish_split_across_reads_is_drained_and_what_follows_is_read() -> None:
-    big = b"y" * (3 * 1024 * 1024)
+def test_an_oversized_publish_split_across_reads_is_drained_unbuffered_and_what_follows_is_read() -> None:
+    big = b"y" * (16 * 1024 * 1024)
     topic = b"edgekit/v1/lab/cam-x/telemetry"
     body = len(topic).to_bytes(2, "big") + topic + b"\x00\x07" + big  # QoS 1, packet id 7
     n, length = len(body), bytearray()
@@ -196,14 +198,20 @@ def test_an_oversized_publish_split_across_reads_is_drained_and_what_follows_is_
         length.append(byte | (0x80 if n else 0))
         if not n:
             break
-    fake = FakeBroker([bytes([0x32]) + bytes(length) + body + GOOD])
+    script = bytes([0x32]) + bytes(length) + body + GOOD
+    del big, body
+    fake = FakeBroker([script])
     ingest = Ingest(f"mqtt://127.0.0.1:{fake.port}", client_id="collector-fake")
+    tracemalloc.start()
     try:
         ingest.sub.start(wait_s=5)
         assert eventually(lambda: ingest.online("cam-ok"), 5), ingest.sub.last_error
+        peak = tracemalloc.get_traced_memory()[1]
+        assert peak < 4 * 1024 * 1024, f"{peak} bytes: the 16 MiB message was buffered"
         assert ingest.collector.rejected["too-large"] == 1 and ingest.sub.too_large == 1
         assert ingest.sub.connects == 1 and ingest.topics == ["edgekit/v1/lab/cam-ok/status"]
     finally:
+        tracemalloc.stop()
         ingest.sub.stop()
         fake.close()
 
