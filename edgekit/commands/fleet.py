@@ -198,6 +198,11 @@ def serve_command(
         + (" — token required" if token else "")
         + (f"; bundles on http://{host}:{artifacts_port}/artifacts/" if artifacts_port is not None else "")
     )
+    if host in ("0.0.0.0", "::") and not allowed_host:
+        err_console.print(
+            "[dim]answering only requests for loopback names: pass --allowed-host NAME "
+            "for the name (or address) browsers and Prometheus use[/]"
+        )
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
