@@ -5,6 +5,9 @@ Three agents (cam-1, cam-2, cam-3 in group "lab"), each with its own state root 
 synthetic source and reporting telemetry.  The tests run in file order on one fleet:
 bad commands, a canary that breaks its SLO, a healthy rollout, a download that resumes.
 The first few tests need no processes: the command checks, the artifact routes, the download.
+Every command is signed with the test key the agents trust (``signed``; ``edgekit deploy
+--sign-key``), and the agents fetch only from the artifact server and one port kept for
+``FlakyServer`` (``--artifact-origin``).
 """
 
 from __future__ import annotations
@@ -74,6 +77,20 @@ def version_of(bundle: Path) -> str:
     return read_manifest(bundle).model.version
 
 
+def signed(body: dict[str, Any], private_key: Path, ttl_s: float = 600.0) -> bytes:
+    """``body`` stamped with ``expires_at`` and a fresh ``nonce``, signed as ``edgekit deploy --sign-key`` signs."""
+    import base64
+
+    from edgekit.bundle.keys import load_private_key
+    from edgekit.protocol.control import new_nonce, signed_bytes
+
+    body = dict(body)
+    body.setdefault("expires_at", round(time.time() + ttl_s, 3))
+    body.setdefault("nonce", new_nonce())
+    body["signature"] = base64.b64encode(load_private_key(private_key).sign(signed_bytes(body))).decode()
+    return json.dumps(body).encode()
+
+
 def pack(bundle: Path, out: Path) -> tuple[Path, str, int]:
     from edgekit.bundle.archive import pack as pack_bundle
 
@@ -88,7 +105,7 @@ def pack(bundle: Path, out: Path) -> tuple[Path, str, int]:
 class FlakyServer:
     """Serves one file with Range support; ``cut`` transfers send only half the body, then close."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, port: int = 0) -> None:
         self.path = path
         self.cut = 0  # how many of the next full-body transfers to cut off
         self.requests: list[dict[str, str | None]] = []
@@ -117,7 +134,7 @@ class FlakyServer:
                     return
                 self.wfile.write(body[start:])
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/{path.name}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -209,9 +226,7 @@ def test_the_wire_formats_follow_their_json_schemas() -> None:
         schema = json.loads((schemas / name).read_text())
         jsonschema.Draft202012Validator(schema).validate(doc)
 
-    check(
-        "cmd.schema.json", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, "QUJD").to_dict()
-    )
+    check("cmd.schema.json", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, 60).to_dict())
     check(
         "cmd-result.schema.json", result_message("cam-1", None, "command", final=True, ok=False, reason="x")
     )
@@ -246,32 +261,45 @@ def test_the_artifact_routes_serve_ranges_and_heads_and_refuse_paths_outside(tmp
 
 
 def test_a_download_cut_off_midway_resumes_with_a_range_request(tmp_path: Path) -> None:
-    from edgekit.deploy.download import DownloadError, download
+    from edgekit.deploy.download import DownloadError, download, parse_origin
 
     blob = tmp_path / "b.tar.gz"
     blob.write_bytes(os.urandom(300_000))
     sha = hashlib.sha256(blob.read_bytes()).hexdigest()
     server = FlakyServer(blob)
+    origins = [parse_origin(server.url.rsplit("/", 1)[0])]
     try:
         server.cut = 1
-        got = download(server.url, tmp_path / "incoming", sha256=sha, size=300_000, backoff_s=0.05)
+        got = download(
+            server.url, tmp_path / "incoming", sha256=sha, size=300_000, origins=origins, backoff_s=0.05
+        )
         assert got.read_bytes() == blob.read_bytes()
         assert [r["range"] for r in server.requests] == [None, "bytes=150000-"]
-        # Always cut off: a clear failure, and the part is kept for the next try.
+        # Always cut off: a failure that says nothing the server said, and nothing of it is kept.
         server.requests.clear()
         server.cut = 99
-        with pytest.raises(DownloadError, match=r"could not download .* in 3 attempts"):
-            download(server.url, tmp_path / "in2", sha256=sha, size=300_000, attempts=3, backoff_s=0.05)
-        assert (tmp_path / "in2" / f"{sha}.part").stat().st_size > 0
+        with pytest.raises(DownloadError) as failed:
+            download(server.url, tmp_path / "in2", sha256=sha, size=300_000, origins=origins, attempts=3,
+                     backoff_s=0.05)  # fmt: skip
+        assert failed.value.message == "download failed" and "in 3 attempts" in failed.value.detail
+        assert not list((tmp_path / "in2").iterdir())
         # The wrong bytes: refused, nothing kept.
         server.cut = 0
-        with pytest.raises(DownloadError, match="SHA-256"):
-            download(server.url, tmp_path / "in3", sha256="0" * 64, size=300_000, backoff_s=0.05)
+        with pytest.raises(DownloadError, match="hash mismatch") as wrong:
+            download(server.url, tmp_path / "in3", sha256="0" * 64, size=300_000, origins=origins,
+                     backoff_s=0.05)  # fmt: skip
+        assert sha not in wrong.value.message and sha in wrong.value.detail
         assert not list((tmp_path / "in3").iterdir())
-        with pytest.raises(DownloadError, match="the command said 5"):
-            download(server.url, tmp_path / "in4", sha256=sha, size=5, backoff_s=0.05)
+        with pytest.raises(DownloadError, match="hash mismatch") as short:
+            download(server.url, tmp_path / "in4", sha256=sha, size=5, origins=origins, backoff_s=0.05)
+        assert "300000" not in short.value.message
         with pytest.raises(DownloadError, match="limit"):
-            download(server.url, tmp_path / "in5", sha256=sha, size=300_000, max_bytes=1000)
+            download(server.url, tmp_path / "in5", sha256=sha, size=300_000, origins=origins, max_bytes=1000)
+        # Off the origin list: refused before any connection.
+        server.requests.clear()
+        with pytest.raises(DownloadError, match="refused: origin not allowed"):
+            download(server.url, tmp_path / "in6", sha256=sha, size=300_000, origins=[])
+        assert server.requests == []
     finally:
         server.close()
 
@@ -458,12 +486,14 @@ class Fleet:
     env: dict[str, str]
     work: Path
     keys: tuple[Path, Path]
+    flaky_port: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def deploy(self, *args: str) -> tuple[int, dict[str, Any], str]:
         r = edgekit(
             self.env, "deploy", "--fleet", FLEET, "--mqtt", self.broker.url, "--bundle", str(self.v2),
-            "--artifacts", str(self.artifacts), "--artifact-url", f"{self.server}/artifacts", "--json", *args,
+            "--artifacts", str(self.artifacts), "--artifact-url", f"{self.server}/artifacts", "--json",
+            "--sign-key", str(self.keys[0]), *args,
         )  # fmt: skip
         lines = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
         assert lines, r.stderr[-3000:]
@@ -501,6 +531,7 @@ def fleet(
         env=cache_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=serve_log,
     )  # fmt: skip
     server = f"http://127.0.0.1:{port}"
+    flaky_port = free_port()  # where the tests' FlakyServer listens: the agents' second origin
     observer = Observer(broker.url)
     agents: dict[str, Agent] = {}
     try:
@@ -529,9 +560,10 @@ def fleet(
             argv = [*EDGEKIT, "agent", "run", "--root", str(root), "--mqtt", broker.url, "--fleet", FLEET,
                     "--device-id", device, "--group", "lab", "--profile", PROFILE,
                     "--source", "synthetic:96x96@5", "--telemetry-interval", "0.5",
-                    "--download-attempts", "2"]  # fmt: skip
+                    "--download-attempts", "2", "--artifact-origin", server,
+                    "--artifact-origin", f"http://127.0.0.1:{flaky_port}"]  # fmt: skip
             agents[device] = Agent(device, root, work / f"agent-{device}.log", argv, env).start()
-        f = Fleet(broker, server, artifacts, observer, agents, v1, v2, cache_env, work, keys)
+        f = Fleet(broker, server, artifacts, observer, agents, v1, v2, cache_env, work, keys, flaky_port)
         for device in DEVICES:  # every agent online and its pipeline reporting telemetry
             assert wait_for(lambda d=device: f.observer.of(d, "telemetry"), 180), agents[
                 device
@@ -564,14 +596,14 @@ def test_bad_commands_each_get_a_clear_answer_and_the_agent_stays_up(fleet: Flee
     other_key, _ = generate_keypair(stranger)
     unknown = with_version(fleet.v1, fleet.work / "enl0-unknown-key", "9.9.9", other_key)
     _, unknown_sha, unknown_size = pack(unknown, fleet.artifacts / "enl0-unknown.tar.gz")
-    flaky = FlakyServer(v1_archive)
+    flaky = FlakyServer(v1_archive, fleet.flaky_port)
     flaky.cut = 99  # every transfer breaks off halfway: a truncated download
     url = f"{fleet.server}/artifacts/enl0-v1.tar.gz"
 
     def cmd(deploy_id: str, **fields: Any) -> bytes:
         body = {"schema": "edgekit/v1/cmd", "id": deploy_id, "action": "deploy", "device": device,
                 "url": url, "sha256": v1_sha, "size": v1_size} | fields  # fmt: skip
-        return json.dumps(body).encode()
+        return signed(body, fleet.keys[0])
 
     cases: list[tuple[bytes, str | None, str, str]] = [
         (b"{not json", None, "command", "unreadable command"),
@@ -580,10 +612,10 @@ def test_bad_commands_each_get_a_clear_answer_and_the_agent_stays_up(fleet: Flee
         (cmd("bad-schema", schema="edgekit/v9/cmd"), "bad-schema", "command", "schema"),
         (cmd("not-mine", device="cam-1"), "not-mine", "command", "is for device 'cam-1'"),
         (cmd("file-url", url="file:///etc/passwd"), "file-url", "command", "not an http(s) URL"),
-        (cmd("no-server", url=f"http://127.0.0.1:{free_port()}/b.tar.gz"), "no-server", "download", "could not download"),
-        (cmd("not-there", url=f"{fleet.server}/artifacts/nope.tar.gz"), "not-there", "download", "HTTP 404"),
-        (cmd("wrong-sha", sha256="0" * 64), "wrong-sha", "download", "SHA-256"),
-        (cmd("truncated", url=flaky.url), "truncated", "download", "broke off"),
+        (cmd("off-list", url=f"http://127.0.0.1:{free_port()}/b.tar.gz"), "off-list", "download", "origin not allowed"),
+        (cmd("not-there", url=f"{fleet.server}/artifacts/nope.tar.gz"), "not-there", "download", "download failed"),
+        (cmd("wrong-sha", sha256="0" * 64), "wrong-sha", "download", "hash mismatch"),
+        (cmd("truncated", url=flaky.url), "truncated", "download", "download failed"),
         (cmd("unknown-key", url=f"{fleet.server}/artifacts/enl0-unknown.tar.gz", sha256=unknown_sha,
              size=unknown_size), "unknown-key", "signature", ""),
     ]  # fmt: skip
@@ -630,7 +662,7 @@ def test_bad_commands_each_get_a_clear_answer_and_the_agent_stays_up(fleet: Flee
     agent.proc.wait(10)
     assert wait_for(lambda: fleet.observer.of(device, "agent")[-1][2].get("state") == "offline", 60)
     seen = len(fleet.observer.finals(device))
-    fleet.observer.publish(device, cmd("while-away", url="gopher://x/y"))
+    fleet.observer.publish(device, cmd("while-away", url="gopher://x/y"))  # refused before its signature
     agent.start()
     got = fleet.observer.final(device, "while-away", 120, after=seen)
     assert got["ok"] is False and "not an http(s) URL" in got["reason"]
@@ -681,7 +713,7 @@ def test_a_healthy_rollout_goes_to_the_canary_first_then_reaches_every_device(fl
 
     # And back: a fleet rollback switches cam-3 to its other slot (v1), no health gate, no download.
     r = edgekit(fleet.env, "deploy", "rollback", "--fleet", FLEET, "--target", "cam-3", "--mqtt",
-                fleet.broker.url, "--id", "back-1", "--json")  # fmt: skip
+                fleet.broker.url, "--id", "back-1", "--sign-key", str(fleet.keys[0]), "--json")  # fmt: skip
     back = json.loads(r.stdout.splitlines()[-1])
     assert r.returncode == 0 and back["outcome"] == "done" and back["results"]["cam-3"]["ok"], r.stderr
     assert fleet.agents["cam-3"].status()["version"] == version_of(fleet.v1)
@@ -691,13 +723,13 @@ def test_a_healthy_rollout_goes_to_the_canary_first_then_reaches_every_device(fl
 def test_an_interrupted_download_resumes_with_a_range_request(fleet: Fleet) -> None:
     device, agent = "cam-2", fleet.agents["cam-2"]
     archive, sha, size = pack(fleet.v1, fleet.work / "resume" / "enl0-v1.tar.gz")
-    flaky = FlakyServer(archive)
+    flaky = FlakyServer(archive, fleet.flaky_port)
     flaky.cut = 1
     try:
         seen = len(fleet.observer.finals(device))
         body = {"schema": "edgekit/v1/cmd", "id": "resume-1", "action": "deploy", "device": device,
                 "url": flaky.url, "sha256": sha, "size": size}  # fmt: skip
-        fleet.observer.publish(device, json.dumps(body).encode())
+        fleet.observer.publish(device, signed(body, fleet.keys[0]))
         got = fleet.observer.final(device, "resume-1", 300, after=seen)
     finally:
         flaky.close()

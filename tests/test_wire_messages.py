@@ -133,8 +133,17 @@ def test_birth_facts_the_fleet_would_refuse_fail_at_once(tmp_path: Path) -> None
 
 
 def test_what_an_agent_and_a_rollout_send_follows_its_model_and_schema() -> None:
-    both_accept("cmd", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, "QUJD").to_dict())
+    both_accept("cmd", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5).to_dict())
     both_accept("cmd", rollback_message("d-1-rb", "cam-1").to_dict())
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from edgekit.deploy.command_trust import sign_command
+
+    key = Ed25519PrivateKey.generate()
+    signed = sign_command(deploy_message("d-2", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, ttl_s=60), key)
+    assert signed.signature and signed.nonce and signed.expires_at
+    both_accept("cmd", signed.to_dict())
+    both_accept("cmd", sign_command(rollback_message("d-2-rb", "cam-1", ttl_s=60), key).to_dict())
     health = HealthReport(True, p50_ms=4.2, p99_ms=9.7, budget_ms=33.3, top1_agreement=1.0, threshold=0.98,
                           frames=8, decisive_frames=8, runs=101, backend="onnxruntime", precision="fp32",
                           candidate="onnxruntime-fp32", load_ms=120.4)  # fmt: skip
@@ -156,8 +165,9 @@ def test_what_an_agent_and_a_rollout_send_follows_its_model_and_schema() -> None
         "slots": {"a": {"complete": True, "active": True}, "b": {"complete": False, "active": False}},
         "pipeline": "running", "busy": None,
     }  # fmt: skip
-    both_accept("agent", agent)
+    both_accept("agent", agent)  # an older agent's: no "dropped"
     assert parse_agent_status(json.dumps(agent).encode()) == agent
+    both_accept("agent", agent | {"dropped": 2})
     offline = {"schema": "edgekit/v1/agent", "state": "offline", "device": "cam-1", "fleet": "lab",
                "group": None, "profile": None}  # fmt: skip
     both_accept("agent", offline)

@@ -354,7 +354,29 @@ def run_agent_command(
     ] = None,
     max_bundle_mb: Annotated[
         float, typer.Option("--max-bundle-mb", help="Refuse to download a bundle bigger than this.")
-    ] = 2048.0,
+    ] = 512.0,
+    artifact_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--artifact-origin",
+            envvar="EDGEKIT_ARTIFACT_ORIGINS",
+            help="Fetch bundles only from here: scheme://host[:port] (repeat; the env var: space-separated). "
+            "None: every deploy is refused.",
+        ),
+    ] = None,
+    allow_unsigned_commands: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unsigned-commands",
+            help="A LAB ONLY: take unsigned commands (anyone who can publish on .../cmd commands this device).",
+        ),
+    ] = False,
+    rollback_limit: Annotated[
+        int, typer.Option("--rollback-limit", min=1, help="Rollbacks taken per --rollback-window.")
+    ] = 3,
+    rollback_window: Annotated[
+        str, typer.Option("--rollback-window", help="The window of --rollback-limit (10m).")
+    ] = "10m",
     download_attempts: Annotated[
         int, typer.Option("--download-attempts", min=1, help="Transfers per download (each resumes).")
     ] = 5,
@@ -388,7 +410,19 @@ def run_agent_command(
 
         get_profile(profile)  # an unknown profile is a usage error now, not a failed deploy later
     if not telemetry_interval > 0 or not max_bundle_mb > 0:
-        raise DeployError("--telemetry-interval and --max-bundle-mb must be positive", "e.g. 5 and 2048")
+    from edgekit._core.units import parse_seconds
+        raise DeployError("--telemetry-interval and --max-bundle-mb must be positive", "e.g. 5 and 512")
+    origins = tuple(artifact_origin or ())
+    for origin in origins:
+        try:
+            parse_origin(origin)
+        except ValueError as err:
+            raise DeployError(
+                f"--artifact-origin {err}",
+                "scheme://host[:port] of the artifact server, e.g. https://fleet.local:8443",
+            ) from None
+    window_s = parse_seconds(rollback_window, "--rollback-window")
+    from edgekit.deploy.download import parse_origin
     broker = BrokerConfig.from_url(
         mqtt, ca_file=mqtt_ca, cert_file=mqtt_cert, key_file=mqtt_key, protocol=mqtt_protocol
     )
@@ -413,3 +447,7 @@ def run_agent_command(
         download_attempts=download_attempts,
     )
     raise typer.Exit(run_agent(root, config, broker))
+        artifact_origins=origins,
+        allow_unsigned_commands=allow_unsigned_commands,
+        rollback_limit=rollback_limit,
+        rollback_window_s=window_s,

@@ -85,6 +85,22 @@ TargetOpt = Annotated[
 GroupOpt = Annotated[
     str | None, typer.Option("--group", help="Fleet: every device in this group.", rich_help_panel="Fleet")
 ]
+UnsignedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--unsigned-commands",
+        help="Fleet: send unsigned commands (only agents run with --allow-unsigned-commands take them).",
+        rich_help_panel="Fleet",
+    ),
+]
+FleetSignKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--sign-key",
+        help="Fleet: sign each command with this key (the agents trust its .pub.pem).",
+        rich_help_panel="Fleet",
+    ),
+]
 MqttOpt = Annotated[
     str | None,
     typer.Option(
@@ -112,6 +128,8 @@ class FleetRequest:
     artifacts: Path | None = None
     artifact_url: str | None = None
     as_json: bool = False
+    sign_key: Path | None = None
+    unsigned: bool = False
 
 
 def _fleet(req: FleetRequest) -> int:
@@ -176,7 +194,11 @@ def deploy_command(
     ] = None,
     sign_key: Annotated[
         Path | None,
-        typer.Option("--sign-key", help="With --model: sign the bundle (devices install signed ones only)."),
+        typer.Option(
+            "--sign-key",
+            help="With --model: sign the bundle (devices install signed ones only). With --fleet: "
+            "sign each command too (agents take signed ones only).",
+        ),
     ] = None,
     host: HostOpt = None,
     port: PortOpt = None,
@@ -226,6 +248,7 @@ def deploy_command(
             "--artifact-url", help="Fleet: URL of that folder for the agents.", rich_help_panel="Fleet"
         ),
     ] = None,
+    unsigned_commands: UnsignedOpt = False,
     as_json: JsonLinesOpt = False,
 ) -> None:
     """Build (with --model) and ship a bundle to a device; it becomes active only if it passes the health gate.
@@ -243,6 +266,7 @@ def deploy_command(
         "--slo-p95-ms": slo_p95_ms,
         "--artifacts": artifacts,
         "--artifact-url": artifact_url,
+        "--unsigned-commands": unsigned_commands,
     }
     _one_transport(host, fleet, fleet_only)
     if fleet and budget is not None:
@@ -278,6 +302,8 @@ def deploy_command(
             artifacts=artifacts,
             artifact_url=artifact_url,
             as_json=as_json,
+            sign_key=sign_key,
+            unsigned=unsigned_commands,
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
@@ -311,13 +337,30 @@ def rollback_command(
     target: TargetOpt = None,
     group: GroupOpt = None,
     mqtt: MqttOpt = None,
+    sign_key: FleetSignKeyOpt = None,
+    unsigned_commands: UnsignedOpt = False,
     as_json: JsonLinesOpt = False,
 ) -> None:
     """Make the device's previous bundle active again (it is health-checked before the switch)."""
-    _one_transport(host, fleet, {"--target": target, "--group": group, "--mqtt": mqtt})
+    fleet_only = {
+        "--target": target,
+        "--group": group,
+        "--mqtt": mqtt,
+        "--sign-key": sign_key,
+        "--unsigned-commands": unsigned_commands,
+    }
+    _one_transport(host, fleet, fleet_only)
     if fleet:
         req = FleetRequest(
-            "rollback", fleet, tuple(target or ()), group, mqtt, deploy_id=deploy_id, as_json=as_json
+            "rollback",
+            fleet,
+            tuple(target or ()),
+            group,
+            mqtt,
+            deploy_id=deploy_id,
+            as_json=as_json,
+            sign_key=sign_key,
+            unsigned=unsigned_commands,
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
@@ -408,6 +451,8 @@ def _fleet_rollout(req: FleetRequest) -> int:
         canary_window=req.canary_window,
         slo_p95_ms=req.slo_p95_ms,
         action=req.action,
+        sign_key=req.sign_key,
+        unsigned=req.unsigned,
         on_event=show,
     )
     show.finish(report.to_dict())

@@ -5,9 +5,11 @@ One process per device (systemd unit ``edgekit-agent.service``)::
     paho's thread     cmd messages (QoS 1, persistent session) -> a queue; acknowledged only
                       when handled, so a command that arrives while the agent is down, or
                       that was being handled when it died, is delivered (again) on reconnect
-    worker thread     one command at a time: check it (edgekit.protocol.control), answer a
-                      replayed id from deploys/<id>.json, download with Range resume into
-                      incoming/, install() / rollback() (edgekit.deploy.install), report each
+    worker thread     one command at a time: check it (edgekit.protocol.control), check who sent
+                      it (edgekit.deploy.command_trust: signature, expiry, nonce), answer a
+                      replayed id from deploys/<id>.json, download from an allowed origin with
+                      Range resume into incoming/ (edgekit.deploy.download), install() /
+                      rollback() (edgekit.deploy.install; rollbacks rate-limited), report each
                       step and the outcome on cmd/result, restart the pipeline after a switch
     supervisor        ``edgekit run <active bundle> --mqtt ... --fleet F --device-id D``
                       as a child (edgekit.deploy.supervisor); restarted after a switch, and
@@ -19,19 +21,9 @@ active, the group and the profile (``edgekit deploy --fleet`` finds its members 
 the Last Will turns it ``offline``.  Bad input never ends the agent: each refusal is a
 log line and, when the command's id was readable, a final ``ok: false`` result.
 
-Who may send commands is the broker's ACL (the agent still refuses a command naming
-another device, and installs only bundles its trusted keys signed).  With Mosquitto and
-one user per device named like the device id (``%u``)::
-
-    pattern read  edgekit/v1/+/%u/cmd
-    pattern write edgekit/v1/+/%u/cmd/result
-    pattern write edgekit/v1/+/%u/agent
-    pattern write edgekit/v1/+/%u/status
-    pattern write edgekit/v1/+/%u/telemetry
-    pattern write edgekit/v1/+/%u/labels
-
-and for the user ``edgekit deploy`` runs as: ``write edgekit/v1/<fleet>/+/cmd`` and
-``read`` on ``.../+/agent``, ``.../+/cmd/result``, ``.../+/status``, ``.../+/telemetry``.
+Who may command it: a trusted key's signature on each command (``edgekit.deploy.command_trust``),
+and the broker's ACL on who may publish (``edgekit.deploy.agent_wire`` shows one).  It fetches
+only from its ``--artifact-origin`` list and installs only bundles its trusted keys signed.
 """
 
 from __future__ import annotations
@@ -51,12 +43,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._version import __version__
-from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download
+from edgekit.deploy.agent_wire import connect_kwargs, plain, status_payload
+from edgekit.deploy.command_trust import (
+    DEFAULT_ROLLBACK_LIMIT,
+    DEFAULT_ROLLBACK_WINDOW_S,
+    CommandGuard,
+    CommandRefused,
+)
+from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download, parse_origin
 from edgekit.deploy.supervisor import PipelineSupervisor, child_environment
 from edgekit.errors import EdgekitError
 from edgekit.protocol.control import Command, CommandError, parse_command, result_message
-from edgekit.protocol.topics import SCHEMA_AGENT, topic
+from edgekit.protocol.topics import topic
 
 if TYPE_CHECKING:
     from edgekit.deploy.install import InstallResult
@@ -67,6 +65,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 1.0
 SESSION_EXPIRY_S = 7 * 86400  # MQTT 5: how long the broker keeps our queue while we are away
+QUEUE_SIZE = 32  # commands waiting for the worker; more are dropped
 
 
 @dataclass
@@ -85,6 +84,12 @@ class AgentConfig:
     download_attempts: int = 5
     download_backoff_s: float = 1.0
     child_args: Sequence[str] = field(default_factory=tuple)
+    # Where bundles may come from: scheme://host[:port] each; none: every deploy is refused.
+    artifact_origins: Sequence[str] = field(default_factory=tuple)
+    allow_unsigned_commands: bool = False  # a lab only: anyone who can publish on .../cmd commands it
+    rollback_limit: int = DEFAULT_ROLLBACK_LIMIT
+    rollback_window_s: float = DEFAULT_ROLLBACK_WINDOW_S
+    queue_size: int = QUEUE_SIZE
 
 
 class Agent:
@@ -100,8 +105,17 @@ class Agent:
         self.agent_topic = topic(config.fleet, config.device_id, "agent")
         self.handled = 0
         self.refused = 0
+        self.dropped = 0
         self.busy: str | None = None
-        self._queue: queue.Queue[tuple[int, int, bytes] | None] = queue.Queue()
+        self.origins = frozenset(parse_origin(o) for o in config.artifact_origins)
+        self.guard = CommandGuard(
+            Path(root.path),
+            root.trusted_keys,
+            allow_unsigned=config.allow_unsigned_commands,
+            rollback_limit=config.rollback_limit,
+            rollback_window_s=config.rollback_window_s,
+        )
+        self._queue: queue.Queue[tuple[int, int, bytes] | None] = queue.Queue(max(1, config.queue_size))
         self._queued: set[str] = set()  # digests of payloads waiting or in progress (redelivery)
         self._queued_lock = threading.Lock()
         self._stop = threading.Event()
@@ -156,8 +170,18 @@ class Agent:
         with self._queued_lock:
             if digest in self._queued:  # redelivered after a reconnect while still waiting here
                 return
+            try:
+                self._queue.put_nowait((msg.mid, msg.qos, payload))
+            except queue.Full:
+                self.dropped += 1
+                log.warning(
+                    "agent: %d commands wait already: dropped one (%d bytes; %d dropped so far)",
+                    self._queue.maxsize, len(payload), self.dropped,
+                )  # fmt: skip
+                if msg.qos > 0:
+                    client.ack(msg.mid, msg.qos)  # dropped for good: not redelivered on reconnect
+                return
             self._queued.add(digest)
-        self._queue.put((msg.mid, msg.qos, payload))
 
     def _publish(self, topic_: str, body: dict[str, Any], retain: bool = False) -> None:
         data = json.dumps(body, separators=(",", ":"), default=str).encode()
@@ -165,26 +189,16 @@ class Agent:
         self._client.publish(topic_, data, qos=1, retain=retain)
 
     def _status_payload(self, state: str) -> bytes:
-        body: dict[str, Any] = {
-            "schema": SCHEMA_AGENT,
-            "state": state,
-            "device": self.config.device_id,
-            "fleet": self.config.fleet,
-            "group": self.config.group,
-            "profile": self.config.profile,
-        }
+        c = self.config
+        online = None
         if state == "online":
-            status = self._root_status()
-            body |= {
-                "ts": round(time.time(), 3),
+            online = {
                 "session": self.session,
-                "edgekit": __version__,
-                "active": _active_of(status),
-                "slots": status.get("slots", status),
-                "pipeline": self.supervisor.state if self.config.source else "none",
+                "pipeline": self.supervisor.state if c.source else "none",
                 "busy": self.busy,
+                "dropped": self.dropped,
             }
-        return json.dumps(body, separators=(",", ":"), default=str).encode()
+        return status_payload(state, c.device_id, c.fleet, c.group, c.profile, online, self._root_status)
 
     def publish_status(self) -> None:
         """Publish the retained agent message (what is installed, active, running)."""
@@ -220,6 +234,8 @@ class Agent:
         # in the child's environment (_child_env), the broker URL without its password.
         source = [] if has_secret(c.source) else ["--source", c.source]
         argv = [sys.executable, "-m", "edgekit.cli", "run", str(bundle), *source, "--json"]
+        for key in self.root.trusted_keys():  # the slot's bundle must be signed by a key this device trusts
+            argv += ["--key", str(key)]
         argv += ["--mqtt", without_password(c.mqtt_url), "--fleet", c.fleet, "--device-id", c.device_id]
         argv += ["--telemetry-interval", f"{c.telemetry_interval_s:g}"]
         # In the state root: the one place the agent's unit lets it write, kept across restarts.
@@ -271,6 +287,10 @@ class Agent:
                 "agent: refused a command (%d bytes, id %s): %s", len(payload), err.deploy_id, err.message
             )
             return self._final(err.deploy_id, None, "command", ok=False, reason=err.message, hint=err.hint)
+        try:
+            self.guard.authenticate(payload, cmd)
+        except CommandRefused as err:
+            return self._refuse(cmd, payload, err)
         self.handled += 1
         recorded = self._recorded(cmd.id)
         if recorded is not None:
@@ -288,6 +308,12 @@ class Agent:
                 version=recorded.get("version") if isinstance(recorded.get("version"), str) else None,
                 replayed=True,
             )
+        try:
+            self.guard.take_nonce(cmd)
+            if cmd.action == "rollback":
+                self.guard.take_rollback()
+        except CommandRefused as err:
+            return self._refuse(cmd, payload, err)
         log.info("agent: %s %s", cmd.action, cmd.id)
         self.busy = cmd.id
         self.publish_status()
@@ -304,6 +330,11 @@ class Agent:
         finally:
             self.busy = None
             self.publish_status()
+
+    def _refuse(self, cmd: Command, payload: bytes, err: CommandRefused) -> dict[str, Any]:
+        self.refused += 1
+        log.warning("agent: refused %s %s (%d bytes): %s", cmd.action, cmd.id, len(payload), err.message)
+        return self._final(cmd.id, cmd.action, "command", ok=False, reason=err.message, hint=err.hint)
 
     def _run_command(self, cmd: Command) -> dict[str, Any]:
         self._progress(cmd, "received", {})
@@ -352,13 +383,14 @@ class Agent:
                 self._incoming(),
                 sha256=cmd.sha256,
                 size=cmd.size,
+                origins=self.origins,
                 max_bytes=self.config.max_bundle_bytes,
                 attempts=self.config.download_attempts,
                 backoff_s=self.config.download_backoff_s,
                 progress=fetched,
             )
         except DownloadError as err:
-            log.warning("agent: deploy %s: %s", cmd.id, err.message)
+            log.warning("agent: deploy %s: %s (%s)", cmd.id, err.message, err.detail)
             return self._final(cmd.id, cmd.action, "download", ok=False, reason=err.message, hint=err.hint)
         try:
             return install(
@@ -382,7 +414,7 @@ class Agent:
 
     def _progress(self, cmd: Command, step: str, info: dict[str, Any]) -> None:
         body = result_message(
-            self.config.device_id, cmd.id, step, final=False, action=cmd.action, info=_plain(info)
+            self.config.device_id, cmd.id, step, final=False, action=cmd.action, info=plain(info)
         )
         self._publish(self.result_topic, body)
 
@@ -400,17 +432,11 @@ class Agent:
     def start(self) -> Agent:
         """Recover the root, start the pipeline, connect (in the background) and take commands."""
         self.root.recover()
+        self.guard.warn(self.cmd_topic, bool(self.origins))
         if self.config.source:
             self.supervisor.start()
         b = self.broker
-        kwargs: dict[str, Any] = {}
-        if b.protocol == "5":
-            from paho.mqtt.packettypes import PacketTypes
-            from paho.mqtt.properties import Properties
-
-            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-            props.SessionExpiryInterval = SESSION_EXPIRY_S
-            kwargs = {"clean_start": False, "properties": props}
+        kwargs = connect_kwargs(b.protocol, SESSION_EXPIRY_S)
         self._client.connect_async(b.host, b.port, keepalive=b.keepalive_s, **kwargs)
         self._client.loop_start()
         self._worker.start()
@@ -446,28 +472,6 @@ class Agent:
             pass
         self.stop()
         return 0
-
-
-def _active_of(status: dict[str, Any]) -> dict[str, Any] | None:
-    """The active slot's facts (slot, model, version, deploy id) out of ``StateRoot.status()``."""
-    if not status.get("active"):
-        return None
-    return {"slot": status["active"]} | {k: status.get(k) for k in ("model", "version", "deploy_id")}
-
-
-def _plain(info: dict[str, Any]) -> dict[str, Any]:
-    """``info`` with what JSON cannot carry (paths, numpy numbers) as text."""
-    out: dict[str, Any] = {}
-    for key, value in info.items():
-        if value is None or isinstance(value, (bool, int, float, str)):
-            out[str(key)] = value
-        elif isinstance(value, dict):
-            out[str(key)] = _plain(value)
-        elif isinstance(value, (list, tuple)):
-            out[str(key)] = [v if isinstance(v, (bool, int, float, str)) else str(v) for v in value]
-        else:
-            out[str(key)] = str(value)
-    return out
 
 
 def run_agent(root_path: Path, config: AgentConfig, broker: BrokerConfig) -> int:

@@ -1,19 +1,28 @@
 """Fetch a bundle archive over HTTP(S) into the state root's ``incoming/``, resuming with Range requests.
 
-A device on a flaky link must not start a 30 MB download over after every drop: bytes
-land in ``incoming/<sha256>.part`` and each retry asks for ``Range: bytes=<have>-``.
-A server that ignores the range (200) restarts the file; a 206 must start exactly where
-the part ends.  The size is checked against the command's size and the agent's limit
-before and during the transfer (a server that sends more is cut off), and the SHA-256
-of the whole file against the command's before the file is renamed to
-``<sha256>.tar.gz``; a mismatch deletes the part so the next try starts clean.
+Only from the agent's artifact origins (``--artifact-origin https://fleet.local:8443``:
+scheme, host and port): a URL off the list is refused before any connection, and so is a
+redirect off it.  Without the list a command could make the device fetch whatever its
+network reaches (loopback, link-local, the LAN) and report on it.
 
-Only http and https are fetched, redirects included (urllib alone would follow a
-redirect to ftp://).
+Within one deploy a device on a flaky link must not start a 30 MB download over after every
+drop: bytes land in ``incoming/<key>.part`` (``key``: SHA-256 of the URL and the expected
+SHA-256, so bytes of one URL never complete another's) and each retry asks for
+``Range: bytes=<have>-``.  A server that ignores the range (200) restarts the file; a 206
+must start exactly where the part ends.  The size is checked against the command's size
+and the agent's limit before and during the transfer (a server that sends more is cut
+off), and the SHA-256 of the whole file against the command's before the file is renamed
+to ``<key>.tar.gz``.  A failed download deletes its part: nothing of it is kept.
+
+What a refusal says (``DownloadError.message``, sent back on ``cmd/result``) holds nothing
+the server said: no status, size, hash or whether a port was open, only ``refused: origin
+not allowed``, ``download failed`` or ``hash mismatch`` and what the command itself said.
+The details go to the agent's own log (``DownloadError.detail``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import logging
 import os
@@ -21,9 +30,10 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from edgekit._core.io import fsync_dir, sha256_file
 from edgekit._version import __version__
@@ -32,27 +42,93 @@ from edgekit.errors import DeployError
 log = logging.getLogger(__name__)
 
 CHUNK = 256 * 1024
-DEFAULT_MAX_BYTES = 2 << 30  # the unpack cap (edgekit.bundle.archive) bounds a bundle anyway
+DEFAULT_MAX_BYTES = 512 << 20  # --max-bundle-mb: what one deploy may pull onto the device
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 Progress = Callable[[int, int], None]
 
 
+REFUSED = "refused: origin not allowed"
+FAILED = "download failed"
+MISMATCH = "hash mismatch"
+_ORIGIN_HINT = "the agent fetches only from its --artifact-origin list (EDGEKIT_ARTIFACT_ORIGINS)"
+_FAILED_HINT = "check that the artifact server is up and serves the bundle; the agent's log says more"
+_MISMATCH_HINT = "the artifact on the server is not the one the deploy was made for: deploy it again"
+
+
 class DownloadError(DeployError):
-    """A bundle could not be fetched, or what arrived is not what the command described."""
+    """A bundle could not be fetched, or what arrived is not what the command described.
+
+    ``message`` says nothing the server said (it goes back over MQTT); ``detail`` does, for the log.
+    """
+
+    def __init__(self, message: str, hint: str = "", detail: str = "") -> None:
+        from edgekit._core.redact import redact_url
+
+        super().__init__(message, hint)
+        self.detail = redact_url(detail or message)  # a presigned URL's ?sig= / ?token= is not for the log
 
 
-class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+Origin = tuple[str, str, int]
+
+
+def parse_origin(text: str) -> Origin:
+    """``https://fleet.local:8443`` -> ``("https", "fleet.local", 8443)``; ``ValueError`` saying why not.
+
+    Scheme and host only (a path, user, query or fragment is refused); the port defaults to the scheme's.
+    """
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError as err:
+        raise ValueError(f"{text!r} is not an origin: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{text!r} is not an http(s) origin")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"{text!r} is more than scheme://host[:port]")
+    return parts.scheme, parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80)
+
+
+def origin_of(url: str) -> Origin | None:
+    """The origin of an http(s) ``url``, or None when it has none (another scheme, no host, a bad port)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port or (443 if scheme == "https" else 80)
+
+
+def _allowed(url: str, origins: frozenset[Origin]) -> bool:
+    origin = origin_of(url)
+    return origin is not None and origin in origins
+
+
+class _OriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to one of the allowed origins (http(s) by construction)."""
+
+    def __init__(self, origins: frozenset[Origin]) -> None:
+        self.origins = origins
+
     def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-        if not newurl.lower().startswith(("http://", "https://")):
+        if not _allowed(newurl, self.origins):
             raise DownloadError(
-                f"{req.full_url} redirects to {newurl[:200]!r}, which is not http(s)",
-                "host bundles on an http(s) server (edgekit fleet serve --artifacts DIR)",
+                REFUSED, _ORIGIN_HINT, f"{req.full_url} redirects to {newurl[:200]!r}, off the origin list"
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-_opener = urllib.request.build_opener(_HttpOnlyRedirects())
+def _opener(origins: frozenset[Origin]) -> urllib.request.OpenerDirector:
+    # No proxy from the environment: the origin check is of the host the agent connects to.
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _OriginRedirects(origins))
+
+
+def part_key(url: str, sha256: str) -> str:
+    """The name of a download's files in ``incoming/``: SHA-256 over the URL and the expected SHA-256."""
+    return hashlib.sha256(f"{sha256}\n{url}".encode()).hexdigest()
 
 
 def _size(path: Path) -> int:
@@ -72,33 +148,59 @@ def download(
     *,
     sha256: str,
     size: int,
+    origins: Iterable[Origin],
     max_bytes: int = DEFAULT_MAX_BYTES,
     attempts: int = 5,
     timeout_s: float = 30.0,
     backoff_s: float = 1.0,
     progress: Progress | None = None,
 ) -> Path:
-    """Download ``url`` to ``incoming/<sha256>.tar.gz`` and return it; raises ``DownloadError``.
+    """Download ``url`` to ``incoming/<key>.tar.gz`` and return it; raises ``DownloadError``.
 
-    ``attempts`` transfers at most (each resuming where the last stopped), waiting
-    ``backoff_s``, then twice that ... between them.  ``progress(have, size)`` is called
-    as bytes arrive.  A permanent answer (404, 403, a wrong size) ends it at once.
+    ``origins``: where the agent may fetch from (``parse_origin``); ``url`` and every redirect
+    must be on it.  ``attempts`` transfers at most (each resuming where the last stopped),
+    waiting ``backoff_s``, then twice that ... between them.  ``progress(have, size)`` is
+    called as bytes arrive.  A permanent answer (404, 403, a wrong size) ends it at once.
     """
+    allowed = frozenset(origins)
+    if not _allowed(url, allowed):
+        raise DownloadError(REFUSED, _ORIGIN_HINT, f"{url[:200]} is not on the origin list")
     if size > max_bytes:
         raise DownloadError(
             f"the bundle is {size} bytes, more than this agent's limit of {max_bytes}",
             "raise the agent's --max-bundle-mb, or ship a smaller bundle",
         )
     incoming.mkdir(parents=True, exist_ok=True)
-    done = incoming / f"{sha256}.tar.gz"
-    part = incoming / f"{sha256}.part"
+    key = part_key(url, sha256)
+    done = incoming / f"{key}.tar.gz"
+    part = incoming / f"{key}.part"
     if done.is_file() and _size(done) == size and sha256_file(done) == sha256:
         return done  # fetched before an interruption of the install: no need to fetch again
     _clear_others(incoming, keep=(part.name, done.name))
+    try:
+        return _fetch(url, part, done, sha256, size, allowed, attempts, timeout_s, backoff_s, progress)
+    except BaseException:
+        part.unlink(missing_ok=True)  # nothing of a failed download is kept, or resumed by another
+        raise
+
+
+def _fetch(
+    url: str,
+    part: Path,
+    done: Path,
+    sha256: str,
+    size: int,
+    allowed: frozenset[Origin],
+    attempts: int,
+    timeout_s: float,
+    backoff_s: float,
+    progress: Progress | None,
+) -> Path:
+    opener = _opener(allowed)
     last = "no attempt made"
     for attempt in range(1, attempts + 1):
         try:
-            _transfer(url, part, size, timeout_s, progress)
+            _transfer(opener, url, part, size, timeout_s, progress)
             break
         except _Retry as why:
             last = str(why)
@@ -110,17 +212,13 @@ def download(
                 )  # fmt: skip
                 time.sleep(delay)
     else:
-        raise DownloadError(
-            f"could not download {url} in {attempts} attempts: {last} ({_size(part)} of {size} bytes here; "
-            "the next deploy of this bundle resumes from there)",
-            "check that the artifact server is up and reachable from the device",
-        )
+        raise DownloadError(FAILED, _FAILED_HINT, f"could not download {url} in {attempts} attempts: {last}")
     actual = sha256_file(part)
     if actual != sha256:
-        part.unlink(missing_ok=True)
         raise DownloadError(
+            MISMATCH,
+            _MISMATCH_HINT,
             f"the download from {url} has SHA-256 {actual}, the command said {sha256}",
-            "the artifact on the server is not the one the deploy was made for: deploy it again",
         )
     os.replace(part, done)  # the .part was fsynced as it was written
     fsync_dir(done.parent)
@@ -134,7 +232,14 @@ def _clear_others(incoming: Path, keep: tuple[str, ...]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _transfer(url: str, part: Path, size: int, timeout_s: float, progress: Progress | None) -> None:
+def _transfer(
+    opener: urllib.request.OpenerDirector,
+    url: str,
+    part: Path,
+    size: int,
+    timeout_s: float,
+    progress: Progress | None,
+) -> None:
     """One HTTP request appending to ``part``; returns when it holds ``size`` bytes, else raises."""
     have = _size(part)
     if have > size:  # left by a different, longer file under the same name: start over
@@ -147,7 +252,7 @@ def _transfer(url: str, part: Path, size: int, timeout_s: float, progress: Progr
         headers["Range"] = f"bytes={have}-"
     request = urllib.request.Request(url, headers=headers)
     try:
-        response = _opener.open(request, timeout=timeout_s)
+        response = opener.open(request, timeout=timeout_s)
     except urllib.error.HTTPError as err:
         err.close()
         if err.code == 416 and have:  # our part does not fit the file on the server: start over
@@ -155,10 +260,7 @@ def _transfer(url: str, part: Path, size: int, timeout_s: float, progress: Progr
             raise _Retry(f"the server refused the range {have}- (416)") from None
         if err.code in (408, 429) or err.code >= 500:
             raise _Retry(f"HTTP {err.code} {err.reason}") from None
-        raise DownloadError(
-            f"{url} answered HTTP {err.code} {err.reason}",
-            "check the artifact URL (edgekit fleet serve --artifacts DIR serves /artifacts/<name>)",
-        ) from None
+        raise DownloadError(FAILED, _FAILED_HINT, f"{url} answered HTTP {err.code} {err.reason}") from None
     except urllib.error.URLError as err:
         if isinstance(err.reason, DownloadError):
             raise err.reason from None
@@ -196,11 +298,7 @@ def _transfer(url: str, part: Path, size: int, timeout_s: float, progress: Progr
                 out.flush()
                 os.fsync(out.fileno())
             if have == size and response.read(1):
-                part.unlink(missing_ok=True)
-                raise DownloadError(
-                    f"{url} sends more than the {size} bytes the command said",
-                    "the artifact on the server is not the one the deploy was made for: deploy it again",
-                )
+                raise DownloadError(MISMATCH, _MISMATCH_HINT, f"{url} sends more than the {size} bytes")
         except (OSError, http.client.HTTPException) as err:
             raise _Retry(f"the transfer broke off: {err}") from None
     if have < size:
@@ -208,7 +306,4 @@ def _transfer(url: str, part: Path, size: int, timeout_s: float, progress: Progr
 
 
 def _size_error(url: str, actual: int, expected: int) -> DownloadError:
-    return DownloadError(
-        f"{url} is {actual} bytes, the command said {expected}",
-        "the artifact on the server is not the one the deploy was made for: deploy it again",
-    )
+    return DownloadError(MISMATCH, _MISMATCH_HINT, f"{url} is {actual} bytes, the command said {expected}")

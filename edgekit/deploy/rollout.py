@@ -3,7 +3,8 @@
 ::
 
     1. the archive goes into the folder ``edgekit fleet serve --artifacts DIR`` hosts
-       (its URL, SHA-256, size and signature go into each command)
+       (its URL, SHA-256 and size go into each command; each command is signed with
+       --sign-key, good for --timeout and once: ``edgekit.deploy.command_trust``)
     2. members: the retained ``edgekit/v1/<fleet>/+/agent`` messages (online ones; --group or --target)
     3. canaries: ceil(share x members), the first by name (a repeatable choice), get the
        deploy command; their final results are awaited (a failed health gate fails the rollout)
@@ -34,6 +35,7 @@ from typing import Any
 from edgekit._core.names import safe_name
 from edgekit._core.units import parse_seconds
 from edgekit.deploy.canary import DEFAULT_MISS_RATE, CanaryWatch
+from edgekit.deploy.command_trust import load_signing_key, sign_command
 from edgekit.deploy.link import FleetLink
 from edgekit.deploy.members import Member, canary_count, choose_members, parse_share
 from edgekit.deploy.publish import Artifact, check_served, publish_artifact
@@ -124,6 +126,8 @@ class RolloutOptions:
     slo_miss_rate: float = DEFAULT_MISS_RATE
     timeout_s: float = DEFAULT_TIMEOUT_S
     startup_grace_s: float = 120.0
+    sign_key: Path | None = None  # Ed25519 private key the agents trust; None: unsigned commands
+    unsigned: bool = False  # say so to send unsigned commands (agents with --allow-unsigned-commands)
 
 
 class Rollout:
@@ -144,6 +148,15 @@ class Rollout:
             raise DeployError(
                 f"--id {o.deploy_id!r} is not a deploy id", "1-64 of A-Z a-z 0-9 . _ - starting with a letter"
             )
+        if (o.sign_key is None) != o.unsigned:
+            raise DeployError(
+                "fleet commands are signed: pass --sign-key KEY.pem (a key the agents trust)"
+                if o.sign_key is None
+                else "--sign-key and --unsigned-commands contradict each other",
+                "agents refuse unsigned commands unless run with --allow-unsigned-commands "
+                "(then pass --unsigned-commands)",
+            )
+        self._key = load_signing_key(o.sign_key) if o.sign_key is not None else None
         self.options = o
         self.on_event = on_event or (lambda kind, info: None)
         self.report = RolloutReport("deploy", o.fleet, o.deploy_id or "")
@@ -206,12 +219,18 @@ class Rollout:
             self._event("done", outcome=report.outcome, ok=report.ok, reason=report.reason)
         return report
 
+    def _signed(self, cmd: Command) -> Command:
+        return sign_command(cmd, self._key) if self._key is not None else cmd
+
     def _commands(self, devices: Sequence[str], artifact: Artifact) -> list[Command]:
-        rid = self.report.deploy_id
+        rid, ttl = self.report.deploy_id, self.options.timeout_s
         return [
-            deploy_message(rid, d, artifact.url, artifact.sha256, artifact.size, artifact.signature)
+            self._signed(deploy_message(rid, d, artifact.url, artifact.sha256, artifact.size, ttl))
             for d in devices
         ]
+
+    def _rollbacks(self, rid: str, devices: Sequence[str]) -> list[Command]:
+        return [self._signed(rollback_message(rid, d, self.options.timeout_s)) for d in devices]
 
     def _send_and_wait(
         self, link: FleetLink, commands: Sequence[Command], phase: str, undo: bool = False
@@ -285,7 +304,7 @@ class Rollout:
         if not devices:
             return
         rid = rollback_id(self.report.deploy_id)
-        self._send_and_wait(link, [rollback_message(rid, d) for d in devices], "rollback", undo=True)
+        self._send_and_wait(link, self._rollbacks(rid, devices), "rollback", undo=True)
 
     def _watch(
         self,
@@ -361,9 +380,7 @@ class Rollout:
         link.on_progress = lambda body: self._event("progress", **body)
         try:
             devices = [m.device for m in self._members(link)]
-            oks = self._send_and_wait(
-                link, [rollback_message(report.deploy_id, d) for d in devices], "rollback"
-            )
+            oks = self._send_and_wait(link, self._rollbacks(report.deploy_id, devices), "rollback")
             report.outcome = "done" if all(oks.values()) else _outcome(oks)
             failed = [d for d in devices if not oks[d]]
             report.reason = ", ".join(f"{d}: {report.results[d].get('reason')}" for d in failed)
@@ -395,6 +412,8 @@ def run(
     canary_window: str | None = None,
     slo_p95_ms: float | None = None,
     action: str = "deploy",
+    sign_key: Path | None = None,
+    unsigned: bool = False,
     on_event: Event | None = None,
 ) -> RolloutReport:
     """A fleet deploy (``action="deploy"``) or rollback from command-line values (``"10%"``, ``"60s"``)."""
@@ -410,6 +429,8 @@ def run(
         canary_share=parse_share(canary) if canary else None,
         canary_window_s=parse_seconds(canary_window, "--canary-window") if canary_window else 60.0,
         slo_p95_ms=slo_p95_ms,
+        sign_key=sign_key,
+        unsigned=unsigned,
     )
     if slo_p95_ms is not None and not slo_p95_ms > 0:
         raise DeployError(f"--slo-p95-ms {slo_p95_ms} is not positive", "a latency in ms, e.g. 30")

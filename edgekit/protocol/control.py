@@ -13,7 +13,8 @@ different commands in one payload), every field's type and shape checked by the
 device.  Nothing received is ever unpickled or evaluated; the
 bundle it points at is verified (signature, hashes) by the install, not trusted because
 a command named it.  Fields this version does not know are ignored, so a newer sender
-still reaches an older agent.
+still reaches an older agent.  Who sent a command is the agent's check
+(``edgekit.deploy.command_trust``): ``signed_bytes`` is what the sender signed.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ __all__ = [
     "deploy_message",
     "loads_strict",
     "new_deploy_id",
+    "new_nonce",
     "parse_agent_status",
     "parse_command",
     "parse_result",
     "result_message",
     "rollback_message",
     "safe_deploy_id",
+    "signed_bytes",
 ]
 
 # A command is a few hundred bytes; anything much bigger is a mistake or an attack.
@@ -91,23 +94,42 @@ class CommandError(DeployError):
         self.deploy_id = deploy_id
 
 
+def new_nonce() -> str:
+    """A command's nonce: 128 random bits as 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+def signed_bytes(body: dict[str, Any]) -> bytes:
+    """What a command's ``signature`` signs: the object without ``signature``, keys sorted, no whitespace."""
+    rest = {k: v for k, v in body.items() if k != "signature"}
+    return json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
 def deploy_message(
-    deploy_id: str, device: str, url: str, sha256: str, size: int, signature: str | None = None
+    deploy_id: str, device: str, url: str, sha256: str, size: int, ttl_s: float | None = None
 ) -> Command:
-    """A deploy command, checked as an agent will check it (a sender finds its mistakes first)."""
+    """A deploy command, checked as an agent will check it (a sender finds its mistakes first).
+
+    ``ttl_s``: the command carries ``expires_at`` (now + ``ttl_s``) and a ``nonce`` (to be signed).
+    """
     body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "deploy", "device": device}
     body |= {"url": url, "sha256": sha256, "size": size}
-    if signature is not None:
-        body["signature"] = signature
-    body["issued_at"] = round(time.time(), 3)
-    return parse_command(json.dumps(body, separators=(",", ":")).encode(), device)
+    return _stamped(body, ttl_s)
 
 
-def rollback_message(deploy_id: str, device: str) -> Command:
+def rollback_message(deploy_id: str, device: str, ttl_s: float | None = None) -> Command:
     """A rollback command: switch ``device`` back to its other complete slot."""
     body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "rollback", "device": device}
-    body["issued_at"] = round(time.time(), 3)
-    return parse_command(json.dumps(body, separators=(",", ":")).encode(), device)
+    return _stamped(body, ttl_s)
+
+
+def _stamped(body: dict[str, Any], ttl_s: float | None) -> Command:
+    now = round(time.time(), 3)
+    body["issued_at"] = now
+    if ttl_s is not None:
+        body["expires_at"] = round(now + ttl_s, 3)
+        body["nonce"] = new_nonce()
+    return parse_command(json.dumps(body, separators=(",", ":")).encode(), str(body["device"]))
 
 
 def _no_constants(name: str) -> Any:
@@ -154,9 +176,11 @@ _REFUSALS: dict[str, tuple[str, str]] = {
     "size": ("size {} is not a positive number of bytes", "the archive's size in bytes"),
     "signature": (
         f"signature {{}} is not base64 text of at most {MAX_SIGNATURE_CHARS} characters",
-        "leave it out, or send the bundle's manifest.sig in base64",
+        "sign commands with edgekit deploy --fleet ... --sign-key KEY.pem",
     ),
     "issued_at": ("issued_at {} is not a time", "seconds since the epoch, e.g. 1764500000.0"),
+    "expires_at": ("expires_at {} is not a time", "seconds since the epoch, e.g. 1764500900.0"),
+    "nonce": ("nonce {} is not 16-64 of A-Z a-z 0-9 _ -", "a fresh random value per command"),
 }
 
 
@@ -209,7 +233,8 @@ def parse_command(payload: bytes, device: str) -> Command:
             deploy_id,
         )
     if body.get("action") == "rollback":  # a rollback names no bundle: whatever else it carries is ignored
-        body = {k: v for k, v in body.items() if k in ("schema", "id", "action", "device", "issued_at")}
+        kept = ("schema", "id", "action", "device", "issued_at", "expires_at", "nonce", "signature")
+        body = {k: v for k, v in body.items() if k in kept}
     try:
         return Command.model_validate(body)
     except ValidationError as err:

@@ -25,6 +25,7 @@ MAX_SIGNATURE_CHARS = 4096
 DEPLOY_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 _SHA256 = r"^[0-9a-f]{64}$"
 _BASE64 = r"^[A-Za-z0-9+/=_-]+$"
+NONCE_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
 #: A deploy id: 1-64 of ``A-Z a-z 0-9 . _ -``, starting with a letter or digit (safe as a file name).
 DeployId = Annotated[str, Field(pattern=DEPLOY_ID_PATTERN)]
@@ -50,8 +51,14 @@ class Command(BaseModel):
 
     At most 16 KiB of UTF-8 JSON, no duplicate keys, no NaN.  Fields this version does not
     know are ignored, so a newer sender still reaches an older agent.  A deploy names the
-    bundle archive (``url``, ``sha256``, ``size``, optionally its manifest signature); a
-    deploy id is answered once: a replayed id returns the recorded outcome.
+    bundle archive (``url``, ``sha256``, ``size``); a deploy id is answered once: a replayed
+    id returns the recorded outcome.
+
+    ``signature`` is the sender's Ed25519 signature (base64) over the command's canonical
+    JSON: the whole object as received, ``signature`` left out, keys sorted, no whitespace
+    (``edgekit.protocol.control.signed_bytes``); ``expires_at`` and a random ``nonce`` make
+    each signed command good once and for a while.  An agent checks it against its trusted
+    keys, and refuses unsigned commands unless run with ``--allow-unsigned-commands``.
     """
 
     # Unlike the other messages, unknown fields are dropped: an agent acts only on what it knows.
@@ -90,9 +97,15 @@ class Command(BaseModel):
         min_length=1,
         max_length=MAX_SIGNATURE_CHARS,
         pattern=_BASE64,
-        description="the bundle's manifest.sig in base64",
+        description="Ed25519 signature (base64) over the canonical command JSON without this field",
     )
     issued_at: float | None = Field(default=None, ge=0, description="seconds since the epoch")
+    expires_at: float | None = Field(
+        default=None, ge=0, description="seconds since the epoch; an agent refuses the command after it"
+    )
+    nonce: str | None = Field(
+        default=None, pattern=NONCE_PATTERN, description="random, once per command: a replay is refused"
+    )
 
     @model_validator(mode="after")
     def _deploy_names_its_bundle(self) -> Command:
@@ -200,3 +213,6 @@ class AgentStatus(WireMessage):
     slots: dict[str, Any] | None = Field(default=None, description="the state root's slots")
     pipeline: Literal["running", "starting", "backoff", "stopped", "none"] | None = None
     busy: str | None = Field(default=None, description="the deploy id being handled")
+    dropped: int | None = Field(
+        default=None, ge=0, description="commands dropped since the agent started (its queue was full)"
+    )
