@@ -433,6 +433,7 @@ def test_recover_cleans_a_half_written_slot_and_temp_files(installed: StateRoot,
         "active",
         "agent.lock",
         "deploys",
+        "floor.json",  # the highest serial installed (anti-rollback)
         "incoming",
         "keys",
         "slots",

@@ -225,3 +225,89 @@ def test_cli_run_runs_a_bundle_signed_by_the_key_given(
     r = run_bundle(empty_trust, signed, "--key", str(keys[1]))
     assert r.returncode == 0, r.stderr
     assert "UNSIGNED" not in r.stderr
+
+
+# -- the agent's floor: no going back to an older signed bundle ---------------------------------
+
+
+def _serial_bundle(src: Path, out: Path, key: Path, serial: int | None) -> Path:
+    """The reference bundle's ONNX Runtime artifacts, re-signed with ``serial`` (None: no serial, as before)."""
+    from deploy_bundles import keep_artifacts, resign
+
+    keep, change = keep_artifacts(["onnxruntime-fp32", "onnxruntime-int8"])
+
+    def edit(doc: dict[str, Any]) -> None:
+        keep(doc)
+        doc["build"].pop("serial", None)
+        if serial is not None:
+            doc["build"]["serial"] = serial
+
+    return resign(src, out, key, edit=edit, change=change)
+
+
+@pytest.fixture(scope="module")
+def serials(
+    x86_bundle: tuple[Path, dict[str, Any]], keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("serials")
+    return {
+        name: _serial_bundle(x86_bundle[0], work / name, keys[0], serial)
+        for name, serial in (("legacy", None), ("old", 100), ("new", 200))
+    }
+
+
+def agent_install(root: Path, bundle: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    r = run({**os.environ}, "agent", "install", str(bundle), "--root", str(root), "--device", "x86_64-cpu",
+            "--health-runs", "10", "--json", *extra)  # fmt: skip
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    result = next((line["result"] for line in lines if "result" in line), {})
+    return r.returncode, result, r.stderr
+
+
+def test_the_build_stamps_a_serial_and_a_manifest_without_one_still_reads(
+    x86_bundle: tuple[Path, dict[str, Any]], serials: dict[str, Path]
+) -> None:
+    from edgekit.bundle import read_manifest
+
+    assert read_manifest(x86_bundle[0]).build.serial > 1_700_000_000  # UTC seconds at the build
+    legacy = read_manifest(serials["legacy"])
+    assert legacy.build.serial == 0 and b'"serial"' not in legacy.to_bytes()
+
+
+def test_the_agent_refuses_an_older_signed_bundle_unless_the_operator_allows_it(
+    serials: dict[str, Path], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from edgekit.deploy import StateRoot
+
+    root = tmp_path / "root"
+    shutil.copy(keys[1], StateRoot(root).keys_dir / "builder.pub.pem")
+    code, result, _ = agent_install(root, serials["legacy"])  # no serial: 0, fine on a fresh device
+    assert code == 0 and result["ok"], result
+    code, result, _ = agent_install(root, serials["new"])
+    assert code == 0 and result["ok"], result
+    for older in ("old", "legacy"):  # both signed by the trusted key, both older than the floor
+        code, result, stderr = agent_install(root, serials[older])
+        assert code == 1 and not result["ok"] and "Traceback" not in stderr
+        assert result["step"] == "signature" and "downgrade" in result["reason"]
+        assert "below this device's floor 200" in result["reason"] and "--allow-downgrade" in result["hint"]
+    assert StateRoot(root).status()["version"] is not None
+    code, result, _ = agent_install(root, serials["old"], "--allow-downgrade")
+    assert code == 0 and result["ok"], result
+    code, result, _ = agent_install(root, serials["legacy"])  # the floor stays at the newest: 200
+    assert code == 1 and "downgrade" in result["reason"]
+
+
+def test_rollback_to_the_other_slot_stays_allowed(
+    serials: dict[str, Path], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from edgekit.deploy import StateRoot
+
+    root = tmp_path / "root"
+    shutil.copy(keys[1], StateRoot(root).keys_dir / "builder.pub.pem")
+    assert agent_install(root, serials["old"])[0] == 0
+    assert agent_install(root, serials["new"])[0] == 0
+    r = run({**os.environ}, "agent", "rollback", "--root", str(root), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Back on the old slot, the old bundle still cannot be installed again over the floor.
+    code, result, _ = agent_install(root, serials["old"])
+    assert code == 1 and "downgrade" in result["reason"]

@@ -196,6 +196,10 @@ class BuildInfo(_Schema):
     tools: dict[str, str] = Field(default_factory=dict)
     accuracy_threshold: float = Field(ge=0, le=1)
     allow_accuracy_drop: bool = False
+    #: The bundle's monotonic build counter, under the signature (``edgekit build`` writes UTC
+    #: seconds, or ``--serial``): a device refuses a bundle below the highest it installed.
+    #: 0 (a bundle from before serials) is not written, so such a manifest reads and hashes as before.
+    serial: int = Field(default=0, ge=0, exclude_if=lambda v: v == 0)
 
 
 class SignatureInfo(_Schema):

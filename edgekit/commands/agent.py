@@ -165,6 +165,13 @@ def install_command(
             help="Frame budget (ms) the device runs at: the gate's p99 limit (default: the bundle's).",
         ),
     ] = None,
+    allow_downgrade: Annotated[
+        bool,
+        typer.Option(
+            "--allow-downgrade",
+            help="Install a bundle older (lower serial) than the newest this device installed.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Install a bundle: verify, unpack into the inactive slot, health-gate, switch. Exit 1 if refused."""
@@ -183,7 +190,16 @@ def install_command(
     state = StateRoot(root)
 
     def action(progress: Any) -> InstallResult:
-        return install(state, bundle, deploy_id, device, progress, health_runs=health_runs, budget_ms=budget)
+        return install(
+            state,
+            bundle,
+            deploy_id,
+            device,
+            progress,
+            health_runs=health_runs,
+            budget_ms=budget,
+            allow_downgrade=allow_downgrade,
+        )
 
     result = _run_json(action) if as_json else _run_rich(action, f"installing {bundle.name}")
     raise typer.Exit(0 if result.ok else 1)

@@ -81,6 +81,15 @@ def build_command(
     sign_key: Annotated[
         Path | None, typer.Option(help="Ed25519 private key to sign the bundle (edgekit keys generate).")
     ] = None,
+    serial: Annotated[
+        int | None,
+        typer.Option(
+            "--serial",
+            min=0,
+            help="The bundle's build counter, signed in its manifest; devices refuse one below the "
+            "highest they installed (default: now, in UTC seconds).",
+        ),
+    ] = None,
     threshold: Annotated[
         float, typer.Option(help="Minimum top-1 agreement with fp32 for derived artifacts.")
     ] = 0.98,
@@ -140,6 +149,7 @@ def build_command(
         precisions=_list(precisions),
         tune_trials=tune_trials,
         sign_key=sign_key,
+        serial=serial,
         threshold=threshold,
         allow_accuracy_drop=allow_accuracy_drop,
         use_cache=not no_cache,

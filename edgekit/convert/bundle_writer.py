@@ -93,16 +93,19 @@ def bundle_meta(
     allow_accuracy_drop: bool = False,
     tools: Mapping[str, str] | None = None,
     created: datetime | None = None,
+    serial: int | None = None,
 ) -> BundleMeta:
     """The manifest's model, preprocessing, labels, device and build sections for ``card`` on ``profile``.
 
     ``source_sha256`` is the hash of the fp32 ONNX every artifact was derived from;
     ``tools`` maps a tool (``onnxruntime``, ``openvino``, ``tvm``...) to its version.
+    ``serial`` is the bundle's build counter (default: the creation time in UTC seconds).
     """
     from edgekit._version import __version__
     from edgekit.runtime.host import read_host
 
     host = read_host(probe_runtimes=False)
+    created = created or datetime.now(timezone.utc).replace(microsecond=0)
     return BundleMeta(
         model=ModelInfo(
             name=card.name,
@@ -120,11 +123,12 @@ def bundle_meta(
         device=DeviceInfo(profile=profile.name, arch=profile.arch, budget_ms=float(profile.budget_ms)),
         build=BuildInfo(
             edgekit=__version__,
-            created=created or datetime.now(timezone.utc).replace(microsecond=0),
+            created=created,
             host=BuildHost(arch=host.arch or platform.machine(), cpu=host.cpu_model or ""),
             tools=dict(tools or {}),
             accuracy_threshold=accuracy_threshold,
             allow_accuracy_drop=allow_accuracy_drop,
+            serial=int(created.timestamp()) if serial is None else serial,
         ),
     )
 

@@ -55,6 +55,7 @@ def write(
         accuracy_threshold=req.threshold,
         allow_accuracy_drop=req.allow_accuracy_drop,
         tools=tool_versions(),
+        serial=req.serial,
     )
     items = []
     for r in reports:

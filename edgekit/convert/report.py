@@ -32,6 +32,7 @@ class BuildRequest:
     precisions: tuple[str, ...] = ()
     tune_trials: int = 0
     sign_key: Path | None = None
+    serial: int | None = None  # the bundle's build counter (None: UTC seconds at the build)
     threshold: float = DEFAULT_THRESHOLD
     allow_accuracy_drop: bool = False
     use_cache: bool = True

@@ -4,6 +4,10 @@ Steps of an install, each reported through ``progress(step, info)`` as it starts
 
 ``signature``  ``manifest.json`` and ``manifest.sig`` (only those: read from the head of
                an archive) checked against the root's trusted keys; a signature is required.
+               The signed serial (``build.serial``; 0 when absent) must not be below the
+               root's floor, the highest serial it installed, unless ``allow_downgrade``
+               (a local operator's ``edgekit agent install --allow-downgrade``); the floor
+               is kept in ``floor.json`` under the root, raised after each switch.
 ``hashes``     every file checked against the signed manifest's SHA-256 and size, no file
                missing or extra, no link or odd member — for an archive while streaming
                it, so nothing received touches the disk before it is known to be right.
@@ -22,6 +26,7 @@ the active slot as it was; only a broken state root or a lock held too long rais
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -31,12 +36,14 @@ from typing import TYPE_CHECKING, Any
 from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree
 from edgekit.deploy.bundle_checks import REBUILD, StepFailed, check_hashes, check_signature
 from edgekit.deploy.health import DEFAULT_RUNS, check_health
-from edgekit.deploy.slots import SlotInfo, StateRoot, fsync_tree, now_iso
+from edgekit.deploy.slots import SLOTS, SlotInfo, StateRoot, fsync_tree, now_iso, read_json, write_json
 from edgekit.errors import EdgekitError
 from edgekit.protocol.control import check_deploy_id
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import Manifest
+
+log = logging.getLogger(__name__)
 
 STEPS = ("signature", "hashes", "unpack", "health", "switch", "done")
 ROLLBACK_STEPS = ("verify", "switch", "done")
@@ -119,13 +126,15 @@ def install(
     health_runs: int = DEFAULT_RUNS,
     lock_timeout: float = 600.0,
     budget_ms: float | None = None,
+    allow_downgrade: bool = False,
 ) -> InstallResult:
     """Install the bundle folder or ``.tar.gz`` ``bundle`` into ``root``'s inactive slot and switch to it.
 
     ``profile`` is the device profile whose selection the health gate loads with (None:
     detect this host).  ``health_runs`` is how many frames the gate times; ``budget_ms`` the
-    budget it holds p99 to when the device runs at another than the bundle's.  See the module
-    docstring for the steps.  Raises ``DeployError`` only for a bad deploy id, an unusable
+    budget it holds p99 to when the device runs at another than the bundle's.
+    ``allow_downgrade`` installs a bundle whose serial is below the floor (a local operator's
+    choice; nothing from the network sets it).  See the module docstring for the steps.  Raises ``DeployError`` only for a bad deploy id, an unusable
     state root or a lock held longer than ``lock_timeout`` seconds.
     """
     check_deploy_id(deploy_id)
@@ -143,6 +152,17 @@ def install(
             keys = root.trusted_keys()
             report("signature", {"bundle": str(bundle), "slot": target})
             data, sig, manifest = check_signature(bundle, keys)
+            floor = serial_floor(root)
+            if manifest.build.serial < floor and not allow_downgrade:
+                raise StepFailed(
+                    "signature",
+                    f"refusing a downgrade: the bundle's serial {manifest.build.serial} is below this "
+                    f"device's floor {floor} (the newest bundle it installed); an old signed bundle "
+                    "cannot be installed over a newer one",
+                    "build a newer bundle (edgekit build stamps a new serial), roll back to the other "
+                    "slot (edgekit agent rollback), or, as this device's operator, go back on purpose: "
+                    "edgekit agent install --allow-downgrade",
+                )
             report("hashes", {"files": len(manifest.files())})
             check_hashes(bundle, manifest, keys)
             report("unpack", {"slot": target})
@@ -156,6 +176,7 @@ def install(
                 raise StepFailed("health", health.reason, health.hint, health.to_dict())
             report("switch", {"slot": target})
             _switch(root, target, deploy_id, manifest, health.to_dict())
+            _raise_floor(root, max(floor, manifest.build.serial))
         except StepFailed as failed:
             result = InstallResult(
                 False,
@@ -338,6 +359,41 @@ def _switch(root: StateRoot, slot: str, deploy_id: str, manifest: Manifest, heal
         raise StepFailed(
             "switch", f"cannot switch to slot {slot}: {err}", "check the state root's disk"
         ) from err
+
+
+FLOOR_FILE = "floor.json"
+
+
+def serial_floor(root: StateRoot) -> int:
+    """The highest bundle serial ``root`` installed: ``floor.json``, and each complete slot's manifest.
+
+    The slots count too, so a root from before floors (or one whose ``floor.json`` was lost)
+    still refuses what is older than what it holds.
+    """
+    from edgekit.bundle import MANIFEST_FILE, BundleError, parse_manifest
+
+    doc = read_json(root.path / FLOOR_FILE) or {}
+    stored = doc.get("serial")
+    floor = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else 0
+    for slot in SLOTS:
+        if root.slot_info(slot) is None:
+            continue
+        try:
+            floor = max(
+                floor, parse_manifest((root.slot_bundle(slot) / MANIFEST_FILE).read_bytes()).build.serial
+            )
+        except (OSError, BundleError):
+            continue  # a damaged slot: recover() clears it; the stored floor stands
+    return floor
+
+
+def _raise_floor(root: StateRoot, serial: int) -> None:
+    """Record ``serial`` as the floor (never lowered: an allowed downgrade keeps the newest one's)."""
+    if serial > 0:
+        try:
+            write_json(root.path / FLOOR_FILE, {"serial": serial, "at": now_iso()})
+        except OSError as err:  # the switch is done; the slots still hold the floor (serial_floor)
+            log.warning("cannot record the serial floor %s: %s", serial, err)
 
 
 def manifest_bytes(root: StateRoot, slot: str) -> bytes:
