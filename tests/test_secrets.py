@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from mjpeg_server import MjpegCamera
 
-from edgekit._core.redact import has_secret, redact_source, redact_url, without_password
+from edgekit._core.redact import has_secret, on_command_line, redact_source, redact_url, without_password
 from edgekit.errors import DeployError
 from edgekit.protocol.broker import BrokerConfig, password_from_environment, warn_if_on_command_line
 from edgekit.testing.broker import secure_mosquitto
@@ -99,6 +99,10 @@ def test_a_url_loses_its_password_and_keeps_its_user() -> None:
     assert without_password("mqtts://cam-1:hunter2@broker:8883/") == "mqtts://cam-1@broker:8883/"
     assert without_password("mqtts://u%40x:p@w@h") == "mqtts://u%40x@h"
     assert without_password("mqtt://broker:1883") == "mqtt://broker:1883"
+    source = "rtsp://cam/s1?token=t"
+    assert on_command_line(source, ["edgekit", "run", "--source", source])
+    assert not on_command_line(source, ["edgekit", "run"])
+    assert not on_command_line("rtsp://cam/s1", ["--source", "rtsp://cam/s1"])  # nothing secret in it
 
 
 def test_the_password_comes_from_the_environment_or_a_systemd_credential(
@@ -413,6 +417,7 @@ def test_no_password_reaches_a_command_line_or_a_log_and_the_children_still_auth
         assert not any(s in text for s in SECRETS), text[-3000:]
         assert "starting the pipeline" in text, text[-3000:]  # the child's command line, logged
     assert "on the command line, where ps" in texts["cam-9"] and f"cam-9:***@{host}" in texts["cam-9"]
+    assert "the password or token in the source http://viewer:***@127.0.0.1" in texts["cam-9"]
     assert "on the command line" not in texts["cam-8"]
 
 

@@ -13,6 +13,8 @@ drops the password from a URL (for a command line that must still name the user)
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Sequence
 
 MASK = "***"
 
@@ -84,3 +86,8 @@ def without_password(url: str) -> str:
     if match is None or ":" not in match["info"]:
         return url
     return f"{match['scheme']}{match['info'].split(':', 1)[0]}@{url[match.end() :]}"
+
+
+def on_command_line(text: str, argv: Sequence[str] | None = None) -> bool:
+    """Whether ``text`` holds a secret and is on this process's command line (``ps`` shows it to everyone)."""
+    return has_secret(text) and any(text in arg for arg in (sys.argv if argv is None else argv))

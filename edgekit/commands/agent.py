@@ -410,7 +410,9 @@ def run_agent_command(
     import socket
 
     from edgekit._core.names import safe_name
+    from edgekit._core.units import parse_seconds
     from edgekit.deploy.agent import AgentConfig, run_agent
+    from edgekit.deploy.download import parse_origin
     from edgekit.errors import DeployError
     from edgekit.protocol.broker import BrokerConfig
 
@@ -426,7 +428,6 @@ def run_agent_command(
 
         get_profile(profile)  # an unknown profile is a usage error now, not a failed deploy later
     if not telemetry_interval > 0 or not max_bundle_mb > 0:
-    from edgekit._core.units import parse_seconds
         raise DeployError("--telemetry-interval and --max-bundle-mb must be positive", "e.g. 5 and 512")
     origins = tuple(artifact_origin or ())
     for origin in origins:
@@ -438,13 +439,19 @@ def run_agent_command(
                 "scheme://host[:port] of the artifact server, e.g. https://fleet.local:8443",
             ) from None
     window_s = parse_seconds(rollback_window, "--rollback-window")
-    from edgekit.deploy.download import parse_origin
     broker = BrokerConfig.from_url(
         mqtt, ca_file=mqtt_ca, cert_file=mqtt_cert, key_file=mqtt_key, protocol=mqtt_protocol
     )
     from edgekit.deploy.keystore import check_trust_store
 
     check_trust_store(root, Path(root) / "keys")  # refuse a trust store the agent's own user could change
+    from edgekit._core.redact import on_command_line, redact_source
+
+    if source is not None and on_command_line(source):  # the child gets it in EDGEKIT_SOURCE, we cannot
+        logging.getLogger(__name__).warning(
+            "the password or token in the source %s is on the command line, where ps shows it to every user; set EDGEKIT_SOURCE instead",
+            redact_source(source),
+        )
     # A service's log is its record: info lines (each command, each pipeline start) by default.
     wanted = logging.getLevelName(os.environ.get("EDGEKIT_LOG", "INFO").upper())
     top = logging.getLogger()
@@ -461,9 +468,9 @@ def run_agent_command(
         budget_ms=budget,
         max_bundle_bytes=int(max_bundle_mb * 1024 * 1024),
         download_attempts=download_attempts,
-    )
-    raise typer.Exit(run_agent(root, config, broker))
         artifact_origins=origins,
         allow_unsigned_commands=allow_unsigned_commands,
         rollback_limit=rollback_limit,
         rollback_window_s=window_s,
+    )
+    raise typer.Exit(run_agent(root, config, broker))

@@ -190,6 +190,7 @@ def run_command(
     from edgekit.pipeline import Pipeline
 
     _quiet_opencv()
+    _warn_if_source_secret_on_command_line(source)
     with (
         _load(bundle, device, key, allow_unsigned) as model,
         Pipeline(
@@ -222,6 +223,16 @@ def run_command(
             )
         summary = drive(pipeline, as_json=as_json, records=records)
     _report(summary, as_json)
+
+
+def _warn_if_source_secret_on_command_line(source: str) -> None:
+    from edgekit._core.redact import on_command_line, redact_source
+
+    if on_command_line(source):
+        logging.getLogger(__name__).warning(
+            "the password or token in the source %s is on the command line, where ps shows it to every user; pass the source in EDGEKIT_SOURCE instead",
+            redact_source(source),
+        )
 
 
 def _report(summary: Summary, as_json: bool, extra: dict[str, Any] | None = None) -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from edgekit._core.redact import redact_url
+from edgekit._core.redact import on_command_line, redact_url
 from edgekit.errors import TelemetryError
 
 log = logging.getLogger(__name__)
@@ -49,9 +48,7 @@ def password_from_environment() -> str | None:
 
 def warn_if_on_command_line(url: str, argv: list[str] | None = None) -> bool:
     """Warn (once, without the password) when ``url`` holds a password and is on our command line."""
-    if not urlsplit(url).password:
-        return False
-    if not any(url in arg for arg in (sys.argv if argv is None else argv)):
+    if not urlsplit(url).password or not on_command_line(url, argv):
         return False
     log.warning(
         "the MQTT password in %s is on the command line, where ps and /proc/<pid>/cmdline show it to every user of this machine",
