@@ -99,10 +99,25 @@ def reference_bundle(
 
 
 def host_reference_bundle() -> Path:
-    """The reference bundle for the profile this host matches, quietly (what the benchmarks in tools/ use)."""
+    """The reference bundle for the profile this host matches, quietly (what the benchmarks in tools/ use).
+
+    It is signed by the demo's own key, which this process (and what it starts) then trusts:
+    ``trust_demo_key``, so ``edgekit.load(bundle)`` in a benchmark loads it, signature checked.
+    """
     from edgekit.runtime.host import match_profile
 
-    return reference_bundle(match_profile().name, lambda step, status: None)[0]
+    bundle = reference_bundle(match_profile().name, lambda step, status: None)[0]
+    trust_demo_key()
+    return bundle
+
+
+def trust_demo_key() -> None:
+    """Add the demo key's folder to this process's trust store (``$EDGEKIT_TRUST``, which children inherit)."""
+    from edgekit.bundle.trust import trust_dirs
+
+    folder = str(demo_key()[1].parent)
+    dirs = [str(d) for d in trust_dirs()[:-1]]  # the user's store; the agent's is added anyway
+    os.environ["EDGEKIT_TRUST"] = os.pathsep.join(dict.fromkeys([folder, *dirs]))
 
 
 def _frame(image: np.ndarray, t: float) -> np.ndarray:

@@ -227,6 +227,15 @@ def test_cli_run_runs_a_bundle_signed_by_the_key_given(
     assert "UNSIGNED" not in r.stderr
 
 
+def test_cli_bench_refuses_what_run_refuses(
+    signed: Path, key_b: Path, tmp_path: Path, empty_trust: dict[str, str]
+) -> None:
+    bundle = stripped(signed, tmp_path / "stripped")
+    for extra in (("--key", str(key_b)), ()):  # the bench's workers would run the bundle's native code
+        r = run(empty_trust, "bench", str(bundle), "--min-queries", "1", "--min-duration", "0", *extra)
+        assert r.returncode == 2 and "not signed" in r.stderr and "Traceback" not in r.stderr
+
+
 # -- the agent's floor: no going back to an older signed bundle ---------------------------------
 
 

@@ -73,6 +73,17 @@ def bench_command(
     samples: Annotated[
         bool, typer.Option("--samples", help="With --json: include every query latency.")
     ] = False,
+    key: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--key",
+            help="Trusted public key (repeat): the bundle must be signed by one (default: the trust store).",
+        ),
+    ] = None,
+    allow_unsigned: Annotated[
+        bool,
+        typer.Option("--allow-unsigned", help="Bench a bundle no trusted key signed (its native code runs)."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure every (backend, precision, threads) candidate of BUNDLE that can run here, MLPerf-LoadGen style.
@@ -98,8 +109,16 @@ def bench_command(
         max_duration_s=max(max_duration, min_duration),
         rounds=rounds,
     )
+    from edgekit.bundle.trust import keys_for, require_trusted
+
     with open_bundle(bundle) as root:
-        verify_bundle(root).raise_if_failed()  # hashes: never time a corrupt file
+        # Hashes: never time a corrupt file.  A signature by a trusted key: the workers run its native code.
+        trusted, explicit = keys_for(key)
+        checked = verify_bundle(root, trusted)
+        checked.raise_if_failed()
+        require_trusted(
+            bundle, checked.signature, checked.key_id, explicit=explicit, allow_unsigned=allow_unsigned
+        )
         cands, skipped = plan(root, _names(backends), _names(precisions), _ints(threads))
         if not cands:
             reasons = "; ".join(f"{s.backend}-{s.precision}: {s.reason}" for s in skipped) or "none selected"
