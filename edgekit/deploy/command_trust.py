@@ -174,7 +174,8 @@ class CommandGuard:
         if cmd.expires_at is not None:
             if cmd.expires_at <= now:
                 raise CommandRefused(
-                    "refused: the command expired", "send it again (a command is good for a while)"
+                    "refused: the command expired",
+                    "send it again (a command is good for the rollout's timeout); check this device's clock",
                 )
             if cmd.expires_at > now + MAX_TTL_S:
                 raise CommandRefused(
