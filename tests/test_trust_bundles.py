@@ -320,3 +320,23 @@ def test_rollback_to_the_other_slot_stays_allowed(
     # Back on the old slot, the old bundle still cannot be installed again over the floor.
     code, result, _ = agent_install(root, serials["old"])
     assert code == 1 and "downgrade" in result["reason"]
+
+
+def test_an_archive_swapped_between_the_check_and_the_unpack_is_refused(
+    serials: dict[str, Path], keys: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The install checks an archive's signed manifest, then reads the archive again to unpack it:
+    # what it unpacks must be the bundle it checked, not another signed one put there meanwhile.
+    import edgekit.bundle
+    from edgekit.bundle import pack
+    from edgekit.deploy import StateRoot, install
+
+    root = StateRoot(tmp_path / "root")
+    shutil.copy(keys[1], root.keys_dir / "builder.pub.pem")
+    new = pack(serials["new"], tmp_path / "new.tar.gz")
+    old = pack(serials["old"], tmp_path / "old.tar.gz")
+    real = edgekit.bundle.unpack
+    monkeypatch.setattr(edgekit.bundle, "unpack", lambda archive, dest: real(old, dest))
+    result = install(root, new, "swapped", "x86_64-cpu")
+    assert not result.ok and result.step == "unpack" and "changed while it was installed" in result.reason
+    assert root.active() is None and not root.slot_bundle("a").exists()

@@ -56,8 +56,8 @@ def store_keys() -> list[Path]:
 
 
 def keys_for(trusted_keys: Sequence[Path] | None) -> tuple[list[Path], bool]:
-    """``(keys, explicit)``: the keys passed, else the trust store's; ``explicit`` when passed."""
-    if trusted_keys:
+    """``(keys, explicit)``: the keys passed (an empty list trusts nothing), else (None) the trust store's."""
+    if trusted_keys is not None:
         return list(trusted_keys), True
     return store_keys(), False
 

@@ -282,7 +282,7 @@ def _unpack(
     keys: list[Path],
 ) -> None:
     """Replace the inactive slot's bundle; ``slot.json`` goes first, so a kill leaves an incomplete slot."""
-    from edgekit.bundle import unpack, verify
+    from edgekit.bundle import MANIFEST_FILE, unpack, verify
 
     root.mark_incomplete(slot)
     dest = root.slot_bundle(slot)
@@ -294,6 +294,7 @@ def _unpack(
             unpack(bundle, dest)
         fsync_tree(dest)
         fsync_dir(dest.parent)
+        unpacked = (dest / MANIFEST_FILE).read_bytes()
         report = verify(dest, keys, require_signature=True)
     except EdgekitError as err:
         remove_tree(dest)
@@ -303,6 +304,9 @@ def _unpack(
         raise StepFailed(
             "unpack", f"cannot write slot {slot}: {err}", "check free space under the state root"
         ) from err
+    if unpacked != data:  # the archive was read again to unpack: it must be the bundle checked
+        remove_tree(dest)
+        raise StepFailed("unpack", f"{bundle} changed while it was installed (another manifest)", REBUILD)
     if not report.ok:
         remove_tree(dest)
         raise StepFailed(
