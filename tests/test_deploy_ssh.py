@@ -55,11 +55,18 @@ RELAXED_BUDGET_MS = 2000.0
 def relaxed_bundle(
     tmp_path_factory: pytest.TempPathFactory, x86_bundle: tuple[Path, dict[str, Any]], keys: tuple[Path, Path]
 ) -> Path:
-    """The reference x86 bundle with its budget relaxed, re-signed by the same test key."""
+    """The reference x86 bundle with its budget relaxed, re-signed by the same test key.
+
+    A later release than any bundle built while the tests run (its serial an hour ahead), so a
+    device that installed one of those takes it (the agent refuses a lower serial).
+    """
+    import time
+
     import deploy_bundles
 
     def relax(doc: dict[str, Any]) -> None:
         doc["device"]["budget_ms"] = RELAXED_BUDGET_MS
+        doc["build"]["serial"] = int(time.time()) + 3600
 
     out = tmp_path_factory.mktemp("relaxed") / "enl0-x86"
     return deploy_bundles.resign(x86_bundle[0], out, keys[0], edit=relax)
