@@ -139,6 +139,7 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
         ),
         ("labels", f"{len(m.labels)}" + (f" ({', '.join(m.labels[:3])}, ...)" if m.labels else "")),
         ("built", f"{b.created.isoformat()} on {b.host.arch} ({b.host.cpu or '?'}) by edgekit {b.edgekit}"),
+        ("serial", f"{b.serial}" if b.serial else "0 (none: built before serials)"),
         (
             "accuracy rule",
             f"top-1 agreement >= {b.accuracy_threshold:.0%}"
