@@ -24,7 +24,6 @@ is done again).
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import threading
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgekit._core.io import write_atomic
+from edgekit.bundle.keys import signature_valid
 from edgekit.errors import DeployError, EdgekitError
 from edgekit.protocol.control import Command, loads_strict, parse_command, signed_bytes
 
@@ -71,22 +71,6 @@ def load_signing_key(path: Path) -> Ed25519PrivateKey:
     from edgekit.bundle.keys import load_private_key
 
     return load_private_key(path)
-
-
-def _valid(public: Ed25519PublicKey, data: bytes, signature: str) -> bool:
-    from cryptography.exceptions import InvalidSignature
-
-    try:
-        raw = base64.b64decode(signature, validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    if len(raw) != 64:
-        return False
-    try:
-        public.verify(raw, data)
-    except InvalidSignature:
-        return False
-    return True
 
 
 class CommandGuard:
@@ -163,7 +147,7 @@ class CommandGuard:
             body = loads_strict(payload)  # parse_command read it already: it is a JSON object
             data = signed_bytes(body)
             keys = self._public_keys()
-            if not any(_valid(k, data, cmd.signature) for k in keys):
+            if not any(signature_valid(k, data, cmd.signature.encode()) for k in keys):
                 raise CommandRefused(
                     "refused: the command's signature is not from a trusted key",
                     _SIGN_HINT + "; trust its .pub.pem with edgekit agent trust",
