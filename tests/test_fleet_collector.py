@@ -547,3 +547,15 @@ def test_the_deploy_channel_is_counted_not_rejected() -> None:
     assert collector.handle("edgekit/v1/f/cam-1/cmd/other", b"{}") == "rejected:topic"
     assert collector.handle("edgekit/v1/f/a..b/cmd", b"{}") == "rejected:bad-id"
     assert collector.seen["deploy"] == 3 and sum(collector.rejected.values()) == 2
+
+
+def test_a_camera_secret_in_a_birth_is_never_stored_or_shown(tmp_path: Path) -> None:
+    """An old device (before source redaction) sends its camera URL with a password and token."""
+    rec = Recorder()
+    c = Collector(FleetStore(), batch_size=10, listener=rec)
+    dev = FakeDevice("cam-old", tmp_path)
+    source = "rtspsrc location=rtsp://admin:hunter2@10.0.0.5/live user-pw=hunter2 ! appsink"
+    assert c.handle(dev.status, status_body("cam-old", "online", source=source)) == "status"
+    shown = rec.statuses[0][3]["source"]
+    stored = json.dumps(c.store.devices())
+    assert "hunter2" not in shown and "hunter2" not in stored and "10.0.0.5" in shown

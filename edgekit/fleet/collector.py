@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from edgekit._core.names import safe_name
+from edgekit._core.redact import redact_source
 from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.messages import Labels, Sketch, Status, Telemetry, first_error
@@ -272,6 +273,10 @@ class Collector:
     def _set_state(
         self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None
     ) -> None:
+        if birth is not None and isinstance(birth.get("source"), str):
+            # A device from before source redaction (or a third-party publisher) may still send a
+            # camera URL with its password or token: the fleet never stores or shows one.
+            birth = {**birth, "source": redact_source(birth["source"])}
         self.store.set_state(fleet, device, state, at, birth)
         self._known.add((fleet, device))
         track = self._track(fleet, device)
