@@ -307,3 +307,25 @@ def test_over_mqtt_5_the_broker_is_told_the_biggest_packet_the_agent_takes() -> 
     kwargs = connect_kwargs("5", 3600)
     assert kwargs["properties"].MaximumPacketSize == MAX_PACKET_BYTES < MAX_COMMAND_BYTES + 2048
     assert kwargs["clean_start"] is False and connect_kwargs("3.1.1", 3600) == {}
+
+
+def test_a_command_cut_short_by_a_restart_runs_again_and_a_settled_one_is_a_replay(tmp_path: Path) -> None:
+    """The broker redelivers a command the agent died in the middle of: that is not a replay."""
+    from edgekit.deploy.command_trust import CommandGuard, CommandRefused
+    from edgekit.protocol.control_messages import Command
+
+    def command(nonce: str, deploy_id: str) -> Command:
+        return Command.model_validate(
+            body(deploy_id, "cam-r", nonce=nonce, expires_at=time.time() + 600, signature="x" * 88)
+        )
+
+    first = CommandGuard(tmp_path, lambda: [])
+    cmd = command("n" * 32, "rb-1")
+    first.take_nonce(cmd)  # ... and the agent is killed before it answers
+    after_restart = CommandGuard(tmp_path, lambda: [])
+    after_restart.take_nonce(cmd)  # the redelivered command runs again
+    with pytest.raises(CommandRefused, match="replay"):  # another id under the same nonce: no
+        after_restart.take_nonce(command("n" * 32, "rb-2"))
+    after_restart.settle(cmd)  # answered now
+    with pytest.raises(CommandRefused, match="replay"):
+        CommandGuard(tmp_path, lambda: []).take_nonce(cmd)

@@ -310,9 +310,13 @@ class Agent:
             )
         try:
             self.guard.take_nonce(cmd)
+        except CommandRefused as err:
+            return self._refuse(cmd, payload, err)
+        try:
             if cmd.action == "rollback":
                 self.guard.take_rollback()
         except CommandRefused as err:
+            self.guard.settle(cmd)  # refused for good: a later copy of it is a replay
             return self._refuse(cmd, payload, err)
         log.info("agent: %s %s", cmd.action, cmd.id)
         self.busy = cmd.id
@@ -328,6 +332,7 @@ class Agent:
                 cmd.id, cmd.action, "agent", ok=False, reason=f"the agent failed: {err}", hint="see its log"
             )
         finally:
+            self.guard.settle(cmd)  # answered (recorded, or a final failure): never run again
             self.busy = None
             self.publish_status()
 

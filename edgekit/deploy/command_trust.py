@@ -12,7 +12,10 @@ and a random ``nonce``.  The agent (``CommandGuard``) checks, in order:
                 to remember are bounded in time)
     nonce       not seen before: nonces are remembered until their command expires, in
                 ``<root>/command-nonces.json`` (at most MAX_NONCES; when full, new commands are
-                refused until old ones expire, never forgotten early)
+                refused until old ones expire, never forgotten early).  A nonce is *pending*
+                from when its command starts until it has a final answer (``settle``): the same
+                command redelivered after the agent died mid-install is run again (the install
+                is crash-safe and keyed by its deploy id); once settled, it is a replay
     rollbacks   at most ``limit`` per ``window_s`` (default 3 per 10 minutes): a rollback skips
                 the health gate and restarts the pipeline, so a stream of them is refused
 
@@ -95,7 +98,7 @@ class CommandGuard:
         self.max_nonces = max_nonces
         self.clock = clock
         self._lock = threading.Lock()
-        self._nonces: dict[str, float] = self._load()
+        self._nonces, self._pending = self._load()
         self._rollbacks: list[float] = []
 
     def warn(self, cmd_topic: str, has_origins: bool) -> None:
@@ -111,11 +114,11 @@ class CommandGuard:
 
     # -- the nonces file ---------------------------------------------------------------------
 
-    def _load(self) -> dict[str, float]:
+    def _load(self) -> tuple[dict[str, float], dict[str, str]]:
         try:
             body = loads_strict(self.path.read_bytes(), limit=64 * 1024 * 1024)
         except FileNotFoundError:
-            return {}
+            return {}, {}
         except (OSError, ValueError) as err:
             # Forgetting nonces would let a replay through: refuse to start without them.
             raise DeployError(
@@ -124,17 +127,20 @@ class CommandGuard:
                 f"sent in the last {MAX_TTL_S / 86400:g} days could be replayed",
             ) from err
         nonces = body.get("nonces") if isinstance(body, dict) else None
+        pending = body.get("pending") if isinstance(body, dict) else None
         if not isinstance(nonces, dict):
-            return {}
-        return {
+            return {}, {}
+        kept = {
             str(k): float(v)
             for k, v in nonces.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
+        started = pending if isinstance(pending, dict) else {}
+        return kept, {str(k): v for k, v in started.items() if isinstance(v, str) and str(k) in kept}
 
     def _save(self) -> None:
-        data = json.dumps({"nonces": self._nonces}, separators=(",", ":")).encode()
-        write_atomic(self.path, data, mode=0o600)
+        body = {"nonces": self._nonces, "pending": self._pending}
+        write_atomic(self.path, json.dumps(body, separators=(",", ":")).encode(), mode=0o600)
 
     # -- the checks --------------------------------------------------------------------------
 
@@ -168,13 +174,21 @@ class CommandGuard:
                 )
 
     def take_nonce(self, cmd: Command) -> None:
-        """Remember ``cmd``'s nonce until it expires; ``CommandRefused`` if it was seen before."""
+        """Remember ``cmd``'s nonce until it expires; ``CommandRefused`` if it was seen before.
+
+        A nonce still pending for this same deploy id is the agent's own unfinished command,
+        redelivered after a restart: it is taken again.
+        """
         if cmd.nonce is None:
             return
         now = self.clock()
         with self._lock:
             self._nonces = {n: t for n, t in self._nonces.items() if t > now}
+            self._pending = {n: i for n, i in self._pending.items() if n in self._nonces}
             if cmd.nonce in self._nonces:
+                if self._pending.get(cmd.nonce) == cmd.id:
+                    log.info("agent: %s %s was cut short (a restart): running it again", cmd.action, cmd.id)
+                    return
                 raise CommandRefused("refused: the command was taken before (a replay)", "send a new command")
             if len(self._nonces) >= self.max_nonces:
                 raise CommandRefused(
@@ -182,7 +196,16 @@ class CommandGuard:
                     "send fewer commands, or ones that expire sooner",
                 )
             self._nonces[cmd.nonce] = float(cmd.expires_at if cmd.expires_at is not None else now + MAX_TTL_S)
+            self._pending[cmd.nonce] = cmd.id
             self._save()
+
+    def settle(self, cmd: Command) -> None:
+        """``cmd`` has its final answer (done, failed or refused): from now on its nonce is a replay."""
+        if cmd.nonce is None:
+            return
+        with self._lock:
+            if self._pending.pop(cmd.nonce, None) is not None:
+                self._save()
 
     def take_rollback(self) -> None:
         """Count one rollback; ``CommandRefused`` when the window already holds ``rollback_limit``."""
