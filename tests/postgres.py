@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from edgekit.testing.broker import free_port
+from edgekit.testing.process import stop_process
 
 PASSWORD = "s3cret-pw"  # the superuser's password; tests check it never shows in an error
 USER = "postgres"
@@ -156,11 +157,6 @@ class PostgresServer:
         return self.url(name)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # "fast" shutdown: ends sessions, no waiting for clients
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        # SIGINT is PostgreSQL's "fast" shutdown: ends sessions, no waiting for clients.
+        stop_process(self.proc, grace_s=30, sig=signal.SIGINT)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT, edgekit
 
@@ -75,6 +76,26 @@ def version_of(bundle: Path) -> str:
     from edgekit.bundle.manifest import read_manifest
 
     return read_manifest(bundle).model.version
+
+
+def two_versions(base: Path, work: Path, private_key: Path) -> tuple[Path, Path]:
+    """v1 and v2 of ``base``, signed, with a budget this shared machine always meets (the rollout is tested)."""
+    v1 = with_version(base, work / "enl0-v1", version_of(base), private_key, budget_ms=BUDGET_MS)
+    v2 = with_version(base, work / "enl0-v2", version_of(base) + "-v2", private_key, budget_ms=BUDGET_MS)
+    return v1, v2
+
+
+def agent_root(
+    root: Path, public_key: Path, env: dict[str, str], installs: Sequence[tuple[Path, str]]
+) -> Path:
+    """A state root that trusts ``public_key`` with each (bundle, deploy id) installed in turn."""
+    r = edgekit(env, "agent", "trust", str(public_key), "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    for bundle, deploy_id in installs:
+        r = edgekit(env, "agent", "install", str(bundle), "--root", str(root), "--id", deploy_id,
+                    "--device", PROFILE, "--json")  # fmt: skip
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return root
 
 
 def signed(body: dict[str, Any], private_key: Path, ttl_s: float = 600.0) -> bytes:
@@ -510,16 +531,9 @@ def fleet(
     work = tmp_path_factory.mktemp("fleet")
     # The health gate holds p99 to the bundle's budget; this 2-core machine is shared by other jobs,
     # so the test bundles carry a budget it always meets (what is tested here is the rollout).
-    base = x86_bundle[0]
-    v1 = with_version(base, work / "enl0-v1", version_of(base), keys[0], budget_ms=BUDGET_MS)
-    v2 = with_version(base, work / "enl0-v2", version_of(base) + "-v2", keys[0], budget_ms=BUDGET_MS)
+    v1, v2 = two_versions(x86_bundle[0], work, keys[0])
     # One state root with v1 installed, copied for each agent: one health gate instead of three.
-    template = work / "template-root"
-    r = edgekit(cache_env, "agent", "trust", str(keys[1]), "--root", str(template))
-    assert r.returncode == 0, r.stderr
-    r = edgekit(cache_env, "agent", "install", str(v1), "--root", str(template), "--id", "v1-base",
-                "--device", PROFILE, "--json")  # fmt: skip
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    template = agent_root(work / "template-root", keys[1], cache_env, [(v1, "v1-base")])
     broker = Mosquitto(work).start()
     artifacts = work / "artifacts"
     artifacts.mkdir()
@@ -574,11 +588,7 @@ def fleet(
         for agent in agents.values():
             agent.stop()
         observer.close()
-        server_proc.send_signal(signal.SIGINT)
-        try:
-            server_proc.wait(15)
-        except subprocess.TimeoutExpired:
-            server_proc.kill()
+        stop_process(server_proc, grace_s=15, sig=signal.SIGINT)
         broker.stop()
 
 

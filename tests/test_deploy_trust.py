@@ -23,21 +23,21 @@ from typing import Any
 
 import pytest
 from test_deploy_mqtt import (
-    BUDGET_MS,
     FLEET,
     PROFILE,
     Agent,
     Observer,
+    agent_root,
     pack,
     signed,
+    two_versions,
     version_of,
     wait_for,
-    with_version,
 )
 
 from edgekit.testing.broker import Mosquitto
 
-from conftest import EDGEKIT, edgekit
+from conftest import EDGEKIT
 
 DEVICES = ("trust-1", "trust-2")
 SECRET = b"internal: db password hunter2\n" * 100
@@ -111,16 +111,9 @@ def site(
     cache_env: dict[str, str],
 ) -> Iterator[Site]:
     work = tmp_path_factory.mktemp("trust")
-    base = x86_bundle[0]
-    v1 = with_version(base, work / "enl0-v1", version_of(base), keys[0], budget_ms=BUDGET_MS)
-    v2 = with_version(base, work / "enl0-v2", version_of(base) + "-v2", keys[0], budget_ms=BUDGET_MS)
-    template = work / "template-root"
-    r = edgekit(cache_env, "agent", "trust", str(keys[1]), "--root", str(template))
-    assert r.returncode == 0, r.stderr
-    for bundle, deploy_id in ((v1, "base-v1"), (v2, "base-v2")):  # two complete slots, v2 active
-        r = edgekit(cache_env, "agent", "install", str(bundle), "--root", str(template), "--id", deploy_id,
-                    "--device", PROFILE, "--json")  # fmt: skip
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    v1, v2 = two_versions(x86_bundle[0], work, keys[0])
+    # Two complete slots, v2 active.
+    template = agent_root(work / "template-root", keys[1], cache_env, [(v1, "base-v1"), (v2, "base-v2")])
     _, sha, size = pack(v1, work / "enl0-v1.tar.gz")
     artifacts = Recorder(
         {

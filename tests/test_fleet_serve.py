@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT, edgekit
 
@@ -57,11 +58,7 @@ def server(tmp_path: Path, broker: Mosquitto, cache_env: dict[str, str]) -> Iter
         assert wait_for(lambda: get(f"{url}/healthz")["ok"], 60), (tmp_path / "serve.log").read_text()
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, grace_s=15, sig=signal.SIGINT)
 
 
 def test_a_real_device_shows_up_with_its_model_backend_and_latency_then_goes_offline(

@@ -31,6 +31,7 @@ from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT, edgekit
 
@@ -311,11 +312,7 @@ def start_server(tmp_path: Path, env: dict[str, str], broker: Mosquitto, *args: 
         )
         yield url
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, grace_s=15, sig=signal.SIGINT)
 
 
 def _up(url: str) -> bool:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from typing import Any
 
 
-def stop_process(proc: subprocess.Popen[Any] | None, grace_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL if ``proc`` has not gone within ``grace_s``; nothing if it has already ended."""
+def stop_process(
+    proc: subprocess.Popen[Any] | None, grace_s: float = 5.0, sig: signal.Signals = signal.SIGTERM
+) -> None:
+    """``sig`` (SIGTERM), then SIGKILL if ``proc`` has not gone within ``grace_s``; nothing if it has ended.
+
+    SIGINT stops a server the way Ctrl-C does (``edgekit fleet serve`` shuts down cleanly on it).
+    """
     if proc is None or proc.poll() is not None:
         return
-    proc.terminate()
+    proc.send_signal(sig)
     try:
         proc.wait(grace_s)
     except subprocess.TimeoutExpired:
