@@ -10,6 +10,7 @@ from edgekit.protocol.stages import STAGES
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.runtime.detection import Detection
     from edgekit.runtime.postprocess import Label
 
 # STAGES, in order: the frame waits in the slot (capture_wait), is prepared, run, turned into
@@ -33,6 +34,9 @@ class FrameRecord:
     met: bool  # finished by the deadline
     dropped_before: int  # frames the slot dropped since the previous processed frame
     candidate: str  # the artifact that labelled it (changes under the degrade policy)
+    # What the model saw: a classifier's top labels, or a detector's detections (frame pixels).
+    labels: tuple[Label, ...] = ()
+    detections: tuple[Detection, ...] = ()
 
     def stage_ms(self) -> dict[str, float]:
         return {s: getattr(self, f"{s}_ms") for s in STAGES}
@@ -48,6 +52,7 @@ class FrameResult:
     labels: tuple[Label, ...]
     record: FrameRecord
     frame: np.ndarray
+    detections: tuple[Detection, ...] = ()  # a detector's objects, best first, boxes in frame pixels
 
     @property
     def top(self) -> Label | None:
