@@ -11,6 +11,7 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.build",
     "edgekit.commands.bundle",
     "edgekit.commands.run",
+    "edgekit.commands.demo",
     "edgekit.commands.telemetry",
     "edgekit.commands.fleet",
     "edgekit.commands.agent",

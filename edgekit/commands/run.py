@@ -1,17 +1,15 @@
-"""``edgekit run BUNDLE --source SRC`` and ``edgekit demo``: the pipeline from the command line."""
+"""``edgekit run BUNDLE --source SRC``: the pipeline from the command line."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
-from rich.table import Table
 
 from edgekit.commands.common import (
     JsonOpt,
@@ -22,7 +20,6 @@ from edgekit.commands.common import (
     console,
     err_console,
     print_json,
-    stdout_to_stderr,
 )
 from edgekit.errors import PipelineError
 
@@ -49,7 +46,6 @@ DeviceOpt = Annotated[
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run_command)
-    app.command("demo")(demo_command)
 
 
 def _quiet_opencv() -> None:
@@ -245,61 +241,3 @@ def _report(summary: Summary, as_json: bool, extra: dict[str, Any] | None = None
         raise PipelineError(
             f"no frame was labelled from {summary.source}", "check the source (edgekit run --source)"
         )
-
-
-def demo_command(
-    frames: FramesOpt = None,
-    budget: BudgetOpt = None,
-    policy: PolicyOpt = None,
-    device: DeviceOpt = "auto",
-    rebuild: Annotated[
-        bool, typer.Option("--rebuild", help="Build the bundle again even if one is cached.")
-    ] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Build (or reuse) the reference bundle for this host and label a sample clip at 30 fps."""
-    from edgekit.commands.build import _with_progress
-    from edgekit.demo import CLIP_IMAGES, demo_key, image_at, reference_bundle, sample_clip
-    from edgekit.pipeline import Pipeline
-    from edgekit.runtime.host import match_profile
-    from edgekit.runtime.profiles import get_profile
-
-    _quiet_opencv()
-    profile = match_profile() if device == "auto" else get_profile(device)
-    if as_json:
-        with stdout_to_stderr():
-            bundle, _ = reference_bundle(profile.name, lambda step, status: None, rebuild=rebuild)
-    else:
-        err_console.print(f"[bold]edgekit demo[/] — EfficientNet-Lite0 on this host ({profile.name})")
-        # Converters print progress on stdout; the demo's stdout is the live view and the summary.
-        with stdout_to_stderr():
-            bundle, _ = _with_progress(
-                None, lambda _req, progress: reference_bundle(profile.name, progress, rebuild=rebuild)
-            )
-    clip = sample_clip()
-    seen: dict[str, Counter[str]] = {name: Counter() for name, _ in CLIP_IMAGES}
-
-    def tally(result: FrameResult) -> None:
-        if result.top is not None:
-            seen[image_at(result.record.index)][result.top.name] += 1
-
-    with (
-        _load(bundle, profile.name, [demo_key()[1]], False) as model,  # it signed it itself
-        Pipeline(model, str(clip), budget_ms=budget, policy=policy, realtime=True, frames=frames) as pipeline,
-    ):
-        summary = drive(pipeline, as_json=as_json, sink=tally)
-    what = {name: (seen[name].most_common(1)[0] if seen[name] else None) for name, _ in CLIP_IMAGES}
-    extra = {
-        "bundle": str(bundle),
-        "clip": str(clip),
-        "seen": {k: ({"label": v[0], "frames": v[1]} if v else None) for k, v in what.items()},
-    }
-    if not as_json:
-        table = Table(title="what the model saw", title_justify="left")
-        for col in ("photograph", "shows", "most frequent top-1", "frames"):
-            table.add_column(col)
-        for name, shows in CLIP_IMAGES:
-            v = what[name]
-            table.add_row(name, shows, v[0] if v else "-", str(v[1]) if v else "0")
-        console.print(table)
-    _report(summary, as_json, extra)
