@@ -13,10 +13,12 @@ from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
     from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Policy, Summary, open_source
+    from edgekit.runtime.detection import Detection
     from edgekit.runtime.model import Model, load
     from edgekit.runtime.postprocess import Label
 
 __all__ = [
+    "Detection",
     "EdgekitError",
     "FrameRecord",
     "FrameResult",
@@ -34,6 +36,7 @@ _LAZY = {
     "load": "edgekit.runtime.model",
     "Model": "edgekit.runtime.model",
     "Label": "edgekit.runtime.postprocess",
+    "Detection": "edgekit.runtime.detection",
     **dict.fromkeys(
         ("Pipeline", "Policy", "FrameRecord", "FrameResult", "Summary", "open_source"), "edgekit.pipeline"
     ),

@@ -1,4 +1,4 @@
-"""``edgekit.load(bundle)``: a bundle as a model that classifies frames on the best backend here.
+"""``edgekit.load(bundle)``: a bundle as a model that classifies (or detects in) frames on the best backend here.
 
 Loading verifies the bundle (every file's hash; its signature by a trusted key, required
 unless ``allow_unsigned``: see ``edgekit.bundle.trust``), picks the device profile (``device="auto"`` detects this host), matches the
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from edgekit._core.elf import host_arch
 from edgekit.backends.base import Session
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, InputError
+from edgekit.runtime.detection import Detection, Detector
 from edgekit.runtime.matching import artifact_for, candidates_for
 from edgekit.runtime.postprocess import Label, top_k
 from edgekit.runtime.preprocessing import PreprocessSpec
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class Model:
-    """A loaded bundle: ``classify(frame)`` returns the top labels.  Close it (or use ``with``)."""
+    """A loaded bundle: ``classify(frame)`` returns a classifier's top labels, ``detect(frame)`` a
+    detector's objects (``task`` says which the bundle is).  Close it (or use ``with``)."""
 
     def __init__(
         self,
@@ -59,6 +61,12 @@ class Model:
         #: What ``load()`` spent, in ms, by phase (``imports``, ``unpack``, ``verify``, ``profile``,
         #: ``session``; a runtime's import counts where it happens): the cold-start breakdown.
         self.load_ms: Mapping[str, float] = MappingProxyType(dict(load_ms or {}))
+        #: A detector's decoder, compiled once (anchors generated here, not per frame); None for a classifier.
+        self.detector: Detector | None = (
+            Detector(manifest.detection, self.preprocess, self.labels)
+            if manifest.detection is not None
+            else None
+        )
 
     @property
     def name(self) -> str:
@@ -72,6 +80,11 @@ class Model:
     @property
     def candidate(self) -> str:
         return self.session.candidate
+
+    @property
+    def task(self) -> str:
+        """``"classification"`` (``classify``) or ``"detection"`` (``detect``): the bundle's ``model.task``."""
+        return self.manifest.model.task
 
     @property
     def logits(self) -> bool:
@@ -89,8 +102,29 @@ class Model:
             prep = self._preps[key] = Preprocessor(self.preprocess, session.inputs[0], image_color=color)
         return prep
 
+    def outputs(self, frame: np.ndarray, color: str = "BGR") -> list[np.ndarray]:
+        """One frame (HxWx3 in ``color`` order; gray, BGRA and 16-bit converted) -> every output, as float.
+
+        In the session's output order and shapes, dequantized when an output is quantized:
+        what a detector's decoder (or your own post-processing) starts from.
+        """
+        from edgekit.runtime.preprocessing import as_bgr
+
+        image, _ = as_bgr(frame)
+        return self._outputs(image, color)
+
+    def _outputs(self, image: np.ndarray, color: str) -> list[np.ndarray]:
+        from edgekit.runtime.tensors import from_output
+
+        ys = self.session.run(self.preprocessor(color=color)(image))
+        return [from_output(y, spec) for y, spec in zip(ys, self.session.outputs, strict=True)]
+
     def infer(self, frame: np.ndarray, color: str = "BGR") -> np.ndarray:
-        """One frame (HxWx3 in ``color`` order; gray, BGRA and 16-bit converted) -> the float output row."""
+        """One frame (HxWx3 in ``color`` order; gray, BGRA and 16-bit converted) -> the float output row.
+
+        The first output only, flattened: a classifier's scores.  Kept as it was for callers
+        that predate detection; ``outputs`` gives every output, ``detect`` a detector's objects.
+        """
         from edgekit.runtime.preprocessing import as_bgr
         from edgekit.runtime.tensors import from_output
 
@@ -99,8 +133,26 @@ class Model:
         return from_output(y, self.session.outputs[0]).reshape(-1)
 
     def classify(self, frame: np.ndarray, k: int = 5, color: str = "BGR") -> tuple[Label, ...]:
-        """The ``k`` most likely labels for one frame, best first."""
+        """The ``k`` most likely labels for one frame, best first (a classifier's; see ``task``)."""
+        if self.detector is not None:
+            raise InputError(
+                f"{self.name} is a detector: it finds objects in a frame, it does not classify it",
+                "call model.detect(frame) (model.task says which a bundle is)",
+            )
         return top_k(self.infer(frame, color), self.labels, k, logits=self.logits)
+
+    def detect(self, frame: np.ndarray, color: str = "BGR") -> tuple[Detection, ...]:
+        """The objects in one frame, best score first, boxes in the frame's own pixels (a detector's)."""
+        from edgekit.runtime.preprocessing import as_bgr
+
+        if self.detector is None:
+            raise InputError(
+                f"{self.name} is a classifier: it labels a whole frame, it does not find objects",
+                "call model.classify(frame) (model.task says which a bundle is)",
+            )
+        image, _ = as_bgr(frame)
+        names = [o.name for o in self.session.outputs]
+        return self.detector(self._outputs(image, color), (image.shape[0], image.shape[1]), names)
 
     def load_alternatives(self) -> list[Session]:
         """Every other artifact of the bundle that loads here, each as its own session (caller closes).
