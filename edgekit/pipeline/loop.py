@@ -10,7 +10,8 @@ or with a callback: ``Pipeline(model, source, on_result=show).run()`` returns th
 
 The capture thread reads the source into a one-frame slot (see ``capture``); this loop
 takes a frame, prepares it straight into the session's input buffer, runs it, makes
-labels, and hands the result to your loop body or callback (the *sink* stage).  Each
+labels (a detector: decodes its outputs and suppresses overlapping boxes, timed as the
+postprocess stage), and hands the result to your loop body or callback (the *sink* stage).  Each
 frame's deadline is its capture time plus the budget; the record says which stages took
 how long and whether the deadline was met.
 """
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from edgekit._core.redact import redact_source
@@ -36,7 +38,8 @@ from edgekit.runtime.matching import artifact_for
 from edgekit.runtime.postprocess import top_k
 
 if TYPE_CHECKING:
-    from edgekit.backends.base import Session
+    from edgekit.backends.base import Session, TensorSpec
+    from edgekit.runtime.detection import Detection
     from edgekit.runtime.model import Model
     from edgekit.runtime.postprocess import Label
     from edgekit.runtime.preprocessing import Preprocessor
@@ -60,6 +63,15 @@ class _Level:
     prep: Preprocessor
     speed_ms: float = math.nan
     owned: bool = False  # opened by the pipeline (degrade alternatives), closed with it
+
+    @cached_property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self.session.outputs)
+
+    @cached_property
+    def output_names(self) -> tuple[str, ...]:
+        # Per level: another artifact of the same model (a LiteRT one) may name and order its outputs differently.
+        return tuple(o.name for o in self.session.outputs)
 
 
 def _ns_to_ms(ns: int) -> float:
@@ -135,6 +147,7 @@ class Pipeline:
         self._slot: FrameSlot | None = None
         self._closers: list[Callable[[], None]] = []
         self._label_sinks: list[Callable[[tuple[Label, ...]], None]] = []
+        self._result_sinks: list[ResultCallback] = []
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
@@ -251,9 +264,13 @@ class Pipeline:
                         )
                     last_shape = frame.image.shape
                 result = self._label(frame, budget_ns)
+                # Label and result sinks (telemetry, the preview) run on this thread: their time is the
+                # sink stage, like the loop body's, so a slow one shows in the frame's latency.
+                handed = time.perf_counter_ns()
                 for offer in self._label_sinks:
                     offer(result.labels)
-                handed = time.perf_counter_ns()
+                for hand in self._result_sinks:
+                    hand(result)
                 pending = result
                 yield result
                 pending = None
@@ -271,26 +288,45 @@ class Pipeline:
         # The first runs of a session allocate and spin up thread pools: not a frame's cost.
         import numpy as np
 
+        from edgekit.runtime.tensors import from_output
+
         black = np.zeros((480, 640, 3), np.uint8)
+        detector = self.model.detector
         for level in self._levels:
             for _ in range(2):
-                level.session.run(level.prep(black))
+                ys = level.session.run(level.prep(black))
+                if detector is not None:  # the decoder's first call is not a frame's cost either
+                    outs = [from_output(y, spec) for y, spec in zip(ys, level.outputs, strict=True)]
+                    detector(outs, (480, 640), level.output_names)
 
     def _label(self, frame: Frame, budget_ns: int) -> FrameResult:
         from edgekit.runtime.tensors import from_output
 
         level = self._levels[self._level]
+        specs = level.outputs
+        detector = self.model.detector
         t0 = time.perf_counter_ns()
         x = level.prep(frame.image)
         t1 = time.perf_counter_ns()
-        y = level.session.run(x)[0]
+        ys = level.session.run(x)
         t2 = time.perf_counter_ns()
-        labels = top_k(
-            from_output(y, level.session.outputs[0]).reshape(-1),
-            self.model.labels,
-            self.top,
-            logits=self.model.logits,
-        )
+        labels: tuple[Label, ...] = ()
+        detections: tuple[Detection, ...] = ()
+        if detector is None:
+            labels = top_k(
+                from_output(ys[0], specs[0]).reshape(-1),
+                self.model.labels,
+                self.top,
+                logits=self.model.logits,
+            )
+        else:
+            # Decode and NMS are the frame's cost like top-k is: timed as postprocess.
+            shape = frame.image.shape
+            detections = detector(
+                [from_output(y, spec) for y, spec in zip(ys, specs, strict=True)],
+                (shape[0], shape[1]),
+                level.output_names,
+            )
         t3 = time.perf_counter_ns()
         record = FrameRecord(
             index=frame.index,
@@ -306,8 +342,11 @@ class Pipeline:
             met=t3 <= frame.captured_ns + budget_ns,
             dropped_before=frame.dropped_before,
             candidate=level.name,
+            # The same tuples as the result's (immutable): a record costs two references, not a copy.
+            labels=labels,
+            detections=detections,
         )
-        return FrameResult(labels, record, frame.image)
+        return FrameResult(labels, record, frame.image, detections)
 
     def _finish(self, provisional: FrameRecord, sink_ns: int) -> None:
         from dataclasses import replace
@@ -387,8 +426,16 @@ class Pipeline:
         )
 
     def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:
-        """Call ``sink(labels)`` with each frame's labels, on the frame loop's thread (keep it cheap)."""
+        """Call ``sink(labels)`` with each frame's labels, on the frame loop's thread (keep it cheap).
+
+        A detector's frames have no labels (empty tuples); ``add_result_sink`` sees its detections.
+        """
         self._label_sinks.append(sink)
+
+    def add_result_sink(self, sink: ResultCallback) -> None:
+        """Call ``sink(result)`` with each frame's ``FrameResult`` (labels or detections, record, frame)
+        on the frame loop's thread, after the label sinks and before your loop body (keep it cheap)."""
+        self._result_sinks.append(sink)
 
     def add_closer(self, close: Callable[[], None]) -> None:
         """Call ``close()`` when the pipeline closes, before its source and sessions (a reporter's stop)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from edgekit.protocol.stages import STAGES
@@ -42,7 +42,16 @@ class FrameRecord:
         return {s: getattr(self, f"{s}_ms") for s in STAGES}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data for JSON (``--records``): the timings, then ``labels`` ({id, name, score})
+        and ``detections`` ({class_id, name, score, box}), each empty when the task has none."""
+        # By hand, not dataclasses.asdict: its deep copy cost more than the rest of the row.
+        out = {f: getattr(self, f) for f in _SCALARS}
+        out["labels"] = [{"id": lab.id, "name": lab.name, "score": lab.score} for lab in self.labels]
+        out["detections"] = [d.to_dict() for d in self.detections]
+        return out
+
+
+_SCALARS = tuple(f.name for f in fields(FrameRecord) if f.name not in ("labels", "detections"))
 
 
 @dataclass(frozen=True, slots=True)

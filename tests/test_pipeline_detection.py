@@ -1,0 +1,166 @@
+"""Detectors through the Python API and the frame loop, on a real runtime (tests/tiny_detector.py's square detector).
+
+The square detector's answer is known exactly: a white square filling a grid cell is one
+detection of class ``square``, score 1, whose box is that cell in frame pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import tiny_detector as td
+
+import edgekit
+from edgekit.bundle import generate_keypair
+from edgekit.errors import InputError
+
+import tiny_model
+
+#: Where the square is in each frame of the moving-square folder: across the top row, down, one empty frame.
+PATH: list[tuple[int, int] | None] = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 3), (2, 3), None, (3, 3), (3, 2)]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return generate_keypair(tmp_path_factory.mktemp("keys") / "signer")
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Iterator[edgekit.Model]:
+    bundle = td.detector_bundle(tmp_path_factory.mktemp("det") / "square", keys[0], with_openvino=True)
+    with edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[keys[1]]) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Iterator[edgekit.Model]:
+    bundle = td.classifier_bundle(tmp_path_factory.mktemp("cls") / "tiny", keys[0])
+    with edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[keys[1]]) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def moving_square(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("moving-square")
+    for i, cell in enumerate(PATH):
+        frame = td.square_frame(*cell) if cell else td.square_frame(None)
+        cv2.imwrite(str(folder / f"{i:03d}.png"), frame)
+    return folder
+
+
+def expected(cell: tuple[int, int] | None) -> list[tuple[str, tuple[float, float, float, float]]]:
+    return [(td.SQUARE, td.cell_box(*cell))] if cell else []
+
+
+def seen(detections: tuple[edgekit.Detection, ...]) -> list[tuple[str, tuple[float, float, float, float]]]:
+    return [(d.name, d.box) for d in detections]
+
+
+def test_detect_gives_the_squares_box_in_frame_pixels(detector: edgekit.Model) -> None:
+    assert detector.task == "detection"
+    for row, col in [(0, 0), (1, 2), (3, 3)]:
+        (found,) = detector.detect(td.square_frame(row, col))
+        assert found.class_id == 0 and found.name == td.SQUARE
+        assert found.score == pytest.approx(1.0, abs=1e-5)
+        assert found.box == pytest.approx(td.cell_box(row, col), abs=1e-3)
+    assert detector.detect(td.square_frame(None)) == ()
+    # Two squares that do not overlap are two detections (NMS keeps both).
+    two = np.maximum(td.square_frame(0, 0), td.square_frame(2, 3))
+    boxes = sorted(d.box for d in detector.detect(two))
+    assert boxes == [pytest.approx(td.cell_box(0, 0)), pytest.approx(td.cell_box(2, 3))]
+    # A frame of another size maps back to its own pixels: half the width, the same height.
+    half = cv2.resize(td.square_frame(1, 2), (td.FRAME_W // 2, td.FRAME_H), interpolation=cv2.INTER_AREA)
+    x0, y0, x1, y1 = td.cell_box(1, 2)
+    assert detector.detect(half)[0].box == pytest.approx((x0 / 2, y0, x1 / 2, y1), abs=1e-3)
+
+
+def test_a_detectors_raw_outputs_and_what_it_refuses(detector: edgekit.Model) -> None:
+    frame = td.square_frame(1, 2)
+    scores, boxes = detector.outputs(frame)  # the session's order: scores first
+    assert scores.shape == (1, 16, 1) and boxes.shape == (1, 16, 4)
+    assert scores.reshape(4, 4)[1, 2] == pytest.approx(1.0) and scores.sum() == pytest.approx(1.0)
+    assert boxes[0, 1 * 4 + 2].tolist() == pytest.approx([0, 0, td.CELL, td.CELL])
+    # infer() stays what it was: the first output, flattened.
+    assert detector.infer(frame).tolist() == pytest.approx(scores.reshape(-1).tolist())
+    with pytest.raises(InputError, match="is a detector") as err:
+        detector.classify(frame)
+    assert "model.detect" in err.value.hint
+
+
+def test_a_classifier_classifies_and_refuses_detect(classifier: edgekit.Model) -> None:
+    assert classifier.task == "classification" and classifier.detector is None
+    frame = td.square_frame(1, 2)
+    (logits,) = classifier.outputs(frame)
+    labels = classifier.classify(frame, k=3)
+    assert logits.shape == (1, tiny_model.NUM_CLASSES)
+    assert labels[0].id == int(np.argmax(logits)) and labels[0].name == td.CLASS_NAMES[labels[0].id]
+    with pytest.raises(InputError, match="is a classifier") as err:
+        classifier.detect(frame)
+    assert "model.classify" in err.value.hint
+
+
+def test_the_frame_loop_yields_detections_that_follow_the_square(
+    detector: edgekit.Model, moving_square: Path
+) -> None:
+    records: list[edgekit.FrameRecord] = []
+    sunk: list[edgekit.FrameResult] = []
+    offered: list[tuple[edgekit.Label, ...]] = []
+    with edgekit.Pipeline(detector, str(moving_square)) as p:
+        p.add_observer(records.append)
+        p.add_result_sink(sunk.append)
+        p.add_label_sink(offered.append)  # still called: a detector's frames have no labels
+        results = list(p)
+    assert [seen(r.detections) for r in results] == [expected(c) for c in PATH]
+    assert all(r.labels == () and r.top is None for r in results)
+    # The result sink saw every result, in order, before the loop body did.
+    assert [id(r) for r in sunk] == [id(r) for r in results]
+    assert offered == [()] * len(PATH)
+    # The final records carry the same detections (what --records and telemetry read).
+    assert [r.index for r in records] == list(range(len(PATH)))
+    assert [rec.detections for rec in records] == [r.detections for r in results]
+    assert all(rec.labels == () for rec in records)
+
+
+def test_degrade_measures_and_runs_a_multi_output_alternative(
+    detector: edgekit.Model, moving_square: Path
+) -> None:
+    # The bundle's other artifact (OpenVINO fp32) decodes to the same boxes from its own outputs.
+    alternatives = detector.load_alternatives()
+    try:
+        assert [s.candidate for s in alternatives] == ["openvino-fp32"]
+        for session in alternatives:
+            names = [o.name for o in session.outputs]
+            x = detector.preprocessor(session)(td.square_frame(2, 1))
+            outs = [y.astype(np.float32) for y in session.run(x)]
+            assert detector.detector is not None
+            found = detector.detector(outs, (td.FRAME_H, td.FRAME_W), names)
+            assert seen(found) == expected((2, 1))
+    finally:
+        for session in alternatives:
+            session.close()
+    # The degrade policy warms up and measures every level (two outputs each) before the first frame.
+    with edgekit.Pipeline(detector, str(moving_square), policy="degrade") as p:
+        chain = p.degrade_chain
+        results = list(p)
+    assert chain[0][0] == "onnxruntime-fp32" and all(np.isfinite(ms) and ms > 0 for _, ms in chain)
+    # Degrade drops what the loop cannot keep up with, like drop-oldest: check the frames it labelled.
+    assert results and [seen(r.detections) for r in results] == [
+        expected(PATH[r.record.index]) for r in results
+    ]
+
+
+def test_a_classifiers_records_carry_its_top_labels(classifier: edgekit.Model, moving_square: Path) -> None:
+    records: list[edgekit.FrameRecord] = []
+    with edgekit.Pipeline(classifier, str(moving_square), top=3) as p:
+        p.add_observer(records.append)
+        results = list(p)
+    assert len(results) == len(records) == len(PATH)
+    for i, (result, record) in enumerate(zip(results, records, strict=True)):
+        cell = PATH[i]
+        frame = td.square_frame(*cell) if cell else td.square_frame(None)
+        assert [lab.id for lab in result.labels] == [lab.id for lab in classifier.classify(frame, k=3)]
+        assert record.labels == result.labels and record.detections == result.detections == ()
