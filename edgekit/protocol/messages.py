@@ -29,6 +29,12 @@ from edgekit.protocol.control_messages import (
     Result,
 )
 from edgekit.protocol.telemetry_messages import (
+    MAX_CLASS_NAME,
+    MAX_DETECTION_CLASSES,
+    MAX_LABEL_DETECTIONS,
+    OTHER_CLASS,
+    BoxDetection,
+    DetectionCount,
     Gauges,
     Label,
     Labels,
@@ -74,10 +80,16 @@ def first_error(err: ValidationError) -> str:
 
 __all__ = [
     "KINDS",
+    "MAX_CLASS_NAME",
+    "MAX_DETECTION_CLASSES",
+    "MAX_LABEL_DETECTIONS",
+    "OTHER_CLASS",
     "ActiveSlot",
     "AgentStatus",
+    "BoxDetection",
     "Command",
     "DeployId",
+    "DetectionCount",
     "Gauges",
     "HealthReport",
     "Label",

@@ -196,6 +196,12 @@ def window_metrics(payload: dict[str, Any]) -> dict[str, Any]:
         elif name == "temperature_c" and isinstance(value, dict):
             for zone, c in value.items():
                 out[f"gauges/temperature_c/{zone}"] = float(c)
+    # A detector's per-class counts, ``detections/<class>/{frames,objects,max_score}`` (the class
+    # may hold a "/": its field is after the last one).  A classifier's DDATA has none.
+    for name, count in (window.get("detections") or {}).items():
+        out[f"detections/{name}/frames"] = int(count["frames"])
+        out[f"detections/{name}/objects"] = int(count["objects"])
+        out[f"detections/{name}/max_score"] = float(count["max_score"])
     out["telemetry/seq"] = int(payload["seq"])
     out["telemetry/epoch"] = str(payload.get("epoch", ""))
     return out
@@ -219,9 +225,15 @@ def telemetry_body(
     stages: dict[str, Any] = {}
     counters: dict[str, Any] = {}
     gauges: dict[str, Any] = {}
+    detections: dict[str, dict[str, Any]] = {}
     for name, value in metrics.items():
         group, _, rest = name.partition("/")
-        if group == "counters":
+        if group == "detections":
+            cls, _, part = rest.rpartition("/")
+            if part not in ("frames", "objects", "max_score") or not cls:
+                raise ValueError(f"metric {name!r} is not detections/<class>/<frames|objects|max_score>")
+            detections.setdefault(cls, {})[part] = value
+        elif group == "counters":
             counters[rest] = value
         elif group == "gauges":
             if not isinstance(value, float) or not math.isfinite(value):
@@ -233,6 +245,17 @@ def telemetry_body(
                 gauges[rest] = value
         elif rest == "sketch" and group != "latency":
             stages[group] = _loads(_typed(metrics, name, str))
+    window: dict[str, Any] = {
+        "start": _typed(metrics, "window/start", float),
+        "end": _typed(metrics, "window/end", float),
+        "frames": _typed(metrics, "window/frames", int),
+        "missed": _typed(metrics, "window/missed", int),
+        "fps": _typed(metrics, "window/fps", float),
+        "latency_ms": _loads(_typed(metrics, "latency/sketch", str)),
+        "stages_ms": stages,
+    }
+    if detections:  # checked with the rest of the body by the caller (Telemetry's model)
+        window["detections"] = detections
     return {
         "schema": "edgekit/v1/telemetry",
         "device": device,
@@ -241,15 +264,7 @@ def telemetry_body(
         "epoch": metrics.get("telemetry/epoch") or "",
         "seq": _typed(metrics, "telemetry/seq", int),
         "sent_at": ts_ms / 1000,
-        "window": {
-            "start": _typed(metrics, "window/start", float),
-            "end": _typed(metrics, "window/end", float),
-            "frames": _typed(metrics, "window/frames", int),
-            "missed": _typed(metrics, "window/missed", int),
-            "fps": _typed(metrics, "window/fps", float),
-            "latency_ms": _loads(_typed(metrics, "latency/sketch", str)),
-            "stages_ms": stages,
-        },
+        "window": window,
         "counters": counters,
         "gauges": gauges,
         "spool": {},

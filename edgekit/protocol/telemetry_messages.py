@@ -32,6 +32,13 @@ MAX_INT = 2**63
 MAX_BUCKET_KEY = 2000
 _BUCKET_KEYS = frozenset(str(k) for k in range(-MAX_BUCKET_KEY, MAX_BUCKET_KEY + 1))
 _SHA256 = r"^[0-9a-f]{64}$"
+# A window's per-class detection counts: class names come from the device, so both the number of
+# classes and each name's length are bounded (a sender folds the rest into OTHER_CLASS).
+MAX_DETECTION_CLASSES = 64
+MAX_CLASS_NAME = 64
+OTHER_CLASS = "other"
+# A labels message lists at most this many of the newest frame's detections (best first).
+MAX_LABEL_DETECTIONS = 100
 
 
 class WireMessage(BaseModel):
@@ -118,8 +125,30 @@ def _every_stage(stages: dict[str, Sketch]) -> dict[str, Sketch]:
     return stages
 
 
+#: A class name as a detection count or a labels message carries it (bounded: it comes from a device).
+ClassName = Annotated[str, Field(min_length=1, max_length=MAX_CLASS_NAME)]
+
+
+class DetectionCount(WireMessage):
+    """One class over one window: frames with at least one detection of it, its detections, the best score."""
+
+    frames: Count = Field(description="frames with at least one detection of this class")
+    objects: Count = Field(description="detections of this class (a frame may hold several)")
+    max_score: float = Field(ge=0, le=1, description="the highest score among them")
+
+    @model_validator(mode="after")
+    def _objects_cover_frames(self) -> DetectionCount:
+        if self.objects < self.frames:
+            raise ValueError("objects < frames: every counted frame holds at least one detection")
+        return self
+
+
 class Window(WireMessage):
-    """One reporting window: its wall-clock span, frames and missed deadlines, the latency sketches."""
+    """One reporting window: its wall-clock span, frames and missed deadlines, the latency sketches.
+
+    A detector's window also counts what it found per class (``detections``); a classifier's
+    has no such field.
+    """
 
     start: float = Field(description="seconds since the epoch")
     end: float = Field(description="seconds since the epoch")
@@ -131,6 +160,19 @@ class Window(WireMessage):
         json_schema_extra={"required": list(STAGES)},
         description=f"one sketch per stage: {', '.join(STAGES)} (more are kept)",
     )
+    detections: dict[ClassName, DetectionCount] | None = Field(
+        default=None,
+        max_length=MAX_DETECTION_CLASSES,
+        description=f"a detector's per-class counts (at most {MAX_DETECTION_CLASSES} classes, "
+        f"the rest as {OTHER_CLASS!r}); absent for a classifier",
+    )
+
+    @model_validator(mode="after")
+    def _detections_within_frames(self) -> Window:
+        for name, count in (self.detections or {}).items():
+            if count.frames > self.frames:
+                raise ValueError(f"detections of {name[:40]!r} in more frames than the window has")
+        return self
 
 
 class Throttled(WireMessage):
@@ -230,13 +272,30 @@ class Label(WireMessage):
     score: float
 
 
+class BoxDetection(WireMessage):
+    """One object a detector found: its class, score and box in frame pixels (x0, y0, x1, y1)."""
+
+    class_id: int
+    name: ClassName
+    score: float = Field(ge=0, le=1)
+    # A list, not a tuple: strict validation of the dict a sender builds takes no list as a tuple.
+    box: list[float] = Field(min_length=4, max_length=4, description="x0, y0, x1, y1 in frame pixels")
+
+
 class Labels(WireMessage):
-    """What the model said lately (``edgekit/v1/<fleet>/<device>/labels``, QoS 0, optional)."""
+    """What the model said lately (``edgekit/v1/<fleet>/<device>/labels``, QoS 0, optional).
+
+    A classifier sends its top ``labels``; a detector sends ``labels: []`` (so a receiver from
+    before detection still accepts it) and the frame's ``detections``, best first.
+    """
 
     schema_: Literal["edgekit/v1/labels"] = Field(alias="schema")
     device: Name
     ts: float | None = None
     labels: list[Label]
+    detections: list[BoxDetection] | None = Field(
+        default=None, max_length=MAX_LABEL_DETECTIONS, description="a detector's objects, best first"
+    )
 
 
 def dump(message: BaseModel) -> dict[str, Any]:

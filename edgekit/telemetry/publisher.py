@@ -6,7 +6,8 @@ Topics (JSON payloads: the models ``Status``, ``Telemetry`` and ``Labels`` of
     edgekit/v1/<fleet>/<device>/status     retained, QoS 1: "online" and the birth facts on every
                                            connect; the Last Will sets it "offline"
     edgekit/v1/<fleet>/<device>/telemetry  QoS 1, every interval: seq, window, sketches, counters, gauges
-    edgekit/v1/<fleet>/<device>/labels     QoS 0, optional, at most once per labels interval
+    edgekit/v1/<fleet>/<device>/labels     QoS 0, optional, at most once per labels interval: a
+                                           classifier's top labels, or a detector's detections
 
 The frame loop never waits on any of this: it only adds each frame to a ``MetricsWindow``.
 On the timer this thread closes the window, writes the message to the spool, and
@@ -34,13 +35,23 @@ from edgekit._core.names import safe_name
 from edgekit._version import __version__
 from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.protocol.messages import Labels, Status, Telemetry, checked, first_error
+from edgekit.protocol.messages import (
+    MAX_CLASS_NAME,
+    MAX_LABEL_DETECTIONS,
+    Labels,
+    Status,
+    Telemetry,
+    checked,
+    first_error,
+)
 from edgekit.protocol.topics import SCHEMA_LABELS, SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.spool import Spool
 from edgekit.telemetry.window import MetricsWindow, Window
 
 if TYPE_CHECKING:
+    from edgekit.pipeline.records import FrameResult
+    from edgekit.runtime.detection import Detection
     from edgekit.runtime.postprocess import Label
 
 log = logging.getLogger(__name__)
@@ -157,7 +168,8 @@ class TelemetryPublisher:
         self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._inflight: dict[int, int] = {}  # paho mid -> spool id (this thread only)
         self._sent_upto = 0
-        self._labels: tuple[float, tuple[Label, ...]] | None = None
+        # The newest (time, labels, detections or None for a classifier), swapped in by the frame loop.
+        self._labels: tuple[float, tuple[Label, ...], tuple[Detection, ...] | None] | None = None
         self._labels_sent = 0.0
         self._thread = threading.Thread(target=self._run, name=f"edgekit-telemetry[{device_id}]", daemon=True)
         self._client = self._make_client()
@@ -315,7 +327,12 @@ class TelemetryPublisher:
     def offer_labels(self, labels: tuple[Label, ...]) -> None:
         """The newest labels (from the frame loop: a reference swap); sent at most every labels interval."""
         if self.labels_interval_s is not None:
-            self._labels = (time.time(), labels)
+            self._labels = (time.time(), labels, None)
+
+    def offer_result(self, result: FrameResult, detector: bool = False) -> None:
+        """A frame's result (from the frame loop: a reference swap): a detector's detections, or labels."""
+        if self.labels_interval_s is not None:
+            self._labels = (time.time(), result.labels, result.detections if detector else None)
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.interval_s
@@ -446,16 +463,18 @@ class TelemetryPublisher:
     def _send_labels(self) -> None:
         if self._labels is None or self.labels_interval_s is None:
             return
-        at, labels = self._labels
+        at, labels, detections = self._labels
         if at - self._labels_sent < self.labels_interval_s:
             return
         self._labels_sent = at
-        body = {
+        body: dict[str, Any] = {
             "schema": SCHEMA_LABELS,
             "device": self.device_id,
             "ts": round(at, 3),
             "labels": [{"id": lab.id, "name": lab.name, "score": round(lab.score, 5)} for lab in labels],
         }
+        if detections is not None:
+            body["detections"] = [_detection(d) for d in detections[:MAX_LABEL_DETECTIONS]]
         payload = json.dumps(checked(Labels, body), separators=(",", ":")).encode()
         self._client.publish(self.labels_topic, payload, qos=0)
 
@@ -493,3 +512,13 @@ class TelemetryPublisher:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+
+def _detection(d: Detection) -> dict[str, Any]:
+    """One detection as the labels topic carries it: class, score, box in frame pixels (one decimal)."""
+    return {
+        "class_id": d.class_id,
+        "name": d.name[:MAX_CLASS_NAME] or f"class {d.class_id}",
+        "score": round(min(max(float(d.score), 0.0), 1.0), 5),
+        "box": [round(float(v), 1) for v in d.box],
+    }

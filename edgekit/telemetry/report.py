@@ -43,7 +43,8 @@ def report(
     broker = BrokerConfig.from_url(
         mqtt, ca_file=ca_file, cert_file=cert_file, key_file=key_file, protocol=protocol
     )
-    window = MetricsWindow()
+    detector = pipeline.model.manifest.model.task == "detection"
+    window = MetricsWindow(detections=detector)  # a classifier's windows stay as they were
     pipeline.add_observer(window.observe)
     publisher = TelemetryPublisher(
         broker,
@@ -59,5 +60,10 @@ def report(
     )
     pipeline.add_closer(publisher.stop)
     if labels_interval_s is not None:
-        pipeline.add_label_sink(publisher.offer_labels)
+        # The result sink hands over detections too; a pipeline without one (older frame loop) gives labels.
+        add_result_sink = getattr(pipeline, "add_result_sink", None)
+        if add_result_sink is not None:
+            add_result_sink(lambda result: publisher.offer_result(result, detector))
+        else:
+            pipeline.add_label_sink(publisher.offer_labels)
     return publisher.start()

@@ -3,6 +3,12 @@
 The frame path calls ``observe(record)`` (microseconds); the publisher thread calls
 ``take()`` on its timer, which swaps in a fresh window and returns the finished one.
 Serialising, writing the spool and talking to the broker all happen on that thread.
+
+A detector's window (``MetricsWindow(detections=True)``) also counts, per class name, the
+frames with at least one detection, the detections, and the best score.  The class names
+come from the model's labels, but a window never holds more than ``MAX_DETECTION_CLASSES``
+of them (later ones are counted as ``other``) nor a name longer than ``MAX_CLASS_NAME``:
+what the fleet accepts.
 """
 
 from __future__ import annotations
@@ -14,7 +20,28 @@ from typing import Any
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.pipeline.records import FrameRecord
+from edgekit.protocol.messages import MAX_CLASS_NAME, MAX_DETECTION_CLASSES, OTHER_CLASS
 from edgekit.protocol.stages import STAGES
+
+
+@dataclass
+class ClassCount:
+    """One class over one window: frames with at least one detection of it, detections, best score."""
+
+    frames: int = 0
+    objects: int = 0
+    max_score: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "objects": self.objects, "max_score": round(self.max_score, 5)}
+
+
+def class_key(name: str, known: dict[str, ClassCount]) -> str:
+    """The name a class is counted under: cut to ``MAX_CLASS_NAME``, ``other`` once the window is full."""
+    key = name[:MAX_CLASS_NAME] or OTHER_CLASS
+    if key in known or len(known) < MAX_DETECTION_CLASSES - 1:
+        return key  # one place is kept for "other"
+    return OTHER_CLASS
 
 
 @dataclass
@@ -27,10 +54,12 @@ class Window:
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
     frames: int = 0
     missed: int = 0
+    #: Per class, a detector's counts; ``None`` for a classifier (its message has no such field).
+    detections: dict[str, ClassCount] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         span = self.end - self.start
-        return {
+        out: dict[str, Any] = {
             "start": round(self.start, 3),
             "end": round(self.end, 3),
             "frames": self.frames,
@@ -39,14 +68,21 @@ class Window:
             "latency_ms": self.latency.to_dict(),
             "stages_ms": {s: sk.to_dict() for s, sk in self.stages.items()},
         }
+        if self.detections is not None:
+            out["detections"] = {name: c.to_dict() for name, c in self.detections.items()}
+        return out
 
 
 class MetricsWindow:
     """The pipeline observer that fills windows; thread-safe between the loop and the publisher."""
 
-    def __init__(self) -> None:
+    def __init__(self, detections: bool = False) -> None:
         self._lock = threading.Lock()
-        self._window = Window(start=time.time())
+        self.detections = detections  # a detector's windows count its detections per class
+        self._window = self._new(time.time())
+
+    def _new(self, start: float) -> Window:
+        return Window(start=start, detections={} if self.detections else None)
 
     def observe(self, record: FrameRecord) -> None:
         with self._lock:
@@ -57,11 +93,28 @@ class MetricsWindow:
             w.frames += 1
             if not record.met:
                 w.missed += 1
+            counts = w.detections
+            if counts is None or not record.detections:
+                return
+            seen: set[str] = set()
+            for det in record.detections:
+                key = class_key(det.name, counts)
+                c = counts.get(key)
+                if c is None:
+                    c = counts[key] = ClassCount()
+                c.objects += 1
+                # min/max keep a bad score (NaN, above 1) from reaching the message: the fleet refuses it.
+                score = min(max(float(det.score), 0.0), 1.0) if det.score == det.score else 0.0
+                if score > c.max_score:
+                    c.max_score = score
+                if key not in seen:
+                    seen.add(key)
+                    c.frames += 1
 
     def take(self) -> Window:
         """The window so far (closed now); a new one starts."""
         now = time.time()
         with self._lock:
-            done, self._window = self._window, Window(start=now)
+            done, self._window = self._window, self._new(now)
         done.end = now
         return done
