@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgekit.backends.base import TensorSpec
 from edgekit.errors import EdgekitError, InputError, SourceError
@@ -131,6 +131,54 @@ def as_bgr(image: np.ndarray) -> tuple[np.ndarray, bool]:
     return image, converted
 
 
+class Placement(NamedTuple):
+    """Where a frame's pixels land in the model input: ``src`` (x, y, w, h) of the frame is resized onto ``dst`` of the input.
+
+    center-crop: ``src`` is the centred crop, ``dst`` the whole input; letterbox: ``src`` is
+    the whole frame, ``dst`` the region inside the grey bars; squash: both whole.  Coordinates
+    are pixel edges, so a point maps as ``frame = src + (input - dst) * src_size / dst_size``.
+    """
+
+    src: tuple[int, int, int, int]
+    dst: tuple[int, int, int, int]
+
+    def scale_offset(self) -> tuple[float, float, float, float]:
+        """``(scale_x, scale_y, offset_x, offset_y)`` with ``frame = input * scale + offset``."""
+        (sx, sy, sw, sh), (dx, dy, dw, dh) = self.src, self.dst
+        scale_x, scale_y = sw / dw, sh / dh
+        return scale_x, scale_y, sx - dx * scale_x, sy - dy * scale_y
+
+
+def placement(spec: PreprocessSpec, frame_h: int, frame_w: int) -> Placement:
+    """How ``fit`` places a ``frame_h`` x ``frame_w`` frame in the model input (the one place this is decided)."""
+    th, tw = spec.size
+    if spec.resize == "center-crop":
+        # The largest centred region with the target's aspect ratio, resized to the whole input.
+        scale = min(frame_h / th, frame_w / tw)
+        ch, cw = round(th * scale), round(tw * scale)
+        return Placement(((frame_w - cw) // 2, (frame_h - ch) // 2, cw, ch), (0, 0, tw, th))
+    if spec.resize == "letterbox":
+        # The whole frame, resized to fit, centred between bars.
+        scale = min(th / frame_h, tw / frame_w)
+        nh, nw = max(1, round(frame_h * scale)), max(1, round(frame_w * scale))
+        return Placement((0, 0, frame_w, frame_h), ((tw - nw) // 2, (th - nh) // 2, nw, nh))
+    return Placement((0, 0, frame_w, frame_h), (0, 0, tw, th))
+
+
+def to_frame(points: np.ndarray, spec: PreprocessSpec, frame_hw: tuple[int, int]) -> np.ndarray:
+    """Model-input pixel coordinates back to the frame's: ``points``' last axis alternates x, y.
+
+    Boxes ``(N, 4)`` as x0, y0, x1, y1 and keypoints ``(N, K, 2)`` both map; not clipped.
+    """
+    import numpy as np
+
+    scale_x, scale_y, offset_x, offset_y = placement(spec, *frame_hw).scale_offset()
+    out = np.array(points, dtype=np.float64)
+    out[..., 0::2] = out[..., 0::2] * scale_x + offset_x
+    out[..., 1::2] = out[..., 1::2] * scale_y + offset_y
+    return out
+
+
 def fit(image: np.ndarray, spec: PreprocessSpec, out: np.ndarray | None = None) -> np.ndarray:
     """Resize an HxWxC uint8 image to ``spec.size`` by ``spec.resize`` (crop is a view; one resize).
 
@@ -141,21 +189,15 @@ def fit(image: np.ndarray, spec: PreprocessSpec, out: np.ndarray | None = None) 
     import cv2
     import numpy as np
 
-    h, w = image.shape[:2]
     th, tw = spec.size
-    if spec.resize == "center-crop":
-        # Crop the largest centred region with the target's aspect ratio, then resize.
-        scale = min(h / th, w / tw)
-        ch, cw = round(th * scale), round(tw * scale)
-        top, left = (h - ch) // 2, (w - cw) // 2
-        image = image[top : top + ch, left : left + cw]
-    elif spec.resize == "letterbox":
-        scale = min(th / h, tw / w)
-        nh, nw = max(1, round(h * scale)), max(1, round(w * scale))
-        canvas = np.full((th, tw, 3), 114, dtype=np.uint8)  # the grey YOLO-style letterbox fill
-        top, left = (th - nh) // 2, (tw - nw) // 2
-        canvas[top : top + nh, left : left + nw] = _shrink(image, (nh, nw), spec.interpolation)
-        image = canvas
+    if spec.resize != "squash":
+        (left, top, cw, ch), (x, y, nw, nh) = placement(spec, image.shape[0], image.shape[1])
+        if spec.resize == "center-crop":
+            image = image[top : top + ch, left : left + cw]
+        else:
+            canvas = np.full((th, tw, 3), 114, dtype=np.uint8)  # the grey YOLO-style letterbox fill
+            canvas[y : y + nh, x : x + nw] = _shrink(image, (nh, nw), spec.interpolation)
+            image = canvas
     if image.shape[:2] != (th, tw):
         # INTER_AREA when shrinking: what the build calibrated and gated on.  It is most of a
         # frame's preprocessing (1.6 ms for 480x480 -> 224x224 here, one core: ~20% of an
