@@ -239,30 +239,62 @@ def _with_progress(req: Any, run: Any) -> Any:
 def _summary(result: dict[str, Any]) -> None:
     table = Table(title=f"bundle {result['bundle']} for {result['profile']}", title_justify="left")
     table.add_column("artifact", no_wrap=True)
-    for col in ("arch", "top-1 vs fp32", "max Δlogit", "p50 ms", "p99 ms", "note"):
+    detector = any((a["accuracy"] or {}).get("detection") for a in result["artifacts"])
+    gate_columns = (
+        ("matched vs fp32", "mean IoU", "missed", "extra", "score drift")
+        if detector
+        else ("top-1 vs fp32", "max Δlogit")
+    )
+    for col in ("arch", *gate_columns, "p50 ms", "p99 ms", "note"):
         table.add_column(col)
     for a in result["artifacts"]:
         acc, lat = a["accuracy"], a["latency_ms"]
-        agree = "-"
-        if acc:
-            colour = "green" if acc["passed"] else "red"
-            agree = f"[{colour}]{acc['top1_agreement']:.0%}[/] of {acc['decisive_images']}"
         table.add_row(
             a["recipe"],
             a["arch"] or "-",
-            agree,
-            f"{acc['max_abs_logit_diff']:.3f}" if acc else "-",
+            *(_detection_cells(acc) if detector else _top1_cells(acc)),
             f"{lat['p50']:.2f}" if lat else "-",
             f"{lat['p99']:.2f}" if lat else "-",
             a["skipped"] or a["not_measured"] or a["notes"].get("edgetpu", "") or "",
         )
     console.print(table)
-    console.print(
-        "[dim]top-1 vs fp32: agreement on the images where fp32 is decisive (its two best classes at least "
-        "10 points of probability apart); near-ties are listed in the manifest, not gated.[/]"
-    )
+    if detector:
+        console.print(
+            "[dim]matched vs fp32: the fp32 model's decisive detections (score at least 0.1 above the "
+            "threshold) found by the artifact (same class, IoU >= 0.5); extra: its decisive detections "
+            "where fp32 finds nothing. Near-threshold detections are counted in the manifest, not gated.[/]"
+        )
+    else:
+        console.print(
+            "[dim]top-1 vs fp32: agreement on the images where fp32 is decisive (its two best classes at least "
+            "10 points of probability apart); near-ties are listed in the manifest, not gated.[/]"
+        )
     if result["smoke_set"]:
         console.print(
             f"[dim]accuracy measured on the built-in smoke set ({result['eval_images']} images from scikit-image): "
             "a check that the numerics survived conversion, not an accuracy claim; pass --eval DIR for that.[/]"
         )
+
+
+def _top1_cells(acc: dict[str, Any] | None) -> tuple[str, str]:
+    if not acc:
+        return "-", "-"
+    colour = "green" if acc["passed"] else "red"
+    return (
+        f"[{colour}]{acc['top1_agreement']:.0%}[/] of {acc['decisive_images']}",
+        f"{acc['max_abs_logit_diff']:.3f}",
+    )
+
+
+def _detection_cells(acc: dict[str, Any] | None) -> tuple[str, str, str, str, str]:
+    det = (acc or {}).get("detection")
+    if not acc or not det:
+        return "-", "-", "-", "-", "-"
+    colour = "green" if acc["passed"] else "red"
+    return (
+        f"[{colour}]{det['matched']}/{det['decisive_detections']}[/] ({acc['top1_agreement']:.0%})",
+        f"{det['mean_iou']:.3f} (min {det['min_iou']:.3f})",
+        str(det["missed"]),
+        f"[{'red' if det['extra'] else 'green'}]{det['extra']}[/]",
+        f"{det['max_score_drift']:.3f}",
+    )

@@ -16,6 +16,7 @@ from edgekit.commands.common import JsonOpt, console, err_console, print_json
 
 if TYPE_CHECKING:
     from edgekit.bundle import Manifest, VerifyReport
+    from edgekit.bundle.manifest import Accuracy
 
 keys_app = typer.Typer(help="Signing keys for bundles (Ed25519).", no_args_is_help=True)
 
@@ -138,11 +139,27 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
             f"{m.preprocess.resize}, mean {list(m.preprocess.mean)}, std {list(m.preprocess.std)}",
         ),
         ("labels", f"{len(m.labels)}" + (f" ({', '.join(m.labels[:3])}, ...)" if m.labels else "")),
+        *(
+            [
+                (
+                    "detection",
+                    f"{m.detection.decoder} decoder, {m.detection.num_classes} class(es), score >= "
+                    f"{m.detection.score_threshold:g}, NMS {m.detection.nms} at IoU {m.detection.iou_threshold:g}, "
+                    f"at most {m.detection.max_detections}",
+                )
+            ]
+            if m.detection is not None
+            else []
+        ),
         ("built", f"{b.created.isoformat()} on {b.host.arch} ({b.host.cpu or '?'}) by edgekit {b.edgekit}"),
         ("serial", f"{b.serial}" if b.serial else "0 (none: built before serials)"),
         (
             "accuracy rule",
-            f"top-1 agreement >= {b.accuracy_threshold:.0%}"
+            (
+                f"decisive fp32 detections matched >= {b.accuracy_threshold:.0%}, no extra"
+                if m.detection is not None
+                else f"top-1 agreement >= {b.accuracy_threshold:.0%}"
+            )
             + (", drop allowed" if b.allow_accuracy_drop else ""),
         ),
         (
@@ -157,7 +174,11 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
     console.print(info, highlight=False)
     table = Table(title="artifacts (latency measured on the build host)", title_justify="left")
     table.add_column("name", no_wrap=True)
-    for col in ("arch", "size", "p50/p99 ms", "top-1 agree", "max |Δ logit|", "gate"):
+    detector = m.detection is not None
+    gate_columns = (
+        ("matched", "mean IoU", "missed", "extra") if detector else ("top-1 agree", "max |Δ logit|")
+    )
+    for col in ("arch", "size", "p50/p99 ms", *gate_columns, "gate"):
         table.add_column(col)
     for a in m.artifacts:
         acc = a.accuracy
@@ -176,8 +197,7 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
             a.arch,
             _size(a.size),
             f"{a.latency.p50_ms:.2f} / {a.latency.p99_ms:.2f}" if a.latency else "-",
-            f"{acc.top1_agreement:.1%}" if acc else "-",
-            f"{acc.max_abs_logit_diff:.3f}" if acc else "-",
+            *(_detection_cells(acc) if detector else _top1_cells(acc)),
             gate,
         )
     console.print(table)
@@ -198,6 +218,24 @@ def _print_manifest(bundle: Path, m: Manifest, signature: dict[str, Any]) -> Non
         )
     if any(a.accuracy and a.accuracy.smoke_set for a in m.artifacts):
         err_console.print("[dim]smoke set: a sanity check on a few built-in images, not an accuracy claim[/]")
+
+
+def _top1_cells(acc: Accuracy | None) -> tuple[str, str]:
+    if acc is None:
+        return "-", "-"
+    return f"{acc.top1_agreement:.1%}", f"{acc.max_abs_logit_diff:.3f}"
+
+
+def _detection_cells(acc: Accuracy | None) -> tuple[str, str, str, str]:
+    det = acc.detection if acc is not None else None
+    if acc is None or det is None:
+        return "-", "-", "-", "-"
+    return (
+        f"{det.matched}/{det.decisive_detections} ({acc.top1_agreement:.1%})",
+        f"{det.mean_iou:.3f}",
+        str(det.missed),
+        str(det.extra),
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -25,6 +25,8 @@ from edgekit.runtime.tensors import from_output, to_input
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.runtime.detection_gate import DetectionAgreement
+
 DEFAULT_THRESHOLD = 0.98
 
 
@@ -41,13 +43,25 @@ class GateAccuracy:
     smoke_set: bool
     threshold: float
     passed: bool
+    #: A detector's gate (``edgekit.convert.accuracy_detection``): then ``top1_agreement`` is the
+    #: share of decisive reference detections matched, ``decisive_images`` the images holding
+    #: one, ``flipped`` the images with a miss or an extra, ``max_abs_logit_diff`` over every raw output.
+    detection: DetectionAgreement | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "flipped": list(self.flipped)}
+        d = {**asdict(self), "flipped": list(self.flipped)}
+        if self.detection is None:
+            del d["detection"]  # a classifier's report reads as it did before detection existed
+        else:
+            d["detection"] = self.detection.to_dict()
+        return d
 
 
 def run_batch(session: Session, batch_nchw: np.ndarray) -> np.ndarray:
-    """Run every image of a float32 NCHW batch through ``session`` (one at a time: batch 1 models)."""
+    """Run every image of a float32 NCHW batch through ``session`` (one at a time: batch 1 models).
+
+    A classifier's answer: its first output, one row per image (N x classes).
+    """
     import numpy as np
 
     spec, out_spec = session.inputs[0], session.outputs[0]
@@ -56,6 +70,22 @@ def run_batch(session: Session, batch_nchw: np.ndarray) -> np.ndarray:
         for i in range(len(batch_nchw))
     ]
     return np.stack(rows)
+
+
+def run_outputs(session: Session, batch_nchw: np.ndarray) -> list[np.ndarray]:
+    """Every output of ``session`` on each image of the batch: one float32 array per output.
+
+    Output ``k`` is ``(N, *shape_k[1:])``, the per-image results of batch-1 runs stacked, in
+    the session's output order (a detector's boxes and scores both matter, not just the first).
+    """
+    import numpy as np
+
+    spec = session.inputs[0]
+    per_image = [session.run(to_input(batch_nchw[i : i + 1], spec)) for i in range(len(batch_nchw))]
+    return [
+        np.concatenate([from_output(ys[k], out_spec) for ys in per_image])
+        for k, out_spec in enumerate(session.outputs)
+    ]
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from edgekit._core.elf import host_arch
 from edgekit._core.io import sha256_file
 from edgekit._core.packages import installed_versions
-from edgekit.convert.accuracy import compare, run_batch
+from edgekit.convert.accuracy import compare, run_batch, run_outputs
+from edgekit.convert.accuracy_detection import detection_head
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.bundling import write
 from edgekit.convert.cache import BuildCache, step_key
@@ -37,6 +38,13 @@ from edgekit.runtime.profiles import Candidate, DeviceProfile, get_profile, pin_
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from edgekit.backends.base import Session
+    from edgekit.bundle.manifest import DetectionHead
+    from edgekit.convert.accuracy import GateAccuracy
+    from edgekit.convert.modelcard import ModelCard
+
+Judge = Callable[["Session"], "GateAccuracy"]  # an artifact's session -> its gate result
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +148,7 @@ class _Build:
             def produce(d: Path) -> list[Artifact]:
                 module = req.pytorch_module if req.pytorch_module is not None else load_pytorch(req.card)
                 raw = onnx_export.export_pytorch(
-                    module, spec, d / "raw.onnx", req.card.input_name, req.card.output_name
+                    module, spec, d / "raw.onnx", req.card.input_name, output_names(req.card, module)
                 )
                 out = onnx_export.fold(raw, d / f"{self.stem}-fp32.onnx", spec.input_shape)
                 raw.unlink()
@@ -158,6 +166,19 @@ class _Build:
         evals = load_dir(self.req.eval) if self.req.eval else smoke
         assert calib is not None and evals is not None
         return calib, evals
+
+
+def output_names(card: ModelCard, module: Any) -> str | tuple[str, ...]:
+    """The fp32 ONNX's output names: the module's own ``output_names`` (a detector returning a
+    tuple names each element), else the card's ``[output] names``, else the detection head's,
+    else the card's one ``[output] name``."""
+    named = getattr(module, "output_names", None) or getattr(card, "output_names", None)
+    if named:
+        return tuple(str(n) for n in named)
+    head = detection_head(card)
+    if head is not None and head.outputs:
+        return tuple(head.outputs)
+    return card.output_name
 
 
 def _module_hash(module: Any) -> str:
@@ -292,9 +313,7 @@ def _litert(b: _Build, recipes: list[str], calib: np.ndarray, calib_hash: str) -
     return found
 
 
-def _evaluate(
-    b: _Build, report: ArtifactReport, evals: ImageSet, eval_batch: np.ndarray, reference: np.ndarray
-) -> None:
+def _evaluate(b: _Build, report: ArtifactReport, eval_batch: np.ndarray, judge: Judge) -> None:
     from edgekit.backends import registry
 
     a = report.artifact
@@ -340,8 +359,7 @@ def _evaluate(
         path = a.path.with_name(str(src))
     try:
         with backend.load(path, options) as session:
-            logits = run_batch(session, eval_batch)
-            report.accuracy = compare(logits, reference, evals.names, evals.smoke, b.req.threshold)
+            report.accuracy = judge(session)
             # An unfused stand-in's speed says nothing of the device's.
             if b.req.measure_latency and not report.evaluated_as:
                 report.latency = measure(session, eval_batch)
@@ -350,6 +368,52 @@ def _evaluate(
             f"the {report.recipe} artifact {path.name} was built but does not run: {err.message}",
             "this is a converter problem: report it with the model and the build log",
         ) from err
+
+
+def _detection_judge(
+    req: BuildRequest, head: DetectionHead, ref_session: Session, evals: ImageSet, eval_batch: np.ndarray
+) -> Judge:
+    """The detection gate against the fp32 ONNX's detections (``ref_session``) on ``evals``."""
+    from edgekit.convert.accuracy_detection import DetectionReference, align_outputs
+
+    ref_specs = ref_session.outputs
+    reference = DetectionReference(
+        head,
+        req.card.preprocess,
+        req.card.labels,
+        run_outputs(ref_session, eval_batch),
+        [o.name for o in ref_specs],
+        [(int(img.shape[0]), int(img.shape[1])) for img in evals.images],
+    )
+
+    def judge(session: Session) -> GateAccuracy:
+        try:
+            order = align_outputs(ref_specs, session.outputs)
+        except ValueError as err:
+            raise BuildError(
+                f"{session.artifact.name}: {err}",
+                "this is a converter problem: report it with the model and the build log",
+            ) from err
+        outputs = run_outputs(session, eval_batch)
+        return reference.compare([outputs[k] for k in order], evals.names, evals.smoke, req.threshold)
+
+    return judge
+
+
+def _failure_row(recipe: str, acc: GateAccuracy, threshold: float) -> str:
+    """One line of the failed-gate error: the numbers and the images they come from."""
+    det = acc.detection
+    if det is None:
+        return (
+            f"  {recipe:18} top-1 agreement {acc.top1_agreement:.1%} < {threshold:.0%}"
+            f" (flipped: {', '.join(acc.flipped) or '-'}; max logit diff {acc.max_abs_logit_diff:.3f})"
+        )
+    return (
+        f"  {recipe:18} matched {det.matched} of {det.decisive} decisive fp32 detections "
+        f"({acc.top1_agreement:.1%}, needs {threshold:.0%}), missed {det.missed}, extra {det.extra} (needs 0)"
+        f"; mean IoU {det.mean_iou:.3f}, max score drift {det.max_score_drift:.3f}"
+        f" (images: {', '.join(acc.flipped) or '-'})"
+    )
 
 
 def build(req: BuildRequest, progress: Progress = _nothing) -> BuildResult:
@@ -437,25 +501,29 @@ def _build(b: _Build) -> BuildResult:
     progress("fp32 reference", "start")
     from edgekit.backends import open_session
 
+    head = detection_head(req.card)
+    judge: Judge
     with open_session(fp32, "onnxruntime") as ref_session:
-        reference = run_batch(ref_session, eval_batch)
+        if head is None:
+            reference = run_batch(ref_session, eval_batch)
+
+            def judge(session: Session) -> GateAccuracy:
+                logits = run_batch(session, eval_batch)
+                return compare(logits, reference, evals.names, evals.smoke, req.threshold)
+        else:
+            judge = _detection_judge(req, head, ref_session, evals, eval_batch)
     progress("fp32 reference", "done")
     ordered = [reports[r] for r in recipes]
     for rep in ordered:
         if rep.artifact is None:
             continue
         progress(f"evaluate {rep.recipe}", "start")
-        _evaluate(b, rep, evals, eval_batch, reference)
+        _evaluate(b, rep, eval_batch, judge)
         progress(f"evaluate {rep.recipe}", "done" if rep.accuracy else f"skipped: {rep.not_measured}")
 
     failed = [r for r in ordered if r.accuracy and not r.accuracy.passed]
     if failed and not req.allow_accuracy_drop:
-        rows = "\n".join(
-            f"  {r.recipe:18} top-1 agreement {r.accuracy.top1_agreement:.1%} < {req.threshold:.0%}"
-            f" (flipped: {', '.join(r.accuracy.flipped) or '-'}; max logit diff {r.accuracy.max_abs_logit_diff:.3f})"
-            for r in failed
-            if r.accuracy
-        )
+        rows = "\n".join(_failure_row(r.recipe, r.accuracy, req.threshold) for r in failed if r.accuracy)
         raise BuildError(
             f"accuracy gate failed for {len(failed)} artifact(s) on {evals.names and len(evals.names)} "
             f"{'smoke-set' if evals.smoke else 'evaluation'} images:\n{rows}",

@@ -27,7 +27,9 @@ from edgekit.bundle.manifest import (
     ArtifactEntry,
     BuildHost,
     BuildInfo,
+    DetectionHead,
     DeviceInfo,
+    EvalDetection,
     EvalFrame,
     EvalSet,
     FileEntry,
@@ -63,6 +65,8 @@ class EvalSample:
     data: bytes
     top1: int
     margin: float
+    #: A detector's reference detections on the frame (boxes in its pixels); None for a classifier.
+    detections: tuple[EvalDetection, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class BundleMeta:
     device: DeviceInfo
     build: BuildInfo
     labels: tuple[str, ...] = field(default=())
+    detection: DetectionHead | None = None  # a detector's head (then ``model.task`` is "detection")
 
 
 def bundle_meta(
@@ -100,11 +105,14 @@ def bundle_meta(
     ``source_sha256`` is the hash of the fp32 ONNX every artifact was derived from;
     ``tools`` maps a tool (``onnxruntime``, ``openvino``, ``tvm``...) to its version.
     ``serial`` is the bundle's build counter (default: the creation time in UTC seconds).
+    A detector's card (``task = "detection"``) gives the manifest its task and detection head.
     """
     from edgekit._version import __version__
+    from edgekit.convert.accuracy_detection import detection_head
     from edgekit.runtime.host import read_host
 
     host = read_host(probe_runtimes=False)
+    head = detection_head(card)
     created = created or datetime.now(timezone.utc).replace(microsecond=0)
     return BundleMeta(
         model=ModelInfo(
@@ -117,6 +125,7 @@ def bundle_meta(
             source_sha256=source_sha256,
             input=card.input_name,
             output=card.output_name,
+            task="detection" if head is not None else "classification",
         ),
         preprocess=Preprocess.from_dict(card.preprocess.to_dict()),
         labels=tuple(card.labels),
@@ -130,6 +139,7 @@ def bundle_meta(
             allow_accuracy_drop=allow_accuracy_drop,
             serial=int(created.timestamp()) if serial is None else serial,
         ),
+        detection=head,
     )
 
 
@@ -218,6 +228,7 @@ def _write_evals(evals: EvalSamples, into: Path) -> EvalSet:
                 size=len(sample.data),
                 top1=sample.top1,
                 margin=sample.margin,
+                detections=sample.detections,
             )
         )
     return EvalSet(frames=tuple(frames), reference=evals.reference)
@@ -265,6 +276,7 @@ def write_bundle(
                 build=meta.build,
                 signature=SignatureInfo(key_id=key_id(key.public_key())) if key is not None else None,
                 eval_set=eval_set,
+                detection=meta.detection,
             )
         except ValidationError as err:
             raise BundleError(

@@ -19,6 +19,10 @@ from edgekit._core.packages import installed_versions
 from edgekit.convert.images import ImageSet
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.bundle.manifest import DetectionAccuracy, DetectionHead
+    from edgekit.convert.accuracy import GateAccuracy
     from edgekit.convert.bundle_writer import EvalSamples
     from edgekit.convert.modelcard import ModelCard
     from edgekit.convert.report import ArtifactReport, BuildRequest
@@ -46,6 +50,7 @@ def write(
 ) -> Path:
     """Write the bundle for a build whose artifacts passed the gate (or were allowed through)."""
     from edgekit.bundle import Accuracy, Latency
+    from edgekit.convert.accuracy_detection import detection_head
     from edgekit.convert.bundle_writer import ArtifactResults, bundle_meta, write_bundle
 
     meta = bundle_meta(
@@ -80,13 +85,65 @@ def write(
                         decisive_images=acc.decisive_images,
                         flipped=acc.flipped,
                         threshold=acc.threshold,
+                        detection=_detection_accuracy(acc),
                     )
                     if acc
                     else None,
                 ),
             )
         )
-    return write_bundle(req.out, meta, items, req.sign_key, eval_samples(fp32, req.card, evals))
+    head = detection_head(req.card)
+    samples = (
+        eval_samples(fp32, req.card, evals)
+        if head is None
+        else detection_eval_samples(fp32, req.card, head, evals)
+    )
+    return write_bundle(req.out, meta, items, req.sign_key, samples)
+
+
+def _detection_accuracy(acc: GateAccuracy) -> DetectionAccuracy | None:
+    """The manifest's detection numbers of a detector's gate result (None for a classifier)."""
+    from edgekit.bundle.manifest import DetectionAccuracy
+
+    d = acc.detection
+    if d is None:
+        return None
+    return DetectionAccuracy(
+        reference_detections=d.reference,
+        decisive_detections=d.decisive,
+        matched=d.matched,
+        missed=d.missed,
+        extra=d.extra,
+        mean_iou=min(1.0, max(0.0, d.mean_iou)),
+        min_iou=min(1.0, max(0.0, d.min_iou)),
+        max_score_drift=d.max_score_drift,
+    )
+
+
+def _stored_frames(evals: ImageSet, spec_size: tuple[int, int]) -> list[tuple[int, str, bytes, np.ndarray]]:
+    """Each evaluation image as a device will hold it: shrunk, JPEG-encoded, and decoded back (BGR)."""
+    import cv2
+    import numpy as np
+
+    short = max(EVAL_SHORT_SIDE, *spec_size)
+    stored = []
+    for index, (name, rgb) in enumerate(zip(evals.names, evals.images, strict=True)):
+        bgr = np.ascontiguousarray(rgb[..., ::-1])
+        h, w = bgr.shape[:2]
+        if min(h, w) > short:
+            scale = short / min(h, w)
+            bgr = cv2.resize(
+                bgr, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA
+            )
+        ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, EVAL_JPEG_QUALITY])
+        if not ok:
+            continue
+        data = buf.tobytes()
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        if decoded is None:
+            continue
+        stored.append((index, name, data, decoded))
+    return stored
 
 
 def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL_FRAMES) -> EvalSamples:
@@ -94,7 +151,6 @@ def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL
 
     ``fp32`` is the reference model (ONNX, or the user's .tflite for a LiteRT-only build).
     """
-    import cv2
     import numpy as np
 
     from edgekit.backends import open_session
@@ -105,25 +161,10 @@ def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL
 
     backend = "litert" if fp32.suffix == ".tflite" else "onnxruntime"
     spec = card.preprocess
-    short = max(EVAL_SHORT_SIDE, *spec.size)
     scored: list[tuple[float, int, str, bytes, int]] = []
     with open_session(fp32, backend) as session:
         prep = Preprocessor(spec, session.inputs[0], image_color="BGR")
-        for index, (name, rgb) in enumerate(zip(evals.names, evals.images, strict=True)):
-            bgr = np.ascontiguousarray(rgb[..., ::-1])
-            h, w = bgr.shape[:2]
-            if min(h, w) > short:
-                scale = short / min(h, w)
-                bgr = cv2.resize(
-                    bgr, (max(1, round(w * scale)), max(1, round(h * scale))), interpolation=cv2.INTER_AREA
-                )
-            ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, EVAL_JPEG_QUALITY])
-            if not ok:
-                continue
-            data = buf.tobytes()
-            decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-            if decoded is None:
-                continue
+        for index, name, data, decoded in _stored_frames(evals, spec.size):
             row = from_output(session.run(prep(decoded))[0], session.outputs[0]).reshape(-1)
             probs = softmax(row) if card.output_name != "probabilities" else row.astype(np.float64)
             top2 = np.sort(probs)[-2:]
@@ -136,6 +177,61 @@ def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL
         for i, (margin, _, name, data, top1) in enumerate(chosen)
     )
     return EvalSamples(frames, reference=f"{backend}-fp32")
+
+
+def detection_eval_samples(
+    fp32: Path, card: ModelCard, head: DetectionHead, evals: ImageSet, count: int = EVAL_FRAMES
+) -> EvalSamples:
+    """A detector's evaluation frames: JPEGs with the fp32 ONNX's detections on each (as decoded).
+
+    The detections are decoded as the gates compare them (``detection_gate.widened``: down to
+    the score threshold minus the decisive margin), boxes in the stored frame's pixels, so a
+    device's health gate applies the build's rule to them; ``top1`` is the best detection's
+    class (0 when none) and ``margin`` 0.  Kept: frames with no near-threshold detection (their
+    answer is clear), those with decisive detections first, then ones with none, so the gate
+    sees both boxes found and nothing found where there is nothing.
+    """
+    from edgekit.backends import open_session
+    from edgekit.bundle.manifest import EvalDetection
+    from edgekit.convert.bundle_writer import EvalSample, EvalSamples
+    from edgekit.runtime.detection import Detector
+    from edgekit.runtime.detection_gate import decisive_score, widened
+    from edgekit.runtime.preprocessing import Preprocessor
+    from edgekit.runtime.tensors import from_output
+
+    spec = card.preprocess
+    detector = Detector(widened(head), spec, card.labels)
+    floor = decisive_score(head)
+    ranked: list[tuple[tuple[int, int, int], int, str, bytes, tuple[EvalDetection, ...]]] = []
+    with open_session(fp32, "onnxruntime") as session:
+        prep = Preprocessor(spec, session.inputs[0], image_color="BGR")
+        names = [o.name for o in session.outputs]
+        for index, name, data, decoded in _stored_frames(evals, spec.size):
+            raw = session.run(prep(decoded))
+            outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
+            found = detector(outputs, (int(decoded.shape[0]), int(decoded.shape[1])), names)
+            near = sum(1 for d in found if d.score < floor)
+            dets = tuple(
+                EvalDetection(
+                    class_id=d.class_id,
+                    score=min(1.0, max(0.0, float(d.score))),
+                    box=tuple(float(v) for v in d.box),  # type: ignore[arg-type]
+                )
+                for d in found
+            )
+            ranked.append(((near, 0 if found else 1, index), index, name, data, dets))
+    chosen = sorted(sorted(ranked)[:count], key=lambda r: r[1])
+    frames = tuple(
+        EvalSample(
+            f"{i:02d}-{_file_stem(name)}.jpg",
+            data,
+            top1=dets[0].class_id if dets else 0,
+            margin=0.0,
+            detections=dets,
+        )
+        for i, (_, _, name, data, dets) in enumerate(chosen)
+    )
+    return EvalSamples(frames, reference="onnxruntime-fp32")
 
 
 def _file_stem(name: str) -> str:

@@ -9,7 +9,7 @@ static Conv/Clip/Add graph with fixed shapes.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,20 @@ OPSET = 17
 
 
 def export_pytorch(
-    module: Any, spec: PreprocessSpec, out: Path, input_name: str = "input", output_name: str = "logits"
+    module: Any,
+    spec: PreprocessSpec,
+    out: Path,
+    input_name: str = "input",
+    output_name: str | Sequence[str] = "logits",
 ) -> Path:
-    """Trace ``module`` at the spec's static input shape to ONNX (opset 17)."""
+    """Trace ``module`` at the spec's static input shape to ONNX (opset 17).
+
+    A module that returns a tuple (a detector's boxes and scores) gets one named graph output
+    per element, in the tuple's order: ``output_name`` is then a sequence of that many names.
+    """
     import torch
+
+    names = [output_name] if isinstance(output_name, str) else list(output_name)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp, warnings.catch_warnings(), torch.no_grad():
@@ -36,9 +46,16 @@ def export_pytorch(
             opset_version=OPSET,
             dynamo=False,
             input_names=[input_name],
-            output_names=[output_name],
+            output_names=names,
         )
     return out
+
+
+def output_names(path: Path) -> tuple[str, ...]:
+    """The graph outputs of an ONNX file, in order."""
+    import onnx
+
+    return tuple(o.name for o in onnx.load(str(path), load_external_data=False).graph.output)
 
 
 def check_onnx(path: Path) -> Any:

@@ -10,6 +10,11 @@ whole frame path: decode, preprocess, infer.  It passes when
   threshold (``build.accuracy_threshold``, 0.98 by default) of the frames.  As in the
   build's gate, frames where fp32 itself was undecided (margin under ``TIE_MARGIN``) are
   reported but do not count, unless no frame is decisive (``edgekit._core.stats.agreement``).
+  For a detector (``model.task == "detection"``) the frames' detections are compared with
+  the reference detections the bundle carries by the build's own rule
+  (``edgekit.runtime.detection_gate``): decisive reference detections matched at IoU >= 0.5
+  on at least the threshold's share, and no decisive extra; the timed frame includes
+  decoding and NMS.
 
 Percentiles are LoadGen's over the timed runs (``edgekit._core.stats.percentile``, the
 benchmark's rule too), never averaged.
@@ -21,11 +26,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgekit._core.stats import agreement, percentile
 from edgekit.errors import EdgekitError
 from edgekit.protocol import messages
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.bundle.manifest import EvalFrame, Manifest
+    from edgekit.runtime.detection import Detection
+    from edgekit.runtime.detection_gate import DetectionAgreement
+    from edgekit.runtime.model import Model
 
 # Timed frames: LoadGen's p99 (index floor(0.99 n) of the sorted runs) leaves the slowest run
 # out from 101 runs on, so one outlier on a busy device does not fail the gate.
@@ -53,6 +66,9 @@ class HealthReport:
     precision: str | None = None
     candidate: str | None = None
     load_ms: float | None = None
+    #: A detector's numbers (matched, missed, extra, IoU); None for a classifier.  Not on the wire:
+    #: ``top1_agreement`` carries its agreement and ``reason`` its failure.
+    detection: DetectionAgreement | None = None
 
     def to_message(self) -> messages.HealthReport:
         """The wire form (what a ``cmd/result`` carries as ``health``): rounded, ``hint`` left out."""
@@ -149,13 +165,21 @@ def check_health(
                 model.infer(frames[0])
             times: list[float] = []
             got: list[int] = []
+            found: list[tuple[Detection, ...]] = []
+            detect = _detector(model) if manifest.detection is not None else None
             for i in range(max(runs, len(frames))):
                 frame = frames[i % len(frames)]
                 start = time.perf_counter()
-                row = model.infer(frame)
+                if detect is None:
+                    row = model.infer(frame)
+                else:
+                    dets = detect(frame)
                 times.append((time.perf_counter() - start) * 1000)
                 if i < len(frames):
-                    got.append(int(np.argmax(row)))
+                    if detect is None:
+                        got.append(int(np.argmax(row)))
+                    else:
+                        found.append(dets)
         except EdgekitError as err:
             return HealthReport(
                 False,
@@ -167,11 +191,25 @@ def check_health(
                 precision=precision,
                 candidate=candidate,
             )
+    ordered = sorted(times)
+    p50, p99 = percentile(ordered, 50), percentile(ordered, 99)
+    if manifest.detection is not None:
+        return _detection_report(
+            manifest,
+            evals.frames,
+            found,
+            p50=p50,
+            p99=p99,
+            budget=budget,
+            runs=len(times),
+            backend=backend,
+            precision=precision,
+            candidate=candidate,
+            load_ms=load_ms,
+        )
     agreed = agreement(got, [f.top1 for f in evals.frames], [f.margin for f in evals.frames])
     rate = agreed.rate if agreed.rate is not None else 0.0  # never None: a bundle has at least one frame
     flipped = agreed.flipped_names([Path(f.path).name for f in evals.frames])
-    ordered = sorted(times)
-    p50, p99 = percentile(ordered, 50), percentile(ordered, 99)
     problems = []
     if p99 > budget:
         problems.append(f"p99 {p99:.1f} ms is over the budget of {budget:g} ms")
@@ -203,4 +241,102 @@ def check_health(
         precision=precision,
         candidate=candidate,
         load_ms=load_ms,
+    )
+
+
+def _detector(model: Model) -> Any:
+    """Frame (BGR) -> the model's detections, decoded as the gates compare them (lowered threshold)."""
+    from edgekit.runtime.detection import Detector
+    from edgekit.runtime.detection_gate import widened
+    from edgekit.runtime.preprocessing import as_bgr
+    from edgekit.runtime.tensors import from_output
+
+    head = model.manifest.detection
+    assert head is not None
+    detector = Detector(widened(head), model.preprocess, model.labels)
+    session = model.session
+    names = [o.name for o in session.outputs]
+    prep = model.preprocessor()
+
+    def detect(frame: np.ndarray) -> tuple[Detection, ...]:
+        image, _ = as_bgr(frame)
+        raw = session.run(prep(image))
+        outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
+        found: tuple[Detection, ...] = detector(outputs, (int(image.shape[0]), int(image.shape[1])), names)
+        return found
+
+    return detect
+
+
+def _detection_report(
+    manifest: Manifest,
+    frames: Sequence[EvalFrame],
+    found: Sequence[Sequence[Detection]],
+    *,
+    p50: float,
+    p99: float,
+    budget: float,
+    runs: int,
+    backend: str | None,
+    precision: str | None,
+    candidate: str | None,
+    load_ms: float,
+) -> HealthReport:
+    """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
+    from edgekit.runtime.detection import Detection
+    from edgekit.runtime.detection_gate import compare_frame, summarize, widened
+
+    head = manifest.detection
+    assert head is not None
+    labels = manifest.labels
+    threshold = manifest.build.accuracy_threshold
+    compared = []
+    for f, got in zip(frames, found, strict=True):
+        reference = [
+            Detection(
+                d.class_id,
+                labels[d.class_id] if d.class_id < len(labels) else f"class {d.class_id}",
+                d.score,
+                d.box,
+            )
+            for d in f.detections or ()
+        ]
+        compared.append(compare_frame(reference, got, widened(head)))
+    result = summarize(compared)
+    failing = tuple(
+        f"{Path(frames[i].path).name} (missed {compared[i].missed}, extra {compared[i].extra})"
+        for i in result.failing
+    )
+    problems = []
+    if p99 > budget:
+        problems.append(f"p99 {p99:.1f} ms is over the budget of {budget:g} ms")
+    if not result.passed(threshold):
+        problems.append(
+            f"detections match {result.matched} of the fp32 reference's {result.decisive} decisive ones "
+            f"({result.rate:.0%}, the build's threshold is {threshold:.0%}) with {result.extra} extra "
+            f"(none allowed) on {len(frames)} frames ({', '.join(failing)})"
+        )
+    return HealthReport(
+        ok=not problems,
+        reason="; ".join(problems),
+        hint=(
+            f"the {candidate} artifact is what this device selects: rebuild the bundle, "
+            "or deploy one built for this device's profile"
+        )
+        if problems
+        else "",
+        p50_ms=p50,
+        p99_ms=p99,
+        budget_ms=budget,
+        top1_agreement=result.rate,
+        threshold=threshold,
+        frames=len(frames),
+        decisive_frames=sum(1 for c in compared if c.decisive),
+        runs=runs,
+        flipped=failing,
+        backend=backend,
+        precision=precision,
+        candidate=candidate,
+        load_ms=load_ms,
+        detection=result,
     )

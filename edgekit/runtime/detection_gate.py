@@ -1,0 +1,161 @@
+"""The detection gate's one rule: does a detector's artifact find what the fp32 reference finds?
+
+Used by the build's accuracy gate (``edgekit.convert.accuracy_detection``, every artifact
+against the fp32 ONNX on the evaluation images) and by a device's health gate
+(``edgekit.deploy.health``, the selected artifact against the reference detections the
+bundle carries), so a bundle is judged the same way on both sides.
+
+Both sides are decoded with the head's score threshold lowered by ``DECISIVE_MARGIN``
+(:func:`widened`).  A reference detection is *decisive* when it scores at least
+``DECISIVE_MARGIN`` above the threshold: like a classifier's near-tie, a face fp32 itself
+scores close to the threshold may fall on either side of it after quantization, so it is
+counted and reported but does not fail the gate.
+
+- **missed**: a decisive reference detection that no detection of the artifact matches
+  (same class, IoU >= ``MATCH_IOU``).  The artifact is decoded at the lowered threshold, so a
+  score that merely wobbles across the threshold is a score drift, not a miss.
+- **extra**: an artifact detection scoring at least ``DECISIVE_MARGIN`` above the threshold
+  that matches no reference detection, the reference too decoded at the lowered threshold (so
+  an artifact scoring a bit higher than fp32 on a near-threshold face is no extra either).
+- **agreement**: matched decisive / decisive (1.0 when no detection is decisive).
+
+It passes when the agreement reaches the build's threshold (0.98 by default, as for
+classification) **and** there is no extra.  Extras get no allowance because they have no
+denominator to share one with: a decisive detection where fp32 sees nothing even at the
+lowered threshold is a false alarm a camera acts on, and the evaluation images hold few
+objects (the smoke set: a handful of faces), so "98% of them" would allow none anyway.
+IoU and score drift are measured over the matched decisive pairs and reported, not gated:
+the matching already requires IoU >= 0.5, and the agreement says whether scores held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from edgekit.runtime.detection import MATCH_IOU, Detection, match
+
+if TYPE_CHECKING:
+    from edgekit.bundle.manifest import DetectionHead
+
+#: How far above the score threshold a reference detection must be to count (and an artifact's
+#: detection to be an extra); both sides are decoded this far below it.
+DECISIVE_MARGIN = 0.10
+
+
+def widened(head: DetectionHead) -> DetectionHead:
+    """``head`` with its score threshold lowered by ``DECISIVE_MARGIN``: how both sides are decoded."""
+    return head.model_copy(update={"score_threshold": max(0.0, head.score_threshold - DECISIVE_MARGIN)})
+
+
+def decisive_score(head: DetectionHead) -> float:
+    """The score at and above which a detection is decisive."""
+    return head.score_threshold + DECISIVE_MARGIN
+
+
+@dataclass(frozen=True)
+class FrameAgreement:
+    """One frame: the artifact's detections against the reference's, both decoded by :func:`widened`."""
+
+    reference: int  # reference detections (at the lowered threshold)
+    decisive: int
+    matched: int  # decisive reference detections matched
+    missed: int
+    extra: int
+    matched_all: int = 0  # reference detections matched, near-threshold ones included
+    #: (IoU, |score - reference score|) of each matched decisive reference detection.
+    pairs: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """No miss and no extra on this frame."""
+        return self.missed == 0 and self.extra == 0
+
+
+def compare_frame(
+    reference: Sequence[Detection], other: Sequence[Detection], head: DetectionHead
+) -> FrameAgreement:
+    """Compare one frame's detections (both decoded with :func:`widened` ``head``)."""
+    floor = decisive_score(head)
+    m = match(reference, other, MATCH_IOU)
+    paired = {r: (o, overlap) for r, o, overlap in m.pairs}
+    decisive = [i for i, d in enumerate(reference) if d.score >= floor]
+    pairs = tuple(
+        (paired[i][1], abs(other[paired[i][0]].score - reference[i].score)) for i in decisive if i in paired
+    )
+    used = {o for _, o, _ in m.pairs}
+    extra = sum(1 for j, d in enumerate(other) if d.score >= floor and j not in used)
+    return FrameAgreement(
+        reference=len(reference),
+        decisive=len(decisive),
+        matched=len(pairs),
+        missed=len(decisive) - len(pairs),
+        extra=extra,
+        matched_all=len(m.pairs),
+        pairs=pairs,
+    )
+
+
+@dataclass(frozen=True)
+class DetectionAgreement:
+    """Frames' :class:`FrameAgreement` summed: the numbers a gate decides on and reports."""
+
+    frames: int
+    reference: int
+    decisive: int
+    matched: int
+    missed: int
+    extra: int
+    mean_iou: float  # over matched decisive pairs (1.0 when there are none: nothing moved)
+    min_iou: float
+    max_score_drift: float
+    matched_all: int = 0  # reference detections matched, near-threshold ones included
+    failing: tuple[int, ...] = field(default=())  # indices of frames with a miss or an extra
+
+    @property
+    def rate(self) -> float:
+        """Matched decisive / decisive; 1.0 when no reference detection is decisive."""
+        return self.matched / self.decisive if self.decisive else 1.0
+
+    @property
+    def all_rate(self) -> float:
+        """Matched / every reference detection, near-threshold ones included (1.0 when none)."""
+        return self.matched_all / self.reference if self.reference else 1.0
+
+    def passed(self, threshold: float) -> bool:
+        """The gate: agreement at least ``threshold`` and no extra (see the module's docstring)."""
+        return self.rate >= threshold and self.extra == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "frames": self.frames,
+            "reference_detections": self.reference,
+            "decisive_detections": self.decisive,
+            "matched": self.matched,
+            "missed": self.missed,
+            "extra": self.extra,
+            "agreement": self.rate,
+            "mean_iou": self.mean_iou,
+            "min_iou": self.min_iou,
+            "max_score_drift": self.max_score_drift,
+        }
+
+
+def summarize(frames: Sequence[FrameAgreement]) -> DetectionAgreement:
+    """The gate's numbers over ``frames``."""
+    ious = [iou for f in frames for iou, _ in f.pairs]
+    drifts = [drift for f in frames for _, drift in f.pairs]
+    return DetectionAgreement(
+        frames=len(frames),
+        reference=sum(f.reference for f in frames),
+        decisive=sum(f.decisive for f in frames),
+        matched=sum(f.matched for f in frames),
+        missed=sum(f.missed for f in frames),
+        extra=sum(f.extra for f in frames),
+        mean_iou=sum(ious) / len(ious) if ious else 1.0,
+        min_iou=min(ious, default=1.0),
+        max_score_drift=min(1.0, max(drifts, default=0.0)),
+        matched_all=sum(f.matched_all for f in frames),
+        failing=tuple(i for i, f in enumerate(frames) if not f.ok),
+    )
