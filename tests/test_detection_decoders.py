@@ -7,17 +7,24 @@ must come back where it was placed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
 from edgekit.bundle.manifest import DetectionHead, SsdAnchors
+from edgekit.convert.modelcard import read_card
+from edgekit.convert.sources import tflite_file
 from edgekit.errors import EdgekitError, RunError
 from edgekit.runtime import decoders, nms
 from edgekit.runtime.detection import Detection, Detector, Match, iou, match
-from edgekit.runtime.preprocessing import PreprocessSpec, fit, placement, to_frame
+from edgekit.runtime.preprocessing import PreprocessSpec, fit, placement, preprocess, to_frame
+
+MODELS = Path(__file__).parent.parent / "models"
 
 # BlazeFace as MediaPipe configures it (face_detection_short_range_common.pbtxt and _full_range_).
 SHORT_ANCHORS = {
@@ -473,3 +480,57 @@ def test_detector_clips_to_the_frame_names_unknown_classes_and_sorts_best_first(
 def test_detector_refuses_anchors_for_another_input_size() -> None:
     with pytest.raises(EdgekitError, match="128x128"):
         Detector(head(BLAZEFACE), spec((192, 192), "letterbox"))
+
+
+# --- the real BlazeFace, through LiteRT ---------------------------------------------------------
+
+
+def blazeface_on(frames: list[np.ndarray]) -> list[tuple[Detection, ...]]:
+    """BlazeFace short range (the shipped card, its .tflite from PyPI) run by LiteRT, decoded by Detector."""
+    interpreter_module = pytest.importorskip("ai_edge_litert.interpreter")
+    card = read_card(MODELS / "blazeface")
+    assert card.detection is not None
+    path, _ = tflite_file(card.source, "blazeface")
+    interpreter = interpreter_module.Interpreter(model_path=str(path))
+    interpreter.allocate_tensors()
+    outputs = interpreter.get_output_details()
+    # The .tflite takes NHWC; the card's NCHW is for the PyTorch re-expression.
+    nhwc = dataclasses.replace(card.preprocess, layout="NHWC")
+    detector = Detector(card.detection, nhwc, card.labels)
+    found = []
+    for frame in frames:
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], preprocess(frame, nhwc, "RGB"))
+        interpreter.invoke()
+        raw = [interpreter.get_tensor(o["index"]) for o in outputs]
+        found.append(detector(raw, frame.shape[:2], [o["name"] for o in outputs]))
+    return found
+
+
+def test_blazeface_finds_the_astronauts_face_and_its_box_follows_the_frame() -> None:
+    from skimage import data
+
+    (found,) = blazeface_on([data.astronaut()])  # 512x512, one face, upper middle
+    assert len(found) == 1 and found[0].name == "face" and found[0].score > 0.8
+    box = found[0].box
+    # Her face, forehead to chin and ear to ear, in the photograph's pixels; eyes, nose, mouth inside it.
+    assert 150 < box[0] < 200 and 60 < box[1] < 110 and 250 < box[2] < 300 and 160 < box[3] < 210
+    assert all(box[0] < x < box[2] and box[1] < y < box[3] for x, y in found[0].keypoints[:4])
+    # One 96x128 picture blown up 5x (640x480) and 2x (256x192): letterboxing gives the model
+    # the very same input (area averages of constant blocks, 16 grey rows above and below),
+    # so every box and keypoint in the big frame is 2.5 times the small frame's.
+    picture = cv2.resize(data.astronaut()[:384], (128, 96), interpolation=cv2.INTER_AREA)
+    big, small = (picture.repeat(k, axis=0).repeat(k, axis=1) for k in (5, 2))
+    (in_big,), (in_small,) = blazeface_on([big, small])
+    assert in_big.score == in_small.score
+    assert np.array(in_big.box) == pytest.approx(np.array(in_small.box) * 2.5, abs=1e-6)
+    assert np.array(in_big.keypoints) == pytest.approx(np.array(in_small.keypoints) * 2.5, abs=1e-6)
+    # ... and 1.25 times the photograph's (640 / 512), give or take what the smaller input changes.
+    assert np.array(in_big.box) == pytest.approx(np.array(box) * 1.25, abs=10)
+
+
+def test_blazeface_finds_no_face_in_photographs_without_one() -> None:
+    from skimage import data
+
+    photographs = [data.coffee(), data.rocket(), data.hubble_deep_field(), data.horse(), data.clock()]
+    rgb = [p if p.ndim == 3 else np.repeat(p[..., None], 3, axis=2) for p in photographs]
+    assert blazeface_on([(p * 255 if p.dtype == bool else p).astype(np.uint8) for p in rgb]) == [()] * 5
