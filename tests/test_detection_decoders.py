@@ -485,6 +485,15 @@ def test_detector_refuses_anchors_for_another_input_size() -> None:
 # --- the real BlazeFace, through LiteRT ---------------------------------------------------------
 
 
+def photograph(name: str) -> np.ndarray:
+    """One of scikit-image's photographs as RGB uint8 (grey ones and the black-and-white horse repeated thrice)."""
+    from skimage import data
+
+    image = np.asarray(getattr(data, name)())
+    image = (image * 255).astype(np.uint8) if image.dtype == bool else image
+    return image if image.ndim == 3 else np.repeat(image[..., None], 3, axis=2)
+
+
 def blazeface_on(frames: list[np.ndarray]) -> list[tuple[Detection, ...]]:
     """BlazeFace short range (the shipped card, its .tflite from PyPI) run by LiteRT, decoded by Detector."""
     interpreter_module = pytest.importorskip("ai_edge_litert.interpreter")
@@ -507,9 +516,7 @@ def blazeface_on(frames: list[np.ndarray]) -> list[tuple[Detection, ...]]:
 
 
 def test_blazeface_finds_the_astronauts_face_and_its_box_follows_the_frame() -> None:
-    from skimage import data
-
-    (found,) = blazeface_on([data.astronaut()])  # 512x512, one face, upper middle
+    (found,) = blazeface_on([photograph("astronaut")])  # 512x512, one face, upper middle
     assert len(found) == 1 and found[0].name == "face" and found[0].score > 0.8
     box = found[0].box
     # Her face, forehead to chin and ear to ear, in the photograph's pixels; eyes, nose, mouth inside it.
@@ -518,7 +525,7 @@ def test_blazeface_finds_the_astronauts_face_and_its_box_follows_the_frame() -> 
     # One 96x128 picture blown up 5x (640x480) and 2x (256x192): letterboxing gives the model
     # the very same input (area averages of constant blocks, 16 grey rows above and below),
     # so every box and keypoint in the big frame is 2.5 times the small frame's.
-    picture = cv2.resize(data.astronaut()[:384], (128, 96), interpolation=cv2.INTER_AREA)
+    picture = cv2.resize(photograph("astronaut")[:384], (128, 96), interpolation=cv2.INTER_AREA)
     big, small = (picture.repeat(k, axis=0).repeat(k, axis=1) for k in (5, 2))
     (in_big,), (in_small,) = blazeface_on([big, small])
     assert in_big.score == in_small.score
@@ -529,8 +536,5 @@ def test_blazeface_finds_the_astronauts_face_and_its_box_follows_the_frame() -> 
 
 
 def test_blazeface_finds_no_face_in_photographs_without_one() -> None:
-    from skimage import data
-
-    photographs = [data.coffee(), data.rocket(), data.hubble_deep_field(), data.horse(), data.clock()]
-    rgb = [p if p.ndim == 3 else np.repeat(p[..., None], 3, axis=2) for p in photographs]
-    assert blazeface_on([(p * 255 if p.dtype == bool else p).astype(np.uint8) for p in rgb]) == [()] * 5
+    names = ("coffee", "rocket", "hubble_deep_field", "horse", "clock")
+    assert blazeface_on([photograph(name) for name in names]) == [()] * len(names)
