@@ -374,6 +374,33 @@ def test_nms_is_per_class_and_stops_at_max_detections() -> None:
     assert [a.shape for a in empty] == [(0, 4), (0,), (0,), (0, 6, 2)]
 
 
+def naive_hard_nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, threshold: float) -> list[int]:
+    """The textbook loop, one pair at a time, as the reference for the vectorized one."""
+    kept: list[int] = []
+    for i in sorted(range(len(scores)), key=lambda i: (-scores[i], i)):
+        box = (boxes[i, 0], boxes[i, 1], boxes[i, 2], boxes[i, 3])
+        if all(classes[k] != classes[i] or iou(box, tuple(boxes[k])) <= threshold for k in kept):
+            kept.append(i)
+    return kept
+
+
+@pytest.mark.parametrize("count", [40, nms.MATRIX_MAX + 60])
+def test_nms_agrees_with_the_textbook_loop_on_many_boxes(count: int) -> None:
+    # Both ways of finding overlaps (one matrix for few candidates, one row a step for many).
+    rng = np.random.default_rng(count)
+    xy = rng.uniform(0, 100, (count, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(5, 30, (count, 2))], axis=1)
+    scores = rng.choice([0.5, 0.6, 0.7, 0.8, 0.9], count)  # many ties
+    classes = rng.integers(0, 3, count)
+    kept = nms.hard_nms(boxes, scores, classes, 0.4, 10_000)
+    assert kept.tolist() == naive_hard_nms(boxes, scores, classes, 0.4)
+    assert len(kept) < count  # something was suppressed
+    assert nms.hard_nms(boxes, scores, classes, 0.4, 7).tolist() == kept[:7].tolist()
+    _, s, c, _ = nms.weighted_nms(boxes, scores, classes, np.zeros((count, 0, 2)), 0.4, 10_000)
+    # Weighted clusters start at the same boxes the hard loop keeps.
+    assert s.tolist() == scores[kept].tolist() and c.tolist() == classes[kept].tolist()
+
+
 # --- iou and match --------------------------------------------------------------------------
 
 

@@ -118,6 +118,8 @@ def _keep(best: np.ndarray, head: DetectionHead, floor: float) -> tuple[np.ndarr
     import numpy as np
 
     idx = np.flatnonzero(best >= floor) if floor > -math.inf else np.arange(best.shape[0])
+    if not idx.size:  # the usual frame: nothing there
+        return idx, np.zeros(0)
     scores = _scores(best[idx], head)
     ok = scores >= head.score_threshold
     if not ok.all():
@@ -160,26 +162,26 @@ def decode_ssd(
         best = raw_scores[np.arange(n), classes]
     idx, probs = _keep(best, head, logit_floor(head) if floor is None else floor)
     cls = np.zeros(idx.shape[0], np.int64) if classes is None else classes[idx]
-
+    m = idx.shape[0]
+    if not m:
+        return np.zeros((0, 4)), probs, cls, np.zeros((0, k, 2))
     a = anchors[idx].astype(np.float64)
-    r = raw_boxes[idx].astype(np.float64)
-    # [dy, dx, dh, dw] unless reversed (BlazeFace: [dx, dy, dw, dh]); keypoints likewise.
-    xi, yi = (0, 1) if coder.reverse_output_order else (1, 0)
-    cx = r[:, xi] / coder.x_scale * a[:, 2] + a[:, 0]
-    cy = r[:, yi] / coder.y_scale * a[:, 3] + a[:, 1]
-    dw, dh = r[:, 2 + xi] / coder.w_scale, r[:, 2 + yi] / coder.h_scale
+    # Rows of (x, y) pairs: centre, size, then the keypoints ([dy, dx, ...] unless reversed).
+    v = raw_boxes[idx, : 4 + 2 * k].astype(np.float64).reshape(m, 2 + k, 2)
+    if not coder.reverse_output_order:
+        v = v[..., ::-1]
+    scale = np.full((2 + k, 2), (1 / coder.x_scale, 1 / coder.y_scale))
+    scale[1] = (1 / coder.w_scale, 1 / coder.h_scale)
+    v = v * scale
     if coder.apply_exponential:
-        dw, dh = np.exp(dw), np.exp(dh)
-    w, h = dw * a[:, 2], dh * a[:, 3]
+        v[:, 1] = np.exp(v[:, 1])
+    v *= a[:, None, 2:]
     in_h, in_w = head.anchors.input_size if head.anchors is not None else (1, 1)
-    out = np.stack(
-        [(cx - w / 2) * in_w, (cy - h / 2) * in_h, (cx + w / 2) * in_w, (cy + h / 2) * in_h], axis=1
-    )
-    kp = r[:, 4 : 4 + 2 * k].reshape(r.shape[0], k, 2)
-    points = np.empty_like(kp)
-    points[..., 0] = (kp[..., xi] / coder.x_scale * a[:, None, 2] + a[:, None, 0]) * in_w
-    points[..., 1] = (kp[..., yi] / coder.y_scale * a[:, None, 3] + a[:, None, 1]) * in_h
-    return out, probs, cls, points
+    pixels = np.array((in_w, in_h), np.float64)
+    centre = (v[:, 0] + a[:, :2]) * pixels
+    half = v[:, 1] * (pixels / 2)
+    points = (v[:, 2:] + a[:, None, :2]) * pixels
+    return np.concatenate([centre - half, centre + half], axis=1), probs, cls, points
 
 
 def decode_yolo(

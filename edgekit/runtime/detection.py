@@ -168,6 +168,8 @@ class Detector:
             boxes, scores, classes, points = decoders.decode_tflite_postprocess(picked, self.spec.size)
             ok = scores >= head.score_threshold
             boxes, scores, classes, points = boxes[ok], scores[ok], classes[ok], points[ok]
+        if not scores.shape[0]:
+            return boxes, scores, classes, points
         if head.nms == "weighted":
             return nms.weighted_nms(boxes, scores, classes, points, head.iou_threshold, head.max_detections)
         if head.nms == "hard":

@@ -3,16 +3,22 @@
 Boxes are ``(M, 4)`` x0, y0, x1, y1.  Candidates are visited best score first, equal
 scores in index order (a stable sort), so the result never depends on the platform's sort.
 A box is suppressed by one of its own class whose IoU with it is above ``iou_threshold``
-(MediaPipe's and torchvision's rule).  Each step is one vectorized IoU of the best
-remaining box against the rest: the loop runs once per kept box, not once per candidate.
+(MediaPipe's and torchvision's rule).  The loop runs once per kept box, not once per
+candidate: up to ``MATRIX_MAX`` candidates every pairwise overlap is computed at once
+(a handful of numpy calls; each step is then one row lookup), beyond it each step
+computes one vectorized IoU row.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+
+#: Up to this many candidates the pairwise overlaps are one matrix (256 x 256 floats: 0.5 MB).
+MATRIX_MAX = 256
 
 
 def areas(boxes: np.ndarray) -> np.ndarray:
@@ -35,6 +41,37 @@ def iou_one(box: np.ndarray, area: float, boxes: np.ndarray, box_areas: np.ndarr
     return out
 
 
+def overlapping(
+    boxes: np.ndarray, classes: np.ndarray, iou_threshold: float
+) -> Callable[[int, np.ndarray], np.ndarray]:
+    """``(best, rest) -> mask``: which of the ``rest`` indices are of ``best``'s class with IoU above the threshold."""
+    import numpy as np
+
+    box_areas = areas(boxes)
+    if boxes.shape[0] > MATRIX_MAX:
+
+        def row(best: int, rest: np.ndarray) -> np.ndarray:
+            overlap = iou_one(boxes[best], box_areas[best], boxes[rest], box_areas[rest]) > iou_threshold
+            out: np.ndarray = overlap & (classes[rest] == classes[best])
+            return out
+
+        return row
+    b = boxes.astype(np.float64)
+    w = np.minimum(b[:, None, 2], b[None, :, 2]) - np.maximum(b[:, None, 0], b[None, :, 0])
+    h = np.minimum(b[:, None, 3], b[None, :, 3]) - np.maximum(b[:, None, 1], b[None, :, 1])
+    inter = np.maximum(w, 0.0) * np.maximum(h, 0.0)
+    union = box_areas[:, None] + box_areas[None, :] - inter
+    # The same division as iou_one, so both ways give the same answer at the threshold.
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+    matrix = (iou > iou_threshold) & (classes[:, None] == classes[None, :])
+
+    def lookup(best: int, rest: np.ndarray) -> np.ndarray:
+        out: np.ndarray = matrix[best, rest]
+        return out
+
+    return lookup
+
+
 def order(scores: np.ndarray) -> np.ndarray:
     """Indices best score first; equal scores keep index order."""
     import numpy as np
@@ -50,15 +87,14 @@ def hard_nms(
     import numpy as np
 
     rest = order(scores)
-    box_areas = areas(boxes)
+    suppresses = overlapping(boxes, classes, iou_threshold)
     kept: list[int] = []
     while rest.size and len(kept) < max_detections:
         best = int(rest[0])
         kept.append(best)
         rest = rest[1:]
         if rest.size:
-            overlap = iou_one(boxes[best], box_areas[best], boxes[rest], box_areas[rest])
-            rest = rest[(overlap <= iou_threshold) | (classes[rest] != classes[best])]
+            rest = rest[~suppresses(best, rest)]
     return np.asarray(kept, np.int64)
 
 
@@ -83,15 +119,13 @@ def weighted_nms(
     width = int(np.prod(keypoints.shape[1:]))  # not reshape(m, -1): that fails for m = 0
     values = np.concatenate([boxes, keypoints.reshape(m, width)], axis=1).astype(np.float64)
     weights = scores.astype(np.float64)
-    box_areas = areas(boxes)
+    joins = overlapping(boxes, classes, iou_threshold)
     rest = order(scores)
     merged: list[np.ndarray] = []
     kept: list[int] = []
     while rest.size and len(kept) < max_detections:
         best = int(rest[0])
-        cluster = (iou_one(boxes[best], box_areas[best], boxes[rest], box_areas[rest]) > iou_threshold) & (
-            classes[rest] == classes[best]
-        )
+        cluster = joins(best, rest)
         cluster[0] = True  # the best box is in its own cluster even at an IoU threshold of 1
         members = rest[cluster]
         w = weights[members]
