@@ -39,4 +39,4 @@ def measure(
         session.run(x)
         times.append((time.perf_counter() - t0) * 1000)
     times.sort()
-    return MeasuredLatency(percentile(times, 0.50), percentile(times, 0.99), len(times))
+    return MeasuredLatency(percentile(times, 50), percentile(times, 99), len(times))
