@@ -241,9 +241,7 @@ def _summary(result: dict[str, Any]) -> None:
     table.add_column("artifact", no_wrap=True)
     detector = any((a["accuracy"] or {}).get("detection") for a in result["artifacts"])
     gate_columns = (
-        ("matched vs fp32", "mean IoU", "missed", "extra", "score drift")
-        if detector
-        else ("top-1 vs fp32", "max Δlogit")
+        ("matched", "mean IoU", "missed", "extra", "Δscore") if detector else ("top-1 vs fp32", "max Δlogit")
     )
     for col in ("arch", *gate_columns, "p50 ms", "p99 ms", "note"):
         table.add_column(col)
@@ -260,9 +258,10 @@ def _summary(result: dict[str, Any]) -> None:
     console.print(table)
     if detector:
         console.print(
-            "[dim]matched vs fp32: the fp32 model's decisive detections (score at least 0.1 above the "
-            "threshold) found by the artifact (same class, IoU >= 0.5); extra: its decisive detections "
-            "where fp32 finds nothing. Near-threshold detections are counted in the manifest, not gated.[/]"
+            "[dim]matched: the fp32 model's decisive detections (score at least 0.1 above the threshold) "
+            "the artifact finds too (same class, IoU >= 0.5); extra: its decisive detections where fp32 "
+            "finds nothing; Δscore: the largest score change of a match. Near-threshold detections are "
+            "counted in the manifest, not gated.[/]"
         )
     else:
         console.print(
@@ -293,7 +292,7 @@ def _detection_cells(acc: dict[str, Any] | None) -> tuple[str, str, str, str, st
     colour = "green" if acc["passed"] else "red"
     return (
         f"[{colour}]{det['matched']}/{det['decisive_detections']}[/] ({acc['top1_agreement']:.0%})",
-        f"{det['mean_iou']:.3f} (min {det['min_iou']:.3f})",
+        f"{det['mean_iou']:.3f}",
         str(det["missed"]),
         f"[{'red' if det['extra'] else 'green'}]{det['extra']}[/]",
         f"{det['max_score_drift']:.3f}",

@@ -107,7 +107,9 @@ class DetectionAgreement:
     matched: int
     missed: int
     extra: int
-    mean_iou: float  # over matched decisive pairs (1.0 when there are none: nothing moved)
+    #: Over the matched decisive pairs; with none, 0.0 if a detection was decisive (nothing it
+    #: found overlaps) and 1.0 if none was (nothing to move).
+    mean_iou: float
     min_iou: float
     max_score_drift: float
     matched_all: int = 0  # reference detections matched, near-threshold ones included
@@ -146,6 +148,7 @@ def summarize(frames: Sequence[FrameAgreement]) -> DetectionAgreement:
     """The gate's numbers over ``frames``."""
     ious = [iou for f in frames for iou, _ in f.pairs]
     drifts = [drift for f in frames for _, drift in f.pairs]
+    nothing = 0.0 if any(f.decisive for f in frames) else 1.0
     return DetectionAgreement(
         frames=len(frames),
         reference=sum(f.reference for f in frames),
@@ -153,8 +156,8 @@ def summarize(frames: Sequence[FrameAgreement]) -> DetectionAgreement:
         matched=sum(f.matched for f in frames),
         missed=sum(f.missed for f in frames),
         extra=sum(f.extra for f in frames),
-        mean_iou=sum(ious) / len(ious) if ious else 1.0,
-        min_iou=min(ious, default=1.0),
+        mean_iou=sum(ious) / len(ious) if ious else nothing,
+        min_iou=min(ious, default=nothing),
         max_score_drift=min(1.0, max(drifts, default=0.0)),
         matched_all=sum(f.matched_all for f in frames),
         failing=tuple(i for i, f in enumerate(frames) if not f.ok),
