@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -24,6 +25,10 @@ def _ms(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.2f}"
 
 
+def _box(box: tuple[float, float, float, float]) -> str:
+    return "({:.0f},{:.0f},{:.0f},{:.0f})".format(*box)
+
+
 class LiveView:
     """What the terminal shows while a pipeline runs; ``update(result)`` is all the loop calls."""
 
@@ -31,6 +36,7 @@ class LiveView:
         self.pipeline = pipeline
         self.result: FrameResult | None = None
         self._last_line = time.monotonic()
+        self._detector = pipeline.model.task == "detection"
 
     def update(self, result: FrameResult) -> None:
         self.result = result  # a reference swap: the rendering happens elsewhere
@@ -55,10 +61,15 @@ class LiveView:
             + (f"   degrade switches {c.degrade_switches}" if c.degrade_switches else "")
         )
         labels = Table(box=None, show_header=False, pad_edge=False)
-        if self.result is not None:
-            for lab in self.result.labels[:3]:
+        result = self.result
+        if result is not None and self._detector:
+            labels.add_row(f"[bold]{len(result.detections)}[/] detections", "", "")
+            for d in result.detections[:3]:
+                labels.add_row(escape(d.name), f"{d.score:.2f}", _box(d.box))
+        elif result is not None:
+            for lab in result.labels[:3]:
                 bar = "█" * max(1, round(lab.score * 20))
-                labels.add_row(f"{lab.name}", f"[cyan]{bar}[/]", f"{lab.score:.2f}")
+                labels.add_row(escape(lab.name), f"[cyan]{bar}[/]", f"{lab.score:.2f}")
         stages = Table(title=f"last {w['frames']} frames (ms)", title_justify="left", box=None)
         stages.add_column("stage")
         stages.add_column("p50", justify="right")
@@ -81,12 +92,18 @@ class LiveView:
             return
         self._last_line = now
         p, c, w = self.pipeline, self.pipeline.counters, self.pipeline.stats.window()
-        top = self.result.top
         console.print(
             f"frame={c.frames} fps={_ms(w['fps'])} p50={_ms(w['latency']['p50'])}ms "
             f"p99={_ms(w['latency']['p99'])}ms misses={c.missed} drops={c.dropped} "
-            f"reopens={c.source_reopens} candidate={p.candidate} "
-            f"top={top.name if top else '-'}:{top.score if top else 0:.2f}",
+            f"reopens={c.source_reopens} candidate={p.candidate} {self._seen_now(self.result)}",
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
+
+    def _seen_now(self, result: FrameResult) -> str:
+        if self._detector:
+            best = " ".join(f"{d.name}:{d.score:.2f}@{_box(d.box)}" for d in result.detections[:3])
+            return f"detections={len(result.detections)}" + (f" {best}" if best else "")
+        top = result.top
+        return f"top={top.name if top else '-'}:{top.score if top else 0:.2f}"

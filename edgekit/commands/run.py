@@ -24,7 +24,7 @@ from edgekit.commands.common import (
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
-    from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Summary
+    from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Seen, Summary
     from edgekit.runtime.model import Model
 
 PolicyOpt = Annotated[
@@ -130,7 +130,7 @@ def run_command(
     fps: Annotated[
         float | None, typer.Option("--fps", help="Frame rate of a folder (or override a file's).")
     ] = None,
-    top: Annotated[int, typer.Option("--top", help="Labels per frame.")] = 5,
+    top: Annotated[int, typer.Option("--top", help="Labels per frame (a classifier's).")] = 5,
     device: DeviceOpt = "auto",
     key: Annotated[
         list[Path] | None,
@@ -152,7 +152,12 @@ def run_command(
         bool, typer.Option(hidden=True, help="Kept for old scripts: a signature is always required.")
     ] = True,
     records: Annotated[
-        Path | None, typer.Option("--records", help="Write every frame's record to this file (JSON lines).")
+        Path | None,
+        typer.Option(
+            "--records",
+            help="Write every frame's record to this file (JSON lines): its timings and its labels "
+            "(id, name, score) or detections (class_id, name, score, box in frame pixels).",
+        ),
     ] = None,
     mqtt: Annotated[
         str | None,
@@ -182,8 +187,9 @@ def run_command(
     ] = "json",
     as_json: JsonOpt = False,
 ) -> None:
-    """Label frames from a source with a bundle, each within the frame budget; end with a LoadGen-style summary."""
-    from edgekit.pipeline import Pipeline
+    """Label frames from a source with a bundle (or find objects in them), each within the frame budget;
+    end with a LoadGen-style summary and what the model saw."""
+    from edgekit.pipeline import Pipeline, Seen
 
     _quiet_opencv()
     _warn_if_source_secret_on_command_line(source)
@@ -217,8 +223,10 @@ def run_command(
                 protocol=mqtt_protocol,
                 format=telemetry_format,
             )
+        seen = Seen(model.task)
+        pipeline.add_observer(seen.observe)
         summary = drive(pipeline, as_json=as_json, records=records)
-    _report(summary, as_json)
+    _report(summary, as_json, seen=seen)
 
 
 def _warn_if_source_secret_on_command_line(source: str) -> None:
@@ -231,12 +239,18 @@ def _warn_if_source_secret_on_command_line(source: str) -> None:
         )
 
 
-def _report(summary: Summary, as_json: bool, extra: dict[str, Any] | None = None) -> None:
-    data = summary.to_dict() | (extra or {})
+def _report(
+    summary: Summary, as_json: bool, extra: dict[str, Any] | None = None, seen: Seen | None = None
+) -> None:
+    # What the model saw ends both forms, after the timings.
+    saw = {"task": seen.task, "seen": seen.to_dict()} if seen is not None else {}
+    data = summary.to_dict() | (extra or {}) | saw
     if as_json:
         print_json(data)
         return
     console.print(summary.render(), highlight=False, soft_wrap=True)
+    if seen is not None:
+        console.print(seen.render(), highlight=False, soft_wrap=True, markup=False)
     if summary.frames == 0:
         raise PipelineError(
             f"no frame was labelled from {summary.source}", "check the source (edgekit run --source)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from edgekit.pipeline.loop import Pipeline
 from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
+from edgekit.pipeline.seen import Seen
 from edgekit.pipeline.sources import Source, SourceInfo, open_source
 from edgekit.pipeline.stats import Summary
 from edgekit.protocol.stages import STAGES
@@ -16,6 +17,7 @@ __all__ = [
     "FrameResult",
     "Pipeline",
     "Policy",
+    "Seen",
     "Source",
     "SourceInfo",
     "Summary",
