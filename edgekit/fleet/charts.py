@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
+from edgekit.fleet.sums import ClassSum, add_detections
 from edgekit.protocol.stages import STAGES
 
 
@@ -26,6 +27,8 @@ class Tally:
     missed: int = 0
     latency: LatencySketch = field(default_factory=LatencySketch)
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
+    #: A detector's per-class counts (bounded: ``sums.MAX_CLASSES``); ``None`` until a window has them.
+    detections: dict[str, ClassSum] | None = None
 
     def add(self, window: dict[str, Any]) -> None:
         """Fold in one window as the collector accepted it (its sketches were checked there)."""
@@ -35,6 +38,9 @@ class Tally:
         for stage, data in (window.get("stages_ms") or {}).items():
             if stage in self.stages:
                 self.stages[stage].merge_dict(data)
+        counts = window.get("detections")
+        if counts is not None:
+            self.detections = add_detections(self.detections if self.detections is not None else {}, counts)
 
     def merge(self, other: Tally) -> None:
         self.frames += other.frames
@@ -42,6 +48,10 @@ class Tally:
         self.latency.merge(other.latency)
         for stage, sketch in other.stages.items():
             self.stages[stage].merge(sketch)
+        if other.detections is not None:
+            self.detections = add_detections(
+                self.detections if self.detections is not None else {}, other.detections
+            )
 
 
 def quantile(sketch: LatencySketch, q: float) -> float | None:

@@ -191,6 +191,16 @@ def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None 
             ("edgekit_frames_missed_total", "counter", "Frames over budget since the server started."),
             ("edgekit_windows_total", "counter", "Telemetry windows accepted since the server started."),
             ("edgekit_telemetry_gaps_total", "counter", "Jumps in the device's telemetry sequence."),
+            (
+                "edgekit_detections_total",
+                "counter",
+                "Objects a detector found since the server started, by class (at most 256 per device, the rest as other).",
+            ),
+            (
+                "edgekit_detection_frames_total",
+                "counter",
+                "Frames with at least one detection of the class since the server started.",
+            ),
             ("edgekit_frame_latency_seconds", "histogram", "Frame latency, capture to sink."),
             ("edgekit_stage_latency_seconds", "histogram", "Latency of each stage of a frame."),
         )
@@ -209,6 +219,10 @@ def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None 
         f["edgekit_frames_missed_total"].add(who, d.missed)
         f["edgekit_windows_total"].add(who, d.windows)
         f["edgekit_telemetry_gaps_total"].add(who, d.gaps)
+        # Class names come from devices: bounded in number by the view, escaped and cut by escape_label.
+        for name, count in sorted((d.detections or {}).items()):
+            f["edgekit_detections_total"].add((*who, ("class", name)), count.objects)
+            f["edgekit_detection_frames_total"].add((*who, ("class", name)), count.frames)
         f["edgekit_frame_latency_seconds"].histogram(who, d.latency, FRAME_BUCKETS)
         for stage, sketch in sorted(d.stages.items()):
             f["edgekit_stage_latency_seconds"].histogram((*who, ("stage", stage)), sketch, STAGE_BUCKETS)

@@ -62,6 +62,13 @@ SCHEMA = (
         stop {real} NOT NULL, windows {int} NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
         latency TEXT NOT NULL, stages TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0))""",
     "CREATE INDEX IF NOT EXISTS rollups_by_time ON rollups (fleet, stop)",
+    # A detector's per-class counts of a rollup (a raw window keeps its own in its payload).  A table of
+    # its own rather than a column of ``rollups``: a store made before detection gains it as it opens.
+    """CREATE TABLE IF NOT EXISTS rollup_detections (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, span {real} NOT NULL, t0 {real} NOT NULL,
+        stop {real} NOT NULL, name TEXT NOT NULL, frames {int} NOT NULL, objects {int} NOT NULL,
+        max_score {real} NOT NULL, PRIMARY KEY (fleet, device, span, t0, name))""",
+    "CREATE INDEX IF NOT EXISTS rollup_detections_by_time ON rollup_detections (fleet, stop)",
     # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
     # may still fill a gap below it, and that late window is new.
     """CREATE TABLE IF NOT EXISTS compacted (

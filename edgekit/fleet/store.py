@@ -35,7 +35,7 @@ from edgekit.fleet.sql import (
     where_clause,
     window_row,
 )
-from edgekit.fleet.sums import Bucket, SketchSum, WindowSum, loads
+from edgekit.fleet.sums import Bucket, ClassSum, SketchSum, WindowSum, add_detections, loads
 
 SQLITE = Dialect("sqlite", "?", "MAX", "REAL", "INTEGER")
 
@@ -298,6 +298,10 @@ class FleetStore:
             rolled = self._query(
                 "SELECT fleet, device, stop, frames, missed, latency, stages FROM rollups" + where, args
             )
+            rolled_detections = self._query(
+                "SELECT fleet, device, stop, name, frames, objects, max_score FROM rollup_detections" + where,
+                args,
+            )
         sums: dict[tuple[str, str, float], WindowSum] = {}
 
         def at(f: str, d: str, stop: float) -> WindowSum:
@@ -309,9 +313,17 @@ class FleetStore:
 
         for f, d, stop, frames, missed, payload in raw:
             w = loads(payload)["window"]
-            at(f, d, stop).add(stop, frames, missed, w["latency_ms"], w["stages_ms"])
+            at(f, d, stop).add(
+                stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=w.get("detections")
+            )
         for f, d, stop, frames, missed, latency, stages in rolled:
             at(f, d, stop).add(stop, frames, missed, loads(latency), loads(stages))
+        for f, d, stop, name, frames, objects, max_score in rolled_detections:
+            total = at(f, d, stop)
+            total.detections = add_detections(
+                total.detections if total.detections is not None else {},
+                {str(name): ClassSum(int(frames), int(objects), float(max_score))},
+            )
         return [sums[k].bucket(*k) for k in sorted(sums)]
 
     # -- retention --------------------------------------------------------------------------------
@@ -344,6 +356,7 @@ class FleetStore:
         horizon = now - keep_s
         with self._lock, self._transaction():
             counts["rollups_deleted"] = self._execute("DELETE FROM rollups WHERE stop < ?", (horizon,))
+            self._execute("DELETE FROM rollup_detections WHERE stop < ?", (horizon,))
             # A seq range stays while any of its windows is kept; a replay older than that is let in as
             # new raw, and the next compaction rolls it into a rollup that is dropped at once.
             self._execute("DELETE FROM compacted WHERE stop < ?", (horizon,))
@@ -369,7 +382,7 @@ class FleetStore:
             if r is None:
                 r = rollups[(f, d, t0)] = WindowSum()
             w = loads(payload)["window"]
-            r.add(stop, frames, missed, w["latency_ms"], w["stages_ms"])
+            r.add(stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=w.get("detections"))
             seqs.setdefault((f, d, epoch), []).append((int(seq), float(stop)))
         by_device: dict[tuple[str, str], list[float]] = {}
         for f, d, t0 in rollups:
@@ -383,6 +396,15 @@ class FleetStore:
                 r = rollups.get((f, d, float(t0)))
                 if r is not None:  # an earlier run's rollup of this step: merge into it, not beside it
                     r.add(stop, frames, missed, loads(latency), loads(stages), windows=windows)
+            for t0, name, frames, objects, max_score in self._query(
+                "SELECT t0, name, frames, objects, max_score FROM rollup_detections "
+                "WHERE fleet = ? AND device = ? AND span = ? AND t0 >= ? AND t0 <= ?",
+                (f, d, span, min(t0s), max(t0s)),
+            ):
+                r = rollups.get((f, d, float(t0)))
+                if r is not None:
+                    earlier = {str(name): ClassSum(int(frames), int(objects), float(max_score))}
+                    r.detections = add_detections(r.detections if r.detections is not None else {}, earlier)
         self._execute_many(
             UPSERT_ROLLUP,
             [
@@ -399,6 +421,21 @@ class FleetStore:
                     json.dumps({k: s.to_dict() for k, s in r.stages.items()}),
                 )
                 for (f, d, t0), r in rollups.items()
+            ],
+        )
+        detected = [(key, r) for key, r in rollups.items() if r.detections]
+        # Each rollup's classes are written whole (its earlier rows were merged in above).
+        self._execute_many(
+            "DELETE FROM rollup_detections WHERE fleet = ? AND device = ? AND span = ? AND t0 = ?",
+            [(f, d, span, t0) for (f, d, t0), _ in detected],
+        )
+        self._execute_many(
+            "INSERT INTO rollup_detections (fleet, device, span, t0, stop, name, frames, objects, max_score) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (f, d, span, t0, r.stop, name, c.frames, c.objects, c.max_score)
+                for (f, d, t0), r in detected
+                for name, c in (r.detections or {}).items()
             ],
         )
         for key, new in seqs.items():

@@ -1,5 +1,6 @@
 """Stored telemetry added up: sketch dicts summed (``SketchSum``), windows and rollups of one device and
-time step summed (``WindowSum``) into a ``Bucket``, and ``merge`` of sketch dicts.
+time step summed (``WindowSum``) into a ``Bucket``, ``merge`` of sketch dicts, and a detector's
+per-class counts summed (``ClassSum``, ``add_detections``).
 
 The store decodes and sums thousands of stored windows per query or compaction; these sums
 work on the decoded dicts and check the result once, which is what keeps that fast.
@@ -31,6 +32,51 @@ def loads(text: str) -> Any:
         return json.loads(text)
 
 
+# Classes kept per device and time step (or per device since the server started): a window holds
+# at most 64, but a device may name other classes in each, so sums fold the rest into OTHER.
+MAX_CLASSES = 256
+OTHER = "other"
+
+
+class ClassSum:
+    """One class's detection counts added up: frames with one, objects, the best score."""
+
+    __slots__ = ("frames", "max_score", "objects")
+
+    def __init__(self, frames: int = 0, objects: int = 0, max_score: float = 0.0) -> None:
+        self.frames, self.objects, self.max_score = frames, objects, max_score
+
+    def add(self, frames: int, objects: int, max_score: float) -> None:
+        self.frames += int(frames)
+        self.objects += int(objects)
+        self.max_score = max(self.max_score, float(max_score))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "objects": self.objects, "max_score": round(self.max_score, 5)}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClassSum) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"ClassSum({self.frames}, {self.objects}, {self.max_score})"
+
+
+def add_detections(
+    into: dict[str, ClassSum], counts: dict[str, Any], cap: int = MAX_CLASSES
+) -> dict[str, ClassSum]:
+    """Add per-class counts (a window's ``detections``, or stored sums' dicts) into ``into``, at most ``cap`` classes."""
+    for name, c in counts.items():
+        key = name if name in into or len(into) < cap - 1 else OTHER
+        total = into.get(key)
+        if total is None:
+            total = into[key] = ClassSum()
+        if isinstance(c, ClassSum):
+            total.add(c.frames, c.objects, c.max_score)
+        else:
+            total.add(c["frames"], c["objects"], c["max_score"])
+    return into
+
+
 @dataclass
 class Bucket:
     """One device's telemetry over one time step: counts and merged sketches (``t0`` = the step's start)."""
@@ -42,6 +88,8 @@ class Bucket:
     missed: int
     latency: LatencySketch
     stages: dict[str, LatencySketch]
+    #: A detector's per-class counts; ``None`` when no window of the step had any (a classifier).
+    detections: dict[str, ClassSum] | None = None
 
 
 class SketchSum:
@@ -95,13 +143,14 @@ class SketchSum:
 class WindowSum:
     """Windows (or rollups) of one device and time step being added up."""
 
-    __slots__ = ("frames", "latency", "missed", "stages", "stop", "windows")
+    __slots__ = ("detections", "frames", "latency", "missed", "stages", "stop", "windows")
 
     def __init__(self) -> None:
         self.frames = self.missed = self.windows = 0
         self.stop = -math.inf
         self.latency = SketchSum()
         self.stages: dict[str, SketchSum] = {}
+        self.detections: dict[str, ClassSum] | None = None
 
     def add(
         self,
@@ -111,6 +160,7 @@ class WindowSum:
         latency: dict[str, Any],
         stages: dict[str, Any],
         windows: int = 1,
+        detections: dict[str, Any] | None = None,
     ) -> None:
         self.frames += int(frames)
         self.missed += int(missed)
@@ -122,10 +172,16 @@ class WindowSum:
             if total is None:
                 total = self.stages[name] = SketchSum()
             total.add(data)
+        if detections is not None:
+            self.detections = add_detections(
+                self.detections if self.detections is not None else {}, detections
+            )
 
     def bucket(self, fleet: str, device: str, t0: float) -> Bucket:
         stages = {name: s.sketch() for name, s in self.stages.items()}
-        return Bucket(fleet, device, t0, self.frames, self.missed, self.latency.sketch(), stages)
+        return Bucket(
+            fleet, device, t0, self.frames, self.missed, self.latency.sketch(), stages, self.detections
+        )
 
 
 def merge(sketches: Iterable[dict[str, Any]]) -> LatencySketch:

@@ -22,6 +22,7 @@ from typing import Any
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.charts import Tally, chart_series, quantile, rate
+from edgekit.fleet.sums import ClassSum
 from edgekit.protocol.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ STEP_S = 10  # the live resolution
 LIVE_S = 3600  # kept in memory; longer windows come from the store
 REFRESH_S = 5.0  # a quiet fleet still gets a fresh snapshot this often
 WINDOWS_S = (300, 900, 3600, 6 * 3600, 24 * 3600)  # what the dashboard offers
+DETECTION_STEPS = 6  # the most recent steps the device page lists a detector's classes for
 
 
 @dataclass
@@ -58,6 +60,8 @@ class DeviceTotals:
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
     windows: int = 0
     gaps: int = 0
+    #: A detector's per-class counts since the server started; ``None`` for a classifier.
+    detections: dict[str, ClassSum] | None = None
 
 
 @dataclass
@@ -164,7 +168,7 @@ class FleetView:
             if known is None:
                 continue
             live = known.buckets.setdefault(int(b.t0), Tally())
-            live.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages)))
+            live.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages), b.detections))
         self._changed = True
 
     # -- the tick (server thread) ----------------------------------------------------------
@@ -246,7 +250,7 @@ class FleetView:
             key = f"{b.fleet}/{b.device}"
             if key in wanted:
                 slot = out[int(b.t0 // step) * step].setdefault(key, Tally())
-                slot.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages)))
+                slot.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages), b.detections))
         return out
 
     def snapshot(self, window_s: int = 300) -> dict[str, Any]:
@@ -270,6 +274,7 @@ class FleetView:
             if d is None:
                 return None
             snap = self._build([d], window_s, now)
+            detections = self._detections(d, window_s, now)
         gaps: list[tuple[int, int]] = []
         if self.store is not None:
             try:
@@ -285,8 +290,32 @@ class FleetView:
             "heatmap": snap["heatmap"],
             "gaps": [list(g) for g in gaps],
             "alerts": snap["alerts"],
+            "detections": detections,
             "window_s": window_s,
             "now": now,
+        }
+
+    def _detections(self, d: _Device, window_s: int, now: float) -> dict[str, Any] | None:
+        """A detector's classes over the window and its last few steps (most objects first); ``None`` for a classifier.
+
+        ``{"t": [step starts], "classes": [{"name", "frames", "objects", "max_score", "steps": [objects per step]}]}``
+        """
+        series = self._series([d], window_s, now)
+        steps = {t: tally.detections for t, by in series.items() if (tally := by.get(d.key)) is not None}
+        if all(counts is None for counts in steps.values()):
+            return None
+        total: Tally = Tally()
+        for t in sorted(steps):
+            total.merge(Tally(detections=steps[t]))
+        recent = sorted(steps)[-DETECTION_STEPS:]
+        classes = sorted((total.detections or {}).items(), key=lambda kv: (-kv[1].objects, kv[0]))
+        return {
+            "t": recent,
+            "classes": [
+                c.to_dict()
+                | {"name": name, "steps": [(steps[t] or {}).get(name, ClassSum()).objects for t in recent]}
+                for name, c in classes
+            ],
         }
 
     def _build(self, devices: list[_Device], window_s: int, now: float) -> dict[str, Any]:
@@ -440,6 +469,10 @@ class FleetView:
                     gaps=d.gaps,
                 )
                 t.frames, t.missed = d.totals.frames, d.totals.missed
+                if d.totals.detections is not None:
+                    t.detections = {
+                        k: ClassSum(c.frames, c.objects, c.max_score) for k, c in d.totals.detections.items()
+                    }
                 t.latency.merge(d.totals.latency)
                 for s, sk in d.totals.stages.items():
                     t.stages[s].merge(sk)
