@@ -289,3 +289,29 @@ def test_a_detector_through_mosquitto_and_postgres_to_metrics_and_the_device_pag
             pub.stop(timeout=1.0)
         procs.stop_all()
         broker.stop()
+
+
+def test_the_simulator_runs_a_face_detector_as_its_last_devices(tmp_path: Path) -> None:
+    from edgekit.testing.fleet_sim import SimDevice, SimOptions
+
+    opts = SimOptions(mqtt="mqtt://127.0.0.1:1", devices=3, detectors=1)
+    broker = BrokerConfig.from_url(opts.mqtt)
+    sims = [SimDevice(i, opts, broker, tmp_path, T) for i in range(opts.devices)]
+    try:
+        for sim in sims:
+            sim.run_frames(4.0, T + 4)
+        bodies = [sim.publisher.telemetry_payload() for sim in sims]
+    finally:
+        for sim in sims:
+            sim.publisher.spool.close()
+    assert [b["window"].get("detections") is not None for b in bodies] == [False, False, True]
+    assert sims[2].publisher.birth["model"]["name"] == "blazeface"
+    face = bodies[2]["window"]["detections"]["face"]
+    frames = bodies[2]["window"]["frames"]
+    assert 0 < face["frames"] < frames and face["frames"] <= face["objects"] <= 3 * face["frames"]
+    assert 0.55 <= face["max_score"] <= 0.99
+    collector = Collector(FleetStore())
+    assert (
+        collector.handle(f"edgekit/v1/demo/{sims[2].name}/telemetry", json.dumps(bodies[2]).encode())
+        == "telemetry"
+    )

@@ -3,7 +3,8 @@
 Every device is edgekit's own ``TelemetryPublisher`` (so the wire format, the birth, the
 Will, Sparkplug births and deaths are the real ones) fed synthetic frame records: distinct
 profiles, backends and budgets, latency drifting slowly, one device creeping over its
-budget.  ``--offline DEV@S`` makes device DEV drop its connection after S seconds without
+budget.  ``SimOptions.detectors`` makes the last N devices face detectors (BlazeFace): their
+windows count the faces they found.  ``--offline DEV@S`` makes device DEV drop its connection after S seconds without
 a DISCONNECT, so the broker publishes its Will.  SIGTERM / SIGINT stop every device
 cleanly (each says "offline"); a SIGKILL leaves the Wills to the broker.
 
@@ -42,6 +43,7 @@ import numpy as np
 from edgekit.errors import EdgekitError
 from edgekit.pipeline.records import Counters, FrameRecord
 from edgekit.protocol.stages import STAGES
+from edgekit.runtime.detection import Detection
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.window import MetricsWindow, Window
@@ -64,6 +66,7 @@ class SimOptions:
     format: str = "json"
     rate: float = 0.0  # load mode: messages a second over all devices
     offline: tuple[str, ...] = ()  # DEVICE@SECONDS: that device drops its connection then
+    detectors: int = 0  # the last N devices run a face detector (per-class detection counts)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ KINDS = (
     Kind("x86_64-cpu", "openvino", "fp32", 50.0, 15.0),
 )
 MODEL = "efficientnet-lite0"
+DETECTOR = "blazeface"  # a simulated detector's model: faces, one class
+FACE_SHARE = 0.6  # share of a detector's frames with a face in them
 VERSIONS = ("1.0", "1.1")
 # Share of a frame's latency each stage takes (capture_wait, preprocess, inference, postprocess, sink).
 SHARES = (0.06, 0.12, 0.72, 0.05, 0.05)
@@ -134,7 +139,8 @@ class SimDevice:
         self.fps = round(1000.0 / self.kind.budget_ms)
         self.t0 = t0
         self.counters = Counters()
-        self.window = MetricsWindow()
+        self.detector = index >= opts.devices - max(0, opts.detectors)
+        self.window = MetricsWindow(detections=self.detector)
         self.frame = 0
         self.publisher = TelemetryPublisher(
             broker,
@@ -153,10 +159,11 @@ class SimDevice:
     def birth(self) -> dict[str, Any]:
         """What a real pipeline on this device says at birth (see ``Pipeline._birth``)."""
         k = self.kind
-        digest = f"{abs(hash((MODEL, self.version))):064x}"[-64:]
+        model = DETECTOR if self.detector else MODEL
+        digest = f"{abs(hash((model, self.version))):064x}"[-64:]
         return {
             "model": {
-                "name": MODEL,
+                "name": model,
                 "version": self.version,
                 "sha256": digest,
                 "artifact": f"{k.profile}-{k.backend}-{k.precision}",
@@ -193,10 +200,34 @@ class SimDevice:
             met = ms <= self.kind.budget_ms
             out.append(
                 FrameRecord(
-                    self.frame, now, ns, ns + budget_ns, wait, pre, infer, post, sink, ms, met, 0, "sim"
+                    self.frame,
+                    now,
+                    ns,
+                    ns + budget_ns,
+                    wait,
+                    pre,
+                    infer,
+                    post,
+                    sink,
+                    ms,
+                    met,
+                    0,
+                    "sim",
+                    detections=self.faces() if self.detector else (),
                 )
             )
         return out
+
+    def faces(self) -> tuple[Detection, ...]:
+        """A detector's frame: no face, or one to three at random places (640x480 frame pixels)."""
+        if self.rng.random() >= FACE_SHARE:
+            return ()
+        out = []
+        for _ in range(int(self.rng.integers(1, 4))):
+            x, y, size = (float(v) for v in self.rng.uniform((0, 0, 40), (560, 400, 80)))
+            score = float(self.rng.uniform(0.55, 0.99))
+            out.append(Detection(0, "face", score, (x, y, x + size, y + size)))
+        return tuple(sorted(out, key=lambda d: -d.score))
 
     def run_frames(self, dt: float, now: float) -> None:
         """Feed ``dt`` seconds of frames to the window (and the counters)."""
