@@ -164,3 +164,30 @@ def test_a_classifiers_records_carry_its_top_labels(classifier: edgekit.Model, m
         frame = td.square_frame(*cell) if cell else td.square_frame(None)
         assert [lab.id for lab in result.labels] == [lab.id for lab in classifier.classify(frame, k=3)]
         assert record.labels == result.labels and record.detections == result.detections == ()
+
+
+def test_the_real_blazeface_bundle_finds_the_astronauts_face_through_the_loop(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    from detector_bundle import build_blazeface
+    from skimage import data
+
+    bundle = build_blazeface(tmp_path_factory.mktemp("blazeface"))
+    astronaut = np.ascontiguousarray(data.astronaut())  # RGB, 512x512, one face
+    folder = tmp_path_factory.mktemp("photos")
+    cv2.imwrite(str(folder / "1-astronaut.png"), astronaut[..., ::-1])
+    cv2.imwrite(str(folder / "2-coffee.png"), data.coffee()[..., ::-1])  # no face
+    with edgekit.load(bundle, device="x86_64-cpu") as model:
+        assert model.task == "detection"
+        (face,) = model.detect(astronaut, color="RGB")
+        assert face.name == "face" and face.score > 0.8
+        # Her face, forehead to chin and ear to ear, in the photograph's pixels.
+        x0, y0, x1, y1 = face.box
+        assert 150 < x0 < 200 and 60 < y0 < 110 and 250 < x1 < 300 and 160 < y1 < 210
+        records: list[edgekit.FrameRecord] = []
+        with edgekit.Pipeline(model, str(folder)) as p:
+            p.add_observer(records.append)
+            results = list(p)
+    assert [len(r.detections) for r in results] == [1, 0]
+    assert results[0].detections[0].box == pytest.approx(face.box, abs=1e-3)  # PNG is lossless
+    assert [rec.detections for rec in records] == [r.detections for r in results]
