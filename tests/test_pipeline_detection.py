@@ -172,11 +172,14 @@ def test_the_real_blazeface_bundle_finds_the_astronauts_face_through_the_loop(
     from detector_bundle import build_blazeface
     from skimage import data
 
+    def photograph(name: str) -> np.ndarray:  # scikit-image's loaders are untyped
+        return np.ascontiguousarray(getattr(data, name)())
+
     bundle = build_blazeface(tmp_path_factory.mktemp("blazeface"))
-    astronaut = np.ascontiguousarray(data.astronaut())  # RGB, 512x512, one face
+    astronaut = photograph("astronaut")  # RGB, 512x512, one face
     folder = tmp_path_factory.mktemp("photos")
     cv2.imwrite(str(folder / "1-astronaut.png"), astronaut[..., ::-1])
-    cv2.imwrite(str(folder / "2-coffee.png"), data.coffee()[..., ::-1])  # no face
+    cv2.imwrite(str(folder / "2-coffee.png"), photograph("coffee")[..., ::-1])  # no face
     with edgekit.load(bundle, device="x86_64-cpu") as model:
         assert model.task == "detection"
         (face,) = model.detect(astronaut, color="RGB")
