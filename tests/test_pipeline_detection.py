@@ -6,6 +6,7 @@ detection of class ``square``, score 1, whose box is that cell in frame pixels.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,3 +195,13 @@ def test_the_real_blazeface_bundle_finds_the_astronauts_face_through_the_loop(
     assert [len(r.detections) for r in results] == [1, 0]
     assert results[0].detections[0].box == pytest.approx(face.box, abs=1e-3)  # PNG is lossless
     assert [rec.detections for rec in records] == [r.detections for r in results]
+
+
+def test_a_slow_result_sink_shows_in_the_sink_stage(detector: edgekit.Model, moving_square: Path) -> None:
+    # The preview and telemetry hand-offs run on the loop thread: their cost is the frame's, not hidden.
+    records: list[edgekit.FrameRecord] = []
+    with edgekit.Pipeline(detector, str(moving_square), frames=3) as p:
+        p.add_observer(records.append)
+        p.add_result_sink(lambda _: time.sleep(0.02))
+        list(p)
+    assert len(records) == 3 and all(r.sink_ms >= 15 for r in records)  # a lower bound: it slept 20 ms

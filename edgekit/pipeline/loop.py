@@ -7,6 +7,7 @@
             print(result.top, result.record.latency_ms)
 
 or with a callback: ``Pipeline(model, source, on_result=show).run()`` returns the summary.
+A detector's results carry ``result.detections`` (boxes in frame pixels) instead of labels.
 
 The capture thread reads the source into a one-frame slot (see ``capture``); this loop
 takes a frame, prepares it straight into the session's input buffer, runs it, makes
