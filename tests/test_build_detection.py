@@ -19,8 +19,10 @@ import pytest
 from deploy_bundles import broken_int8_bundle, scramble_onnx_weights
 from detector_bundle import BLAZEFACE
 
+from edgekit.backends.base import TensorSpec
 from edgekit.bundle import read_manifest, verify
 from edgekit.bundle.manifest import DetectionHead
+from edgekit.convert.accuracy_detection import align_outputs
 from edgekit.convert.builder import plan_recipes
 from edgekit.convert.modelcard import read_card
 from edgekit.deploy.health import check_health
@@ -34,18 +36,16 @@ from conftest import edgekit
 FACES = ("astronaut", "camera")  # the smoke set's photographs with a face (and their crops, mirrors)
 
 
-@pytest.fixture(scope="module")
-def blazeface_x86(
-    tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
+def build_cli(
+    out: Path, device: str, cache_env: dict[str, str], keys: tuple[Path, Path]
 ) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("bundles") / "blazeface-x86"
     r = edgekit(
         cache_env,
         "build",
         "--model",
         str(BLAZEFACE),
         "--device",
-        "x86_64-cpu",
+        device,
         "-o",
         str(out),
         "--sign-key",
@@ -54,6 +54,13 @@ def blazeface_x86(
     )
     assert r.returncode == 0, r.stderr[-3000:]
     return out, json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def blazeface_x86(
+    tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
+) -> tuple[Path, dict[str, Any]]:
+    return build_cli(tmp_path_factory.mktemp("bundles") / "blazeface-x86", "x86_64-cpu", cache_env, keys)
 
 
 # -- the gate's rule, on detections set by hand --------------------------------------------
@@ -229,3 +236,39 @@ def test_build_and_inspect_show_the_detection_gate(
     as_json = json.loads(edgekit(cache_env, "inspect", str(bundle), "--json").stdout)
     assert as_json["manifest"]["model"]["task"] == "detection"
     assert as_json["manifest"]["artifacts"][0]["accuracy"]["detection"]["decisive_detections"] >= 6
+
+
+def test_outputs_pair_with_fp32_by_name_else_by_position_and_shapes_must_agree() -> None:
+    boxes, scores = (
+        TensorSpec("regressors", (1, 896, 16), "float32"),
+        TensorSpec("classificators", (1, 896, 1), "float32"),
+    )
+    litert = [
+        TensorSpec(f"serving_default_output_{i}_output", s.shape, "float32")
+        for i, s in enumerate((boxes, scores))
+    ]
+    assert align_outputs([boxes, scores], [scores, boxes]) == [1, 0]  # by name, whatever the order
+    assert align_outputs([boxes, scores], litert) == [0, 1]  # LiteRT renames them: by position
+    with pytest.raises(ValueError, match="not the fp32 model's"):
+        align_outputs([boxes, scores], litert[::-1])
+    with pytest.raises(ValueError, match="1 outputs"):
+        align_outputs([boxes, scores], [boxes])
+
+
+@pytest.mark.slow
+def test_the_rpi5_build_makes_every_artifact_and_gates_all_that_run_here(
+    blazeface_x86: tuple[Path, dict[str, Any]],  # built first: the rpi5 build reuses its cached steps
+    tmp_path_factory: pytest.TempPathFactory,
+    cache_env: dict[str, str],
+    keys: tuple[Path, Path],
+) -> None:
+    bundle, summary = build_cli(
+        tmp_path_factory.mktemp("bundles") / "blazeface-rpi5", "rpi5", cache_env, keys
+    )
+    assert [a["recipe"] for a in summary["artifacts"]] == plan_recipes(get_profile("rpi5"))
+    for a in read_manifest(bundle).artifacts:
+        if a.arch == "aarch64":  # the TVM library: gated on the device (edgekit bench, the health gate)
+            assert a.backend == "tvm" and a.accuracy is None
+            continue
+        assert a.accuracy is not None and a.accuracy.passed and a.accuracy.detection is not None, a.name
+        assert a.accuracy.detection.missed == a.accuracy.detection.extra == 0, a.name

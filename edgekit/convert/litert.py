@@ -73,7 +73,13 @@ def convert_tflite(
     *,
     stem: str = "model",
 ) -> list[Artifact]:
-    """Convert a PyTorch image classifier to ``.tflite`` artifacts, one per precision asked for.
+    """Convert a PyTorch image model to ``.tflite`` artifacts, one per precision asked for.
+
+    A module that returns a tuple (a detector's boxes and scores) gives one output per element,
+    in the tuple's order, in every model written (litert-torch and the calibrator keep it; the
+    int8 model's outputs stay float32).  LiteRT names them ``serving_default_output_<i>_output``,
+    not the ONNX names: the build's gate pairs them with the fp32 ONNX's by position and checks
+    their shapes (``accuracy_detection.align_outputs``).
 
     ``calibration`` is a float32 batch already preprocessed by ``spec`` (NCHW or NHWC; it is
     transposed to NHWC here); it is needed for ``int8`` and ``edgetpu`` only.  Every model
