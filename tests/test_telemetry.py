@@ -544,3 +544,35 @@ def test_names_and_credentials_that_must_not_reach_the_broker() -> None:
             TelemetryPublisher(BrokerConfig.from_url("mqtt://127.0.0.1:1"), device_id=bad, spool=":memory:")
     assert redact_source("rtsp://admin:hunter2@10.0.0.9:554/s1") == "rtsp://admin:***@10.0.0.9:554/s1"
     assert redact_source("synthetic:640x480@30") == "synthetic:640x480@30"
+
+
+def test_a_classifiers_labels_topic_and_telemetry_are_as_before_through_the_result_sink(
+    model: Any, broker: Mosquitto
+) -> None:
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(broker.port), "-h", "127.0.0.1", "-t", "edgekit/v1/#", "-v", "-q", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 20
+    while "SUBSCRIBE" not in broker.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with edgekit.Pipeline(model, "synthetic:160x120@30") as p:
+        assert hasattr(p, "add_result_sink")  # report() takes the result sink where the loop has one
+        publisher = report(
+            p, broker.url, device_id="cam-l", fleet="lab", interval_s=0.5, labels_interval_s=0.0
+        )
+        stop_when(p, lambda: publisher.acked >= 2 and p.counters.frames >= 10)
+        p.run()
+    time.sleep(0.5)
+    sub.send_signal(signal.SIGTERM)
+    out = sub.communicate(timeout=5)[0]
+    lines = [line.split(" ", 1) for line in out.splitlines() if line.startswith("edgekit/v1/lab/cam-l/")]
+    labels = [json.loads(body) for t, body in lines if t.endswith("/labels")]
+    telemetry = [json.loads(body) for t, body in lines if t.endswith("/telemetry")]
+    assert labels and telemetry
+    for m in labels:
+        validator("labels.schema.json").validate(m)
+        assert set(m) == {"schema", "device", "ts", "labels"} and m["labels"]  # a classifier's top labels
+        assert m["labels"][0]["name"] in model.labels
+    assert all("detections" not in m["window"] for m in telemetry)

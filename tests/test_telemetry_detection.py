@@ -218,3 +218,27 @@ def test_sparkplug_carries_the_per_class_counts_both_ways(tmp_path: Path) -> Non
     assert "detections" not in plain["window"]
     with pytest.raises(ValueError, match="detections/<class>"):
         sp.telemetry_body({**metrics, "detections/face/area": 1.0}, fleet="lab", device="cam-d", ts_ms=1)
+
+
+def test_the_collector_takes_a_sparkplug_detectors_counts_and_refuses_a_stray_metric(tmp_path: Path) -> None:
+    window = MetricsWindow(detections=True)
+    pub = publisher(tmp_path, window)
+    window.observe(record(det(FACE, 0.8), det(FACE, 0.6)))
+    payload = pub.telemetry_payload()
+    pub.spool.close()
+    store = FleetStore()
+    collector = Collector(store)
+    ddata = sp.topic("lab", "DDATA", "cam-d", sp.DEVICE)
+    metrics = sp.window_metrics(payload)
+    assert collector.handle(ddata, sp.encode(metrics, 1, ts_ms=1000)) == "telemetry"
+    collector.flush()
+    [bucket] = store.buckets(0, 2**40, 60)
+    assert bucket.detections is not None and bucket.detections["face"].to_dict() == {
+        "frames": 1,
+        "objects": 2,
+        "max_score": 0.8,
+    }
+    stray = metrics | {"telemetry/seq": payload["seq"] + 1, "detections/face/area": 3.0}
+    assert collector.handle(ddata, sp.encode(stray, 2, ts_ms=2000)) == "rejected:sparkplug-parse"
+    negative = metrics | {"telemetry/seq": payload["seq"] + 2, "detections/face/objects": -5}
+    assert collector.handle(ddata, sp.encode(negative, 3, ts_ms=3000)) == "rejected:bad-field"
