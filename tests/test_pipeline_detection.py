@@ -6,9 +6,11 @@ detection of class ``square``, score 1, whose box is that cell in frame pixels.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -17,7 +19,7 @@ import tiny_detector as td
 
 import edgekit
 from edgekit.bundle import generate_keypair
-from edgekit.errors import InputError
+from edgekit.errors import EdgekitError, InputError
 
 import tiny_model
 
@@ -205,3 +207,23 @@ def test_a_slow_result_sink_shows_in_the_sink_stage(detector: edgekit.Model, mov
         p.add_result_sink(lambda _: time.sleep(0.02))
         list(p)
     assert len(records) == 3 and all(r.sink_ms >= 15 for r in records)  # a lower bound: it slept 20 ms
+
+
+def test_a_head_that_does_not_fit_the_model_fails_load_and_leaves_nothing(
+    tmp_path: Path, keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deploy_bundles import resign
+
+    from edgekit.bundle import pack
+
+    def anchors_for_64(doc: dict[str, Any]) -> None:
+        doc["detection"]["anchors"]["input_size"] = [64, 64]  # the model takes 32x32
+
+    good = td.detector_bundle(tmp_path / "good", keys[0])
+    bad = pack(resign(good, tmp_path / "bad", keys[0], edit=anchors_for_64), tmp_path / "bad.tar.gz")
+    unpacked = tmp_path / "tmp"
+    unpacked.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(unpacked))  # where load() unpacks an archive
+    with pytest.raises(EdgekitError, match="32x32"):
+        edgekit.load(bad, device="x86_64-cpu", trusted_keys=[keys[1]])
+    assert list(unpacked.iterdir()) == []

@@ -62,11 +62,13 @@ class Model:
         #: ``session``; a runtime's import counts where it happens): the cold-start breakdown.
         self.load_ms: Mapping[str, float] = MappingProxyType(dict(load_ms or {}))
         #: A detector's decoder, compiled once (anchors generated here, not per frame); None for a classifier.
-        self.detector: Detector | None = (
-            Detector(manifest.detection, self.preprocess, self.labels)
-            if manifest.detection is not None
-            else None
-        )
+        self.detector: Detector | None = None
+        if manifest.detection is not None:
+            try:
+                self.detector = Detector(manifest.detection, self.preprocess, self.labels)
+            except BaseException:
+                self.close()  # a head that does not fit the model: the session and unpacked files go too
+                raise
 
     @property
     def name(self) -> str:
