@@ -163,6 +163,7 @@ def test_the_labels_topic_carries_a_detectors_boxes_and_a_classifiers_labels(tmp
     dets = (det(FACE, 0.912345678), det(PERSON, 0.5, x=100.04))
     pub.offer_result(FrameResult((), record(*dets), frame, detections=dets), detector=True)
     pub._send_labels()
+    pub._send_labels()  # woken again (a QoS 0 publish acks at once): the same labels are not sent twice
     [(topic, payload)] = pub._client.sent
     body = json.loads(payload)
     both_accept("labels", body)
@@ -242,3 +243,70 @@ def test_the_collector_takes_a_sparkplug_detectors_counts_and_refuses_a_stray_me
     assert collector.handle(ddata, sp.encode(stray, 2, ts_ms=2000)) == "rejected:sparkplug-parse"
     negative = metrics | {"telemetry/seq": payload["seq"] + 2, "detections/face/objects": -5}
     assert collector.handle(ddata, sp.encode(negative, 3, ts_ms=3000)) == "rejected:bad-field"
+
+
+def test_a_real_blazeface_pipeline_reports_its_faces_through_mosquitto_to_the_fleet(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import subprocess
+    import time
+
+    import cv2
+    import numpy as np
+    from detector_bundle import build_blazeface
+    from skimage import data
+
+    import edgekit
+    from edgekit.fleet.prometheus import render
+    from edgekit.fleet.view import FleetView
+    from edgekit.telemetry import report
+    from edgekit.testing.broker import Mosquitto
+
+    bundle = build_blazeface(tmp_path_factory.mktemp("blazeface"))
+    folder = tmp_path_factory.mktemp("photos")
+    # A photograph without a face first, the astronaut (one face) twice after it: the newest labels hold her.
+    cv2.imwrite(str(folder / "1-coffee.png"), np.ascontiguousarray(data.coffee()[..., ::-1]))
+    for name in ("2-astronaut.png", "3-astronaut.png"):
+        cv2.imwrite(str(folder / name), np.ascontiguousarray(data.astronaut()[..., ::-1]))
+    broker = Mosquitto(tmp_path_factory.mktemp("mqtt")).start()
+    sub = subprocess.Popen(
+        ["mosquitto_sub", "-p", str(broker.port), "-h", "127.0.0.1", "-t", "edgekit/v1/#", "-v", "-q", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while "SUBSCRIBE" not in broker.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with edgekit.load(bundle, device="x86_64-cpu") as model, edgekit.Pipeline(model, str(folder)) as p:
+            publisher = report(
+                p, broker.url, device_id="door", fleet="lab", interval_s=0.3, labels_interval_s=0.0,
+                spool=tmp_path_factory.mktemp("spool") / "door.db",
+            )  # fmt: skip
+            while not publisher.connected and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for _ in p:
+                time.sleep(0.5)  # the publisher's thread sends the newest labels in between
+        time.sleep(0.5)
+    finally:
+        sub.terminate()
+        out = sub.communicate(timeout=5)[0]
+        broker.stop()
+    lines = [line.split(" ", 1) for line in out.splitlines() if line.startswith("edgekit/v1/lab/door/")]
+    labels = [json.loads(body) for topic, body in lines if topic.endswith("/labels")]
+    faces = [m["detections"] for m in labels if m.get("detections")]
+    assert faces and all(m["labels"] == [] and "detections" in m for m in labels)
+    x0, y0, x1, y1 = faces[-1][0]["box"]  # her face, as the pipeline test finds it
+    assert faces[-1][0]["name"] == "face" and 150 < x0 < 200 and 60 < y0 < 110 and 250 < x1 < 300
+    assert 160 < y1 < 210
+
+    store = FleetStore()
+    view = FleetView(store)
+    collector = Collector(store, listener=view)
+    for topic, body in lines:
+        outcome = collector.handle(topic, body.encode())
+        assert not outcome.startswith("rejected"), (topic, outcome)
+    text = render(view.prometheus_state())
+    assert 'edgekit_detections_total{fleet="lab",device="door",class="face"} 2' in text
+    assert 'edgekit_detection_frames_total{fleet="lab",device="door",class="face"} 2' in text
+    assert 'edgekit_frames_total{fleet="lab",device="door"} 3' in text

@@ -464,7 +464,8 @@ class TelemetryPublisher:
         if self._labels is None or self.labels_interval_s is None:
             return
         at, labels, detections = self._labels
-        if at - self._labels_sent < self.labels_interval_s:
+        # Never the same labels twice: a QoS 0 publish acks at once and wakes this thread again.
+        if at == self._labels_sent or at - self._labels_sent < self.labels_interval_s:
             return
         self._labels_sent = at
         body: dict[str, Any] = {
