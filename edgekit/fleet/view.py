@@ -273,8 +273,9 @@ class FleetView:
             d = self._devices.get((fleet, device))
             if d is None:
                 return None
-            snap = self._build([d], window_s, now)
-            detections = self._detections(d, window_s, now)
+            series = self._series([d], window_s, now)  # read once (past an hour, from the store)
+            snap = self._build([d], window_s, now, series)
+            detections = self._detections(d, series)
         gaps: list[tuple[int, int]] = []
         if self.store is not None:
             try:
@@ -295,12 +296,12 @@ class FleetView:
             "now": now,
         }
 
-    def _detections(self, d: _Device, window_s: int, now: float) -> dict[str, Any] | None:
+    @staticmethod
+    def _detections(d: _Device, series: dict[int, dict[str, Tally]]) -> dict[str, Any] | None:
         """A detector's classes over the window and its last few steps (most objects first); ``None`` for a classifier.
 
         ``{"t": [step starts], "classes": [{"name", "frames", "objects", "max_score", "steps": [objects per step]}]}``
         """
-        series = self._series([d], window_s, now)
         steps = {t: tally.detections for t, by in series.items() if (tally := by.get(d.key)) is not None}
         if all(counts is None for counts in steps.values()):
             return None
@@ -318,9 +319,16 @@ class FleetView:
             ],
         }
 
-    def _build(self, devices: list[_Device], window_s: int, now: float) -> dict[str, Any]:
+    def _build(
+        self,
+        devices: list[_Device],
+        window_s: int,
+        now: float,
+        series: dict[int, dict[str, Tally]] | None = None,
+    ) -> dict[str, Any]:
         step = _step(window_s)
-        series = self._series(devices, window_s, now)
+        if series is None:
+            series = self._series(devices, window_s, now)
         charts = chart_series(series, (d.key for d in devices))
         per_device, fleet_total = charts.per_device, charts.total
         budgets = Counter(ms for d in devices if (ms := d.budget_ms) is not None)
