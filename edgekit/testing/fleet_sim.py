@@ -42,7 +42,6 @@ import numpy as np
 
 from edgekit.errors import EdgekitError
 from edgekit.pipeline.records import Counters, FrameRecord
-from edgekit.protocol.stages import STAGES
 from edgekit.runtime.detection import Detection
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.gauges import Gauges
@@ -238,13 +237,11 @@ class SimDevice:
 
     def window_of(self, seconds: float, now: float) -> Window:
         """A closed window of ``seconds`` of frames ending at ``now`` (load mode precomputes these)."""
-        w = Window(start=now - seconds, end=now)
+        window = MetricsWindow(detections=self.detector)  # what the device's own window makes of them
         for rec in self.records(max(1, round(self.fps * seconds)), now):
-            w.latency.add(rec.latency_ms)
-            for stage in STAGES:
-                w.stages[stage].add(getattr(rec, f"{stage}_ms"))
-            w.frames += 1
-            w.missed += 0 if rec.met else 1
+            window.observe(rec)
+        w = window.take()
+        w.start, w.end = now - seconds, now
         return w
 
     def drop_connection(self) -> None:
