@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -26,6 +30,7 @@ from edgekit.pipeline import FrameRecord, Seen
 from edgekit.runtime.detection import Detection
 from edgekit.runtime.postprocess import Label
 
+from conftest import EDGEKIT
 from conftest import edgekit as run_cli
 
 #: The square's cell in each frame of the folder (None: an empty frame).
@@ -170,3 +175,37 @@ def test_seen_counts_frames_once_per_class_and_keeps_the_best_score() -> None:
     top.observe(_record(3))  # a frame without labels counts as a frame, not as a label
     assert top.to_dict() == {"cat": 2, "dog": 1} and top.frames == 4
     assert "cat" in top.render() and "50%" in top.render()
+
+
+def test_run_with_preview_serves_what_the_loop_saw(
+    detector_bundle: Path, frames: Path, keys: tuple[Path, Path]
+) -> None:
+    # Replayed at 2 fps (3.5 s): time to ask the preview, which the run names on stderr, what it shows.
+    args = ["run", str(detector_bundle), "--key", str(keys[1]), "--device", "x86_64-cpu"]
+    args += ["--source", str(frames), "--realtime", "--fps", "2", "--preview", ":0", "--json"]
+    proc = subprocess.Popen([*EDGEKIT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        url = None
+        for line in proc.stderr:
+            if line.startswith("preview: "):
+                url = line.split()[1]
+                break
+        assert url is not None and url.startswith("http://127.0.0.1:"), "no preview line on stderr"
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+        shown: list[dict[str, Any]] = []
+        while proc.poll() is None and not any(d["detections"] for d in shown):
+            with urllib.request.urlopen(url + "detections", timeout=10) as r:
+                shown.append(json.loads(r.read()))
+            time.sleep(0.1)
+        boxes = [d["detections"][0]["box"] for d in shown if d["detections"]]
+        assert boxes and boxes[0] in [list(td.cell_box(*c)) for c in PATH if c]
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and json.loads(out)["frames"] == len(PATH)  # stdout stays one JSON document
+    with pytest.raises(OSError):  # the preview stopped with the run
+        urllib.request.urlopen(url, timeout=5)

@@ -185,6 +185,14 @@ def run_command(
         str,
         typer.Option("--telemetry-format", help="json (edgekit/v1/... topics) or sparkplug (Sparkplug B)."),
     ] = "json",
+    preview: Annotated[
+        str | None,
+        typer.Option(
+            "--preview",
+            help="Serve the frames with what the model saw (boxes drawn) at HOST:PORT for a browser; "
+            ":8080 is this machine only (the preview has no login), :0 picks a free port.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle (or find objects in them), each within the frame budget;
@@ -223,6 +231,12 @@ def run_command(
                 protocol=mqtt_protocol,
                 format=telemetry_format,
             )
+        if preview is not None:
+            from edgekit.preview import start_preview
+
+            # It stops with the pipeline (a closer); stderr, so that --json's stdout stays one document.
+            server = start_preview(pipeline, preview)
+            err_console.print(f"preview: {server.url}", highlight=False)
         seen = Seen(model.task)
         pipeline.add_observer(seen.observe)
         summary = drive(pipeline, as_json=as_json, records=records)
