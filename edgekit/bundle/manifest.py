@@ -229,7 +229,7 @@ class DetectionAccuracy(_Schema):
 
     reference_detections: int = Field(ge=0)
     decisive_detections: int = Field(ge=0, description="reference detections well above the score threshold")
-    matched: int = Field(ge=0, description="reference detections matched (same class, IoU >= 0.5)")
+    matched: int = Field(ge=0, description="decisive reference detections matched (same class, IoU >= 0.5)")
     missed: int = Field(ge=0, description="decisive reference detections with no match")
     extra: int = Field(
         ge=0, description="decisive detections of the artifact that match no reference detection"
@@ -371,7 +371,13 @@ class MeasuredCandidate(_Schema):
     p90_ms: float = Field(ge=0)
     p99_ms: float = Field(ge=0)
     queries: int = Field(ge=1)
-    top1_agreement: float | None = Field(default=None, ge=0, le=1)
+    top1_agreement: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="agreement with the fp32 reference on the evaluation frames: top-1 for a classifier, "
+        "decisive reference detections matched for a detector (the build's and health gate's rule)",
+    )
 
 
 class Selection(_Schema):
