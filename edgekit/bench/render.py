@@ -42,7 +42,7 @@ def table(report: dict[str, Any]) -> Table:
         t.add_column(
             label(q) + ("★" if bold else ""), justify="right", style="bold" if bold else None, no_wrap=True
         )
-    for col in ("×best", "cold", "RSS", "top-1"):
+    for col in ("×best", "cold", "RSS", agreement_header(report)):
         t.add_column(col, justify="right", no_wrap=True)
     best = rows[0]["summary"]["p90_ms"] if rows else None
     one_count = len({c["threads"] for c in rows}) == 1  # then "-t2" on every row says nothing
@@ -59,18 +59,44 @@ def table(report: dict[str, Any]) -> Table:
         for q in TABLE_PERCENTILES:
             v = _ms(s[f"{label(q)}_ms"])
             cells.append(f"[dim]{v}*[/]" if label(q) in s["underpowered"] else v)
-        agree = c["top1_agreement"]
         cells += [
             f"{s['p90_ms'] / best:.2f}" if best else "-",
             f"{c['cold_start_s']:.2f}s" if c["cold_start_s"] is not None else "-",
             f"{c['peak_rss_mb']:.0f}M" if c["peak_rss_mb"] is not None else "-",
-            "-" if agree is None else f"{agree:.0%}",
+            agreement_cell(c),
         ]
         t.add_row(*cells)
     if notes:  # below the table, wrapped to its width: a column would not fit in 80
         t.caption = "\n".join(notes)
         t.caption_justify = "left"
     return t
+
+
+def _agreement(c: dict[str, Any]) -> float | None:
+    """The candidate's agreement with fp32; a report from before detectors has only ``top1_agreement``."""
+    value = c.get("agreement", c.get("top1_agreement"))
+    return value if isinstance(value, int | float) else None
+
+
+def agreement_header(report: dict[str, Any]) -> str:
+    """The agreement column's name: ``boxes`` for a detector (detections matched), else ``top-1``."""
+    return "boxes" if report.get("task") == "detection" else "top-1"
+
+
+def agreement_cell(c: dict[str, Any]) -> str:
+    """``97%``; a detector's extra detections (which fail its gate whatever the share) follow: ``100% +1``."""
+    agree = _agreement(c)
+    if agree is None:
+        return "-"
+    extra = (c.get("detection") or {}).get("extra", 0)
+    return f"{agree:.0%}" + (f" +{extra}" if extra else "")
+
+
+def legend(report: dict[str, Any]) -> str:
+    """The legend under the table, its agreement column described for the report's task."""
+    if report.get("task") != "detection":
+        return LEGEND
+    return LEGEND.replace(_TOP1_LEGEND, _BOXES_LEGEND)
 
 
 def not_run_lines(report: dict[str, Any]) -> list[str]:
@@ -91,10 +117,15 @@ def not_run_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+_TOP1_LEGEND = "top-1: agreement with the fp32 reference on the bundle's evaluation frames"
+_BOXES_LEGEND = (
+    "boxes: the fp32 reference's decisive detections on the bundle's evaluation frames that the "
+    "candidate found (same class, IoU >= 0.5), +N: decisive detections fp32 does not have (any fails the gate)"
+)
 LEGEND = (
     "ms per query (mean, max, p95, p97, p99.9 in --json); ★ p90 is SingleStream's headline; * underpowered: fewer queries than LoadGen's "
     f"early-stopping rule needs for that percentile (p99: {min_queries(99.0)}); cold: process start → "
-    "first label; top-1: agreement with the fp32 reference on the bundle's evaluation frames; "
+    f"first label; {_TOP1_LEGEND}; "
     "✓ fastest that passes the accuracy gate; † read with the caveat under the table"
 )
 
@@ -156,11 +187,11 @@ def plot(report: dict[str, Any], out: Path) -> Path:
 
 
 def _page(report: dict[str, Any], svg: str) -> str:
-    head = ["candidate", "queries", "p50", "p90", "p99", "cold start s", "peak RSS MB", "top-1 vs fp32"]
+    head = ["candidate", "queries", "p50", "p90", "p99", "cold start s", "peak RSS MB"]
+    head.append("detections vs fp32" if report.get("task") == "detection" else "top-1 vs fp32")
     body, caveats = [], []
     for c in sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"]):
         s = c["summary"]
-        agree = c["top1_agreement"]
         cells = [
             c["key"] + (" †" if c.get("caveat") else ""),
             s["count"],
@@ -169,7 +200,7 @@ def _page(report: dict[str, Any], svg: str) -> str:
             _ms(s["p99_ms"]) + ("" if s["p99_valid"] else "*"),
             c["cold_start_s"],
             c["peak_rss_mb"],
-            "-" if agree is None else f"{agree:.0%}",
+            agreement_cell(c),
         ]
         body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
         if c.get("caveat"):

@@ -26,6 +26,7 @@ from edgekit._core.stats import agreement
 from edgekit.bench.stats import LatencySummary, min_queries, summarize
 from edgekit.errors import EdgekitError
 from edgekit.runtime.cpu import CpuFeatures, this_cpu
+from edgekit.runtime.detection_gate import DetectionAgreement
 from edgekit.runtime.measured import THREAD_OPTION
 from edgekit.runtime.precision import int8_choice
 from edgekit.runtime.profiles import PRECISIONS
@@ -115,19 +116,45 @@ class Result:
     device: str = ""
     error: str | None = None
     summary: LatencySummary | None = None
+    #: A detector's detections against the bundle's reference ones (``edgekit.runtime.detection_gate``);
+    #: None for a classifier, whose ``top1`` answers are compared instead.
+    detection: DetectionAgreement | None = None
+    #: The evaluation frames (file names) where a detector missed or invented a decisive detection.
+    failing_frames: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.summary is not None and self.summary.count > 0
 
     @property
-    def agreement(self) -> float | None:
-        """Top-1 agreement with the bundle's fp32 reference on its evaluation frames (None: no frames).
+    def agreement_kind(self) -> str:
+        """What ``agreement`` compares: ``"detections"`` for a detector, ``"top1"`` for a classifier."""
+        return "detections" if self.detection is not None else "top1"
 
-        The build's and the health gate's rule (``edgekit._core.stats.agreement``): only the
-        frames where fp32 is decisive count, or every frame when none is.  A frame without a
-        stored margin counts as decisive.
+    def passes(self, threshold: float) -> bool:
+        """The accuracy gate on this host, the build's and the health gate's rule for the model's task.
+
+        A detector passes when its agreement reaches ``threshold`` and it has no decisive extra
+        detection (``DetectionAgreement.passed``); a classifier when its top-1 agreement does
+        (or when there were no evaluation frames to judge it on).
         """
+        if self.detection is not None:
+            return self.detection.passed(threshold - 1e-9)
+        rate = self.agreement
+        return rate is None or rate >= threshold - 1e-9
+
+    @property
+    def agreement(self) -> float | None:
+        """Agreement with the bundle's fp32 reference on its evaluation frames (None: no frames).
+
+        For a detector, the share of the reference's decisive detections it matched (same
+        class, IoU >= 0.5; ``edgekit.runtime.detection_gate``).  For a classifier, top-1
+        agreement by the build's and the health gate's rule (``edgekit._core.stats.agreement``):
+        only the frames where fp32 is decisive count, or every frame when none is.  A frame
+        without a stored margin counts as decisive.
+        """
+        if self.detection is not None:
+            return self.detection.rate
         margins = self.reference_margin or [1.0] * len(self.reference_top1)
         kept = [
             (a, r, m)
@@ -164,9 +191,19 @@ class Result:
             "cold_start_s": round(cold, 4) if cold is not None else None,
             "cold_start_parts_s": parts,
             "peak_rss_mb": round(self.peak_rss_mb, 1) if self.peak_rss_mb is not None else None,
-            "top1_agreement": self.agreement,
+            # ``agreement`` is the gate's number for the model's task, ``agreement_kind`` says which;
+            # ``top1_agreement`` stays for readers from before detectors (None for a detector: its
+            # argmax would mean nothing, and a reader taking boxes for labels would be misled).
+            "agreement": self.agreement,
+            "agreement_kind": self.agreement_kind,
+            "top1_agreement": self.agreement if self.detection is None else None,
             "eval_frames": sum(r >= 0 for r in self.reference_top1),
         }
+        if self.detection is not None:
+            out["detection"] = {
+                **self.detection.to_dict(),
+                "failing_frames": list(self.failing_frames),
+            }
         if with_samples:
             out["latencies_ms"] = [round(x, 4) for x in self.latencies_ms]
         return out
@@ -189,16 +226,12 @@ class Report:
     wall_s: float = 0.0
     #: The int8 artifact a device with this CPU takes, and why (``precision.int8_pick``).
     int8: dict[str, Any] | None = None
+    #: The manifest's ``model.task``: what the candidates' agreement compares.
+    task: str = "classification"
 
     def gated(self) -> list[Result]:
         """Candidates that ran and agree with fp32 at least as well as the bundle's accuracy gate asks."""
-        return [
-            r
-            for r in self.results
-            if r.ok
-            and r.candidate.build_gate
-            and (r.agreement is None or r.agreement >= self.threshold - 1e-9)
-        ]
+        return [r for r in self.results if r.ok and r.candidate.build_gate and r.passes(self.threshold)]
 
     def fastest(self) -> Result | None:
         """The candidate with the lowest headline (p90) latency that passes the accuracy gate."""
@@ -207,9 +240,17 @@ class Report:
 
     def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
         best = self.fastest()
+        passed = {r.candidate.key for r in self.gated()}
+        candidates = []
+        for r in self.results:
+            row = r.to_dict(with_samples)
+            # Ran, passed the build's gate and agrees here: what --write-selection may choose.
+            row["passed_gate"] = r.candidate.key in passed
+            candidates.append(row)
         return {
             "bundle": self.bundle,
             "model": self.model,
+            "task": self.task,
             "profile": self.profile,
             "budget_ms": self.budget_ms,
             "host": self.host,
@@ -226,7 +267,7 @@ class Report:
             "accuracy_threshold": self.threshold,
             "fastest": best.candidate.key if best else None,
             "int8": self.int8,
-            "candidates": [r.to_dict(with_samples) for r in self.results],
+            "candidates": candidates,
             "skipped": [s.to_dict() for s in self.skipped],
         }
 
@@ -471,6 +512,10 @@ def run(
                 res.peak_rss_mb = max(res.peak_rss_mb or 0.0, rss)
             res.top1, res.reference_top1 = out["top1"], out["reference_top1"]
             res.reference_margin = out.get("reference_margin", [])
+            if out.get("detection") is not None:
+                d = out["detection"]
+                res.detection = DetectionAgreement(**{**d, "failing": tuple(d.get("failing", ()))})
+                res.failing_frames = list(out.get("failing_frames", []))
             res.device = loaded.get("device", "")
             if progress is not None:
                 progress(cand, "done", {"queries": len(out["latencies_ms"])})
@@ -490,4 +535,5 @@ def run(
         started=started,
         wall_s=time.monotonic() - t0,
         int8=int8_choice(manifest, this_cpu()),
+        task=manifest.model.task,
     )

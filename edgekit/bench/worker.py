@@ -10,7 +10,15 @@ evaluation frames.
 
 It writes JSON lines on stdout: ``{"event": "loaded", ...}``, ``{"event": "progress",
 "queries": n}`` about four times a second, then ``{"event": "result", ...}`` with every
-query latency, the top-1 answers on the evaluation frames and the peak RSS.  Timestamps
+query latency, the top-1 answers on the evaluation frames and the peak RSS.
+
+A detector (``model.task == "detection"``) is judged as the device's health gate judges it:
+every output of each evaluation frame decoded by the bundle's head (its threshold lowered as
+``edgekit.runtime.detection_gate.widened`` says), boxes mapped to the frame, and compared with
+the reference detections the bundle carries by ``detection_gate``'s rule.  The result then
+carries ``detection`` (the summed numbers, ``DetectionAgreement``'s fields) and
+``failing_frames`` instead of top-1 answers, whose argmax over a detector's first output
+would mean nothing; its first result (the cold-start point) is the first frame's detections.  Timestamps
 are ``time.monotonic()``, one clock for every process on the machine, so the parent
 turns them into a cold start measured from the moment it started this process.
 
@@ -51,6 +59,8 @@ def emit(event: str, **data: Any) -> None:
 
 
 def run(spec: dict[str, Any]) -> None:
+    import dataclasses
+
     import numpy as np
 
     t_import0 = time.monotonic()
@@ -69,22 +79,47 @@ def run(spec: dict[str, Any]) -> None:
 
     evals = manifest.eval_set
     frames = []
+    evaluated = []  # the evaluation frames that decoded, for a detector's comparison
     for f in evals.frames if evals else ():
         image = cv2.imdecode(np.frombuffer((root / f.path).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
         if image is not None:
             frames.append((image, f.top1, f.margin))
+            evaluated.append(f)
     if not frames:  # an old bundle without evaluation frames: a mid-grey frame still times the model
         frames.append((np.full((480, 640, 3), 128, np.uint8), -1, 0.0))
 
     session = backend.load(root / art.path, spec["options"])  # runtime import happens here, if lazy
     t_loaded = time.monotonic()
-    prep = Preprocessor(PreprocessSpec.from_manifest(manifest), session.inputs[0])
+    spec_pre = PreprocessSpec.from_manifest(manifest)
+    prep = Preprocessor(spec_pre, session.inputs[0])
     out_spec = session.outputs[0]
+    head = manifest.detection if manifest.model.task == "detection" else None
 
     def top1(x: np.ndarray) -> int:
         return int(np.argmax(from_output(session.run(x)[0], out_spec).reshape(-1)))
 
-    first = top1(prep(frames[0][0]))
+    if head is not None:
+        from edgekit.runtime.detection import Detection, Detector
+        from edgekit.runtime.detection_gate import compare_frame, summarize, widened
+
+        # Decoded as the health gate decodes them (its threshold lowered), so a score that
+        # wobbles across the threshold is drift, not a miss: the one rule of both gates.
+        detector = Detector(widened(head), spec_pre, manifest.labels)
+        names = [o.name for o in session.outputs]
+
+        def detect(x: np.ndarray, frame_hw: tuple[int, int]) -> tuple[Detection, ...]:
+            raw = session.run(x)
+            outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
+            found: tuple[Detection, ...] = detector(outputs, frame_hw, names)
+            return found
+
+    def hw(image: np.ndarray) -> tuple[int, int]:
+        return int(image.shape[0]), int(image.shape[1])
+
+    if head is None:
+        first: dict[str, Any] = {"first_top1": top1(prep(frames[0][0]))}
+    else:
+        first = {"first_detections": len(detect(prep(frames[0][0]), hw(frames[0][0])))}
     t_first = time.monotonic()
     emit(
         "loaded",
@@ -93,14 +128,32 @@ def run(spec: dict[str, Any]) -> None:
         t_imported=t_imported,
         t_loaded=t_loaded,
         t_first=t_first,
-        first_top1=first,
         device=session.device,
+        **first,
     )
 
     samples = [prep(image).copy() for image, _, _ in frames]
-    answers = [top1(x) for x in samples]
     reference = [ref for _, ref, _ in frames]
     margins = [margin for _, _, margin in frames]
+    judged: dict[str, Any] = {}
+    if head is None:
+        answers = [top1(x) for x in samples]
+    else:
+        answers = []
+        labels = manifest.labels
+        compared = []
+        for f, x, (image, _, _) in zip(evaluated, samples, frames, strict=False):
+            ref = [
+                Detection(d.class_id, labels[d.class_id] if d.class_id < len(labels) else "", d.score, d.box)
+                for d in f.detections or ()
+            ]
+            compared.append(compare_frame(ref, detect(x, hw(image)), widened(head)))
+        if compared:  # none: an old bundle's grey stand-in frame has no reference to compare with
+            summary = summarize(compared)
+            judged = {
+                "detection": dataclasses.asdict(summary),
+                "failing_frames": [Path(evaluated[i].path).name for i in summary.failing],
+            }
 
     warm_end = time.monotonic() + spec["warmup_s"]
     n = 0
@@ -141,6 +194,7 @@ def run(spec: dict[str, Any]) -> None:
         reference_top1=reference,
         reference_margin=margins,
         peak_rss_mb=peak_rss_mb(),
+        **judged,
     )
 
 

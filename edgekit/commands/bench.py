@@ -146,12 +146,12 @@ def bench_command(
         out["plot"] = str(plot) if plot else None
         print_json(out)
         return
-    from edgekit.bench.render import LEGEND, not_run_lines, table
+    from edgekit.bench.render import legend, not_run_lines, table
 
     console.print(table(data))
     for line in not_run_lines(data):
         console.print(line)
-    console.print(f"[dim]{LEGEND}[/]")
+    console.print(f"[dim]{legend(data)}[/]")
     if selected:
         console.print(
             f"selection written: [bold]{selected['artifact']}[/] with {selected['threads']} threads"

@@ -1,0 +1,142 @@
+"""``edgekit bench`` on a detector: agreement is the detection gate's (boxes matched), not a top-1 argmax.
+
+A real BlazeFace bundle (``tests/detector_bundle.py``: ONNX Runtime and OpenVINO, fp32 and int8)
+is benched as a device would: each candidate's detections on the bundle's evaluation frames
+against the reference detections it carries, by ``edgekit.runtime.detection_gate``'s rule.  A
+copy whose ONNX Runtime fp32 weights are shuffled (re-hashed and re-signed, so only its answers
+give it away) is reported below the gate and never selected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from deploy_bundles import resign
+from detector_bundle import blazeface_key, build_blazeface
+
+from edgekit.bundle import read_manifest
+from edgekit.runtime.detection_gate import decisive_score
+
+from conftest import edgekit as run_edgekit
+
+pytestmark = pytest.mark.slow
+
+BROKEN = "onnxruntime-fp32"
+# Short runs: the agreement is what is tested here, not the latency statistics (tests/test_bench.py).
+QUICK = ("--min-queries", "20", "--min-duration", "0.1", "--max-duration", "2", "--threads", "1")
+
+
+def shuffle_float_weights(path: Path, seed: int = 3) -> None:
+    """Shuffle every float weight tensor of an ONNX model in place: it loads and runs, and answers wrongly."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    rng = np.random.default_rng(seed)
+    changed = 0
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT:
+            arr = numpy_helper.to_array(init)
+            if arr.size < 64:  # biases and constants stay: the graph must still run
+                continue
+            flat = arr.reshape(-1).copy()
+            rng.shuffle(flat)
+            init.CopyFrom(numpy_helper.from_array(flat.reshape(arr.shape), init.name))
+            changed += 1
+    assert changed, f"{path} has no float weights to shuffle"
+    onnx.save(model, str(path))
+
+
+@pytest.fixture(scope="module")
+def blazeface(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(bundle, private key, public key): BlazeFace for x86_64-cpu, ONNX Runtime and OpenVINO, fp32 and int8."""
+    out = tmp_path_factory.mktemp("blazeface")
+    bundle = build_blazeface(out, backends=("onnxruntime", "openvino"), precisions=("fp32", "int8"))
+    private, public = blazeface_key(out)
+    return bundle, private, public
+
+
+def bench(env: dict[str, str], bundle: Path, public: Path, *args: str) -> dict[str, Any]:
+    r = run_edgekit(env, "bench", str(bundle), "--key", str(public), *QUICK, *args, "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report: dict[str, Any] = json.loads(r.stdout)
+    return report
+
+
+def test_bench_judges_a_detector_by_its_boxes(
+    blazeface: tuple[Path, Path, Path], cache_env: dict[str, str]
+) -> None:
+    bundle, _, public = blazeface
+    report = bench(cache_env, bundle, public)
+    threshold = report["accuracy_threshold"]
+    assert report["task"] == "detection"
+    ran = {c["artifact"]: c for c in report["candidates"]}
+    assert {"onnxruntime-fp32", "openvino-fp32"} <= set(ran) and any("int8" in a for a in ran), sorted(ran)
+    manifest = read_manifest(bundle)
+    assert manifest.eval_set is not None and manifest.detection is not None
+    floor = decisive_score(manifest.detection)
+    decisive = sum(1 for f in manifest.eval_set.frames for d in f.detections or () if d.score >= floor)
+    assert decisive >= 4  # the smoke set's faces: something to match
+    for name, c in ran.items():
+        assert c["ok"], (name, c["error"])
+        det = c["detection"]
+        # Honest about what it compares: no top-1 of a detector, the boxes' agreement instead.
+        assert c["agreement_kind"] == "detections" and c["top1_agreement"] is None, name
+        assert det["decisive_detections"] == decisive and det["frames"] == c["eval_frames"] >= 6, name
+        assert c["agreement"] == det["matched"] / decisive == 1.0, (name, det)  # every face found
+        assert 0.5 <= det["min_iou"] <= det["mean_iou"] <= 1.0, (name, det)
+        # The gate: agreement at the threshold and no decisive extra (what the health gate decides).
+        assert c["passed_gate"] == (c["agreement"] >= threshold and det["extra"] == 0), (name, det)
+        assert bool(det["failing_frames"]) == (det["extra"] > 0 or det["missed"] > 0), (name, det)
+    for name in ("onnxruntime-fp32", "openvino-fp32"):  # fp32 on another runtime finds the same boxes
+        det = ran[name]["detection"]
+        assert det["extra"] == 0 and det["mean_iou"] > 0.99 and ran[name]["passed_gate"], (name, det)
+    fastest = next(c for c in report["candidates"] if c["key"] == report["fastest"])
+    assert fastest["passed_gate"], fastest
+
+
+def test_a_detector_with_broken_weights_is_below_the_gate_and_never_selected(
+    blazeface: tuple[Path, Path, Path], cache_env: dict[str, str], tmp_path: Path
+) -> None:
+    bundle, private, public = blazeface
+
+    def corrupt(folder: Path) -> None:
+        (model,) = (folder / "artifacts" / BROKEN).glob("*.onnx")
+        shuffle_float_weights(model)
+
+    broken = resign(bundle, tmp_path / "broken", private, change=corrupt, budget_ms=None)
+    report = bench(cache_env, broken, public, "--backends", "onnxruntime,openvino", "--precisions", "fp32")
+    ran = {c["artifact"]: c for c in report["candidates"]}
+    bad, good = ran[BROKEN], ran["openvino-fp32"]
+    assert bad["ok"], bad["error"]  # it runs: only its answers give it away
+    det = bad["detection"]
+    assert not bad["passed_gate"] and det["failing_frames"], det
+    assert bad["agreement"] < report["accuracy_threshold"] or det["extra"] > 0, det
+    assert good["passed_gate"] and report["fastest"] == good["key"]
+
+    # --write-selection records the good candidate, whatever the broken one's speed.
+    r = run_edgekit(
+        cache_env, "bench", str(broken), "--key", str(public), *QUICK,
+        "--backends", "onnxruntime,openvino", "--precisions", "fp32",
+        "--write-selection", "--sign-key", str(private), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["selection_written"]["artifact"] == "openvino-fp32"
+    selection = read_manifest(broken).selection
+    assert selection is not None and selection.chosen == "openvino-fp32"
+    measured = {m.artifact: m for m in selection.candidates}
+    assert measured["openvino-fp32"].top1_agreement == 1.0
+
+    # With only the broken candidate, there is nothing to select: a clear error, the bundle unchanged.
+    before = (broken / "manifest.json").read_bytes()
+    r = run_edgekit(
+        cache_env, "bench", str(broken), "--key", str(public), *QUICK,
+        "--backends", "onnxruntime", "--precisions", "fp32",
+        "--write-selection", "--sign-key", str(private),
+    )  # fmt: skip
+    assert r.returncode == 2 and "passed the accuracy gate" in r.stderr and BROKEN in r.stderr, r.stderr
+    assert (broken / "manifest.json").read_bytes() == before
