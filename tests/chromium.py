@@ -75,17 +75,14 @@ def drawn_box(
 ) -> tuple[int, int, int, int] | None:
     """Where a box outline of ``colour`` (BGR) is in ``image``: ``(left, top, right, bottom)``, or None.
 
-    Its vertical edges are the outermost columns with at least ``min_edge`` pixels of that colour
-    (the label drawn above the box is shorter than that), its bottom the lowest row with as many,
-    and its top where the right edge begins (the label, at the left, is narrower than the box).
-    JPEG and scaling blur colours, hence the tolerance of the match.
+    Its edges are the outermost columns and rows with at least ``min_edge`` pixels of that colour
+    (the label's text, in the same colour on black, is too sparse to count).  JPEG and scaling
+    blur colours, hence the tolerance of the match.
     """
     diff = np.abs(image.astype(np.int16) - np.array(colour, np.int16)).max(axis=2)
     mask = diff < 90
     cols = np.flatnonzero(mask.sum(axis=0) >= min_edge)
     rows = np.flatnonzero(mask.sum(axis=1) >= min_edge)
-    if cols.size < 2 or rows.size < 1:
+    if cols.size < 2 or rows.size < 2:
         return None
-    right = int(cols[-1])
-    top = int(np.flatnonzero(mask[:, right])[0])
-    return int(cols[0]), top, right, int(rows[-1])
+    return int(cols[0]), int(rows[0]), int(cols[-1]), int(rows[-1])

@@ -54,16 +54,19 @@ def draw_detections(frame: np.ndarray, detections: Sequence[Detection]) -> np.nd
             cv2.circle(out, (round(kx), round(ky)), thick, KEYPOINT_COLOUR, -1)
         text = f"{det.name} {det.score:.2f}"
         (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
-        # Above the box when there is room, else just inside its top edge.
-        top = y0 - th - base - thick if y0 - th - base - thick >= 0 else y0 + thick
-        cv2.rectangle(out, (x0, top), (x0 + tw + 2 * thick, top + th + base + thick), colour, -1)
+        # Above the box's top edge when there is room, else just below it: never over the edge.
+        label_h = th + base + thick
+        top = y0 - thick - label_h if y0 - thick - label_h >= 0 else y0 + thick
+        # Text in the box's colour on black: legible on any picture, and no block of the box's
+        # colour that could be taken for an edge.
+        cv2.rectangle(out, (x0, top), (x0 + tw + 2 * thick, top + label_h), (0, 0, 0), -1)
         cv2.putText(
             out,
             text,
             (x0 + thick, top + th + thick // 2),
             cv2.FONT_HERSHEY_SIMPLEX,
             scale,
-            (0, 0, 0),
+            colour,
             1,
             cv2.LINE_AA,
         )
