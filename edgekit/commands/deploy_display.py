@@ -133,18 +133,38 @@ def _health_table(health: dict[str, Any]) -> None:
     if not health:
         return
     table = Table(title="health gate on the device", title_justify="left")
-    for col in ("backend", "p50 ms", "p99 ms", "budget ms", "top-1 agreement", "frames"):
+    # A detector's report carries its gate's numbers: boxes matched, not a top-1 it does not have.
+    det = health.get("detection") if isinstance(health.get("detection"), dict) else None
+    agreement = ("boxes", "missed", "extra", "IoU") if det else ("top-1 agreement",)
+    for col in ("backend", "p50 ms", "p99 ms", "budget ms", *agreement, "frames"):
         table.add_column(col)
     agree = health.get("top1_agreement")
+    if det is not None:
+        cells = [_detections_matched(det), _count(det.get("missed")), _count(det.get("extra"))]
+        cells.append(_num(det.get("mean_iou")))
+    else:
+        cells = [f"{agree:.0%}" if isinstance(agree, int | float) else "-"]
     table.add_row(
         "-".join(str(health[k]) for k in ("backend", "precision") if health.get(k)) or "-",
         _num(health.get("p50_ms")),
         _num(health.get("p99_ms")),
         _num(health.get("budget_ms")),
-        f"{agree:.0%}" if isinstance(agree, int | float) else "-",
+        *cells,
         str(health.get("frames", "-")),
     )
     console.print(table)
+
+
+def _count(value: Any) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else "-"
+
+
+def _detections_matched(det: dict[str, Any]) -> str:
+    """``5/6``: decisive reference detections the device's artifact found, of those there are."""
+    matched, decisive = det.get("matched"), det.get("decisive")
+    if not (isinstance(matched, int) and isinstance(decisive, int)):
+        return "-"
+    return f"{matched}/{decisive}"
 
 
 def _num(value: Any) -> str:

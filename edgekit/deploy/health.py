@@ -66,12 +66,26 @@ class HealthReport:
     precision: str | None = None
     candidate: str | None = None
     load_ms: float | None = None
-    #: A detector's numbers (matched, missed, extra, IoU); None for a classifier.  Not on the wire:
-    #: ``top1_agreement`` carries its agreement and ``reason`` its failure.
+    #: A detector's numbers (matched, missed, extra, IoU); None for a classifier.  On the wire as
+    #: ``detection`` (matched, decisive, missed, extra, mean IoU); ``top1_agreement`` carries its
+    #: agreement (matched / decisive), as an agent from before detection can read it.
     detection: DetectionAgreement | None = None
 
     def to_message(self) -> messages.HealthReport:
-        """The wire form (what a ``cmd/result`` carries as ``health``): rounded, ``hint`` left out."""
+        """The wire form (what a ``cmd/result`` carries as ``health``): rounded, ``hint`` left out.
+
+        A classifier's report has no ``detection`` field at all (not a null), so it reads as it did.
+        """
+        extra: dict[str, Any] = {}
+        if self.detection is not None:
+            d = self.detection
+            extra["detection"] = messages.HealthDetection(
+                matched=d.matched,
+                decisive=d.decisive,
+                missed=d.missed,
+                extra=d.extra,
+                mean_iou=min(1.0, max(0.0, round(d.mean_iou, 4))),
+            )
         return messages.HealthReport(
             ok=self.ok,
             p50_ms=_round(self.p50_ms),
@@ -88,6 +102,7 @@ class HealthReport:
             candidate=self.candidate,
             load_ms=_round(self.load_ms, 1),
             reason=self.reason or None,
+            **extra,
         )
 
     def to_dict(self) -> dict[str, Any]:

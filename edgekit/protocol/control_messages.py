@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from edgekit.protocol.telemetry_messages import Name, WireMessage
+from edgekit.protocol.telemetry_messages import Count, Name, WireMessage
 
 ACTIONS = ("deploy", "rollback")
 MAX_URL_CHARS = 2048
@@ -127,12 +127,30 @@ class Command(BaseModel):
         return json.dumps(self.to_dict(), separators=(",", ":")).encode()
 
 
+class HealthDetection(WireMessage):
+    """A detector's health gate numbers: its detections on the evaluation frames against the bundle's reference.
+
+    The detection gate's rule (``edgekit.runtime.detection_gate``): a reference detection is
+    decisive when it scores well above the threshold; ``matched`` of them were found (same
+    class, IoU >= 0.5), ``missed`` were not, ``extra`` are decisive detections the reference
+    does not have.  ``mean_iou`` is over the matched pairs.
+    """
+
+    matched: Count
+    decisive: Count
+    missed: Count
+    extra: Count
+    mean_iou: float = Field(ge=0, le=1, description="mean IoU of the matched decisive detections")
+
+
 class HealthReport(WireMessage):
     """What an agent's health gate measured of a bundle before activating it, and whether it passed.
 
     ``reason`` says why not (null when it passed).  Latencies are LoadGen's percentiles
     over ``runs`` timed frames; agreement is top-1 against the build's fp32 reference on the
-    decisive frames.  Only ``ok`` is certain: a gate that could not load the bundle has no numbers.
+    decisive frames, or for a detector the share of the reference's decisive detections
+    matched, its numbers in ``detection`` (absent for a classifier, and from agents older than
+    detection).  Only ``ok`` is certain: a gate that could not load the bundle has no numbers.
     """
 
     ok: bool
@@ -150,6 +168,7 @@ class HealthReport(WireMessage):
     candidate: str | None = None
     load_ms: float | None = None
     reason: str | None = None
+    detection: HealthDetection | None = Field(default=None, description="a detector's gate numbers")
 
 
 class NoHealth(BaseModel):

@@ -1,0 +1,167 @@
+"""Commands that once took every model for a classifier, with a detector: the health report on the
+wire and its display, ``edgekit telemetry tail``, ``edgekit fleet simulate --detectors``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from detector_bundle import blazeface_key, build_blazeface
+from pydantic import ValidationError
+
+from edgekit.commands.common import console
+from edgekit.commands.deploy_display import _health_table
+from edgekit.deploy.health import HealthReport, check_health
+from edgekit.protocol import messages, schemas
+from edgekit.runtime.detection_gate import DetectionAgreement
+
+
+def both_accept(kind: str, body: dict[str, Any]) -> None:
+    """The receiver's model and the published JSON Schema both take ``body`` (as it crosses the wire)."""
+    wire = json.loads(json.dumps(body))
+    messages.KINDS[kind].model_validate(wire)
+    jsonschema.Draft202012Validator(json.loads(schemas.schema_file(kind).read_text())).validate(wire)
+
+
+def both_refuse(kind: str, body: dict[str, Any]) -> None:
+    wire = json.loads(json.dumps(body))
+    with pytest.raises(ValidationError):
+        messages.KINDS[kind].model_validate(wire)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator(json.loads(schemas.schema_file(kind).read_text())).validate(wire)
+
+
+def result_with(health: dict[str, Any]) -> dict[str, Any]:
+    """A final deploy result as an agent sends it, carrying ``health``."""
+    return {
+        "schema": "edgekit/v1/cmd-result",
+        "id": "d1",
+        "device": "cam-1",
+        "action": "deploy",
+        "step": "done",
+        "final": True,
+        "ok": True,
+        "reason": "",
+        "hint": "",
+        "health": health,
+        "version": "1.0",
+        "replayed": False,
+        "ts": 1.0,
+    }
+
+
+# An agent from before detection: its health report, exactly as it sent it.
+OLD_HEALTH: dict[str, Any] = {
+    "ok": True,
+    "p50_ms": 3.1,
+    "p99_ms": 4.2,
+    "budget_ms": 33.3,
+    "top1_agreement": 1.0,
+    "threshold": 0.98,
+    "frames": 8,
+    "decisive_frames": 8,
+    "runs": 101,
+    "flipped": [],
+    "backend": "onnxruntime",
+    "precision": "fp32",
+    "candidate": "onnxruntime-fp32",
+    "load_ms": 80.0,
+    "reason": None,
+}
+
+
+def agreement(matched: int, decisive: int, extra: int = 0, mean_iou: float = 0.93) -> DetectionAgreement:
+    return DetectionAgreement(
+        frames=8,
+        reference=decisive + 1,
+        decisive=decisive,
+        matched=matched,
+        missed=decisive - matched,
+        extra=extra,
+        mean_iou=mean_iou,
+        min_iou=mean_iou,
+        max_score_drift=0.02,
+    )
+
+
+def test_a_detectors_health_report_carries_its_gate_numbers_on_the_wire() -> None:
+    report = HealthReport(
+        ok=False,
+        reason="detections match 5 of 6",
+        top1_agreement=5 / 6,
+        threshold=0.98,
+        frames=8,
+        detection=agreement(5, 6, extra=1, mean_iou=0.912345678),
+    )
+    wire = report.to_dict()
+    assert wire["detection"] == {"matched": 5, "decisive": 6, "missed": 1, "extra": 1, "mean_iou": 0.9123}
+    both_accept("health", wire)
+    both_accept("cmd-result", result_with(wire))
+    back = messages.Result.model_validate(json.loads(json.dumps(result_with(wire))))
+    assert isinstance(back.health, messages.HealthReport) and back.health.detection is not None
+    assert back.health.detection.missed == 1 and back.health.detection.mean_iou == 0.9123
+
+    # A classifier's report reads as it did: no detection field at all, not a null.
+    classifier = HealthReport(ok=True, top1_agreement=1.0, threshold=0.98, frames=8).to_dict()
+    assert "detection" not in classifier
+
+
+def test_an_old_agents_health_report_still_validates() -> None:
+    both_accept("health", OLD_HEALTH)
+    both_accept("cmd-result", result_with(OLD_HEALTH))
+    assert messages.HealthReport.model_validate(OLD_HEALTH).detection is None
+
+
+@pytest.mark.parametrize(
+    "detection",
+    [
+        {"matched": 6, "decisive": 6, "missed": 0, "extra": 0, "mean_iou": 1.5},  # IoU is at most 1
+        {"matched": 6, "decisive": 6, "missed": 0, "extra": -1, "mean_iou": 0.9},
+        {"matched": 6, "decisive": 6, "missed": 0, "extra": True, "mean_iou": 0.9},  # a bool is no count
+        {"matched": 6, "decisive": 6, "missed": 0, "extra": 2**63, "mean_iou": 0.9},
+        {"matched": 6, "decisive": 6, "missed": 0, "mean_iou": 0.9},  # extra left out
+    ],
+)
+def test_detection_numbers_out_of_bounds_are_refused(detection: dict[str, Any]) -> None:
+    both_refuse("health", {**OLD_HEALTH, "detection": detection})
+
+
+def shown(health: dict[str, Any]) -> str:
+    with console.capture() as out:
+        _health_table(health)
+    return out.get()
+
+
+def test_deploy_shows_a_detectors_boxes_and_a_classifiers_top1() -> None:
+    det = HealthReport(
+        ok=True,
+        backend="openvino",
+        precision="fp32",
+        top1_agreement=5 / 6,
+        frames=8,
+        detection=agreement(5, 6),
+    ).to_dict()
+    text = shown(det)
+    assert "boxes" in text and "IoU" in text and " 5/6 " in text and "0.93" in text, text
+    assert "top-1" not in text, text
+    text = shown(OLD_HEALTH)
+    assert "top-1 agreement" in text and "100%" in text and "boxes" not in text, text
+
+
+@pytest.mark.slow
+def test_the_health_gate_of_a_real_blazeface_bundle_reports_its_faces(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    out = tmp_path_factory.mktemp("blazeface")
+    bundle = build_blazeface(out)
+    _, public = blazeface_key(out)
+    report = check_health(bundle, "x86_64-cpu", [public], runs=5, budget_ms=1000)
+    assert report.ok, report.reason
+    wire = report.to_dict()
+    both_accept("health", wire)
+    det = wire["detection"]
+    assert det["decisive"] >= 4 and det["matched"] == det["decisive"] and det["missed"] == det["extra"] == 0
+    assert 0.99 < det["mean_iou"] <= 1.0  # fp32 against its own reference
+    assert wire["top1_agreement"] == 1.0
