@@ -43,7 +43,12 @@ def build_command(
         str, typer.Option("--device", "-d", help="Device profile or alias (edgekit devices list).")
     ],
     model: Annotated[
-        Path | None, typer.Option("--model", "-m", help="A model card directory (models/NAME).")
+        Path | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="A model card directory (models/NAME); its [source] may name a .onnx or .tflite file beside it.",
+        ),
     ] = None,
     onnx: Annotated[
         Path | None, typer.Option("--onnx", help="Build from an ONNX file instead of a model card.")

@@ -2,7 +2,8 @@
 
 The steps, each cached by the hash of what decides it:
 
-1. the clean fp32 ONNX (exported from the model card's PyTorch weights, or the user's file);
+1. the clean fp32 ONNX (exported from the model card's PyTorch weights, or the user's file:
+   ``--onnx``, or a card whose ``[source] kind = "file"`` names one);
 2. one artifact per recipe the device profile's candidates need (ONNX int8, OpenVINO IR,
    LiteRT, TVM, TensorRT config);
 3. every artifact that can run here is evaluated against the fp32 reference (the accuracy
@@ -425,8 +426,39 @@ def build(req: BuildRequest, progress: Progress = _nothing) -> BuildResult:
         shutil.rmtree(b.stage, ignore_errors=True)
 
 
+def _use_card_file(b: _Build) -> None:
+    """A card whose source is a model file builds as ``--onnx``/``--tflite`` would, with the card's
+    task, head, labels and preprocessing.
+
+    The file is copied into the build's stage and the copy checked against the card's pinned
+    SHA-256, so what is built is what was checked.  A request that already names a file or a
+    module (``--onnx``/``--tflite`` make a card of their own) is left as it is.
+    """
+    from edgekit.convert.modelcard import check_pinned, source_file, with_file_input
+
+    req = b.req
+    if req.onnx is not None or req.tflite is not None or req.pytorch_module is not None:
+        return
+    src = source_file(req.card)
+    if src is None:
+        return
+    # A folder of its own: the .tflite route writes <name>.tflite into the stage itself.
+    copy = b.stage / "source" / src.name
+    copy.parent.mkdir()
+    shutil.copyfile(src, copy)
+    check_pinned(req.card, copy)
+    card = with_file_input(req.card, copy)
+    onnx, tflite = (copy, None) if copy.suffix == ".onnx" else (None, copy)
+    b.req = replace(req, card=card, onnx=onnx, tflite=tflite)
+
+
 def _build_tflite(b: _Build) -> BuildResult:
-    """A user's .tflite goes into the bundle as it is: checked to load and run, and timed."""
+    """A user's .tflite goes into the bundle as it is: checked to load and run, and timed.
+
+    A detector's .tflite (a card with a ``[detection]`` head; Coral's models end in
+    ``TFLite_Detection_PostProcess``) is its own reference: its head must decode what it gives
+    on the evaluation images, and the bundle's eval frames carry its detections.
+    """
     from edgekit.backends import open_session
 
     req = b.req
@@ -440,6 +472,9 @@ def _build_tflite(b: _Build) -> BuildResult:
         dtype = s.inputs[0].dtype
         precision = "fp32" if dtype == "float32" else "fp16" if dtype == "float16" else "int8"
         run_batch(s, batch[:2])  # it must run on the preprocessing it was given
+        head = detection_head(req.card)
+        if head is not None:
+            _check_head_fits(s, head, req.card, evals, batch)
         latency = measure(s, batch) if req.measure_latency else None
     recipe = f"litert-{precision}"
     if req.backends and "litert" not in req.backends:
@@ -462,7 +497,30 @@ def _build_tflite(b: _Build) -> BuildResult:
     return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names))
 
 
+def _check_head_fits(
+    session: Session, head: DetectionHead, card: ModelCard, evals: ImageSet, batch: np.ndarray
+) -> None:
+    """The card's detection head decodes what the model gives (its outputs, their shapes), or a BuildError.
+
+    Without a converted artifact there is no gate to catch a head that does not fit the model
+    (wrong decoder, class count or layout); the device would find it at load.  Found here.
+    """
+    from edgekit.runtime.detection import Detector
+
+    detector = Detector(head, card.preprocess, card.labels)
+    names = [o.name for o in session.outputs]
+    outputs = run_outputs(session, batch[:1])
+    try:
+        detector(outputs, (int(evals.images[0].shape[0]), int(evals.images[0].shape[1])), names)
+    except EdgekitError as err:
+        raise BuildError(
+            f"the card's [detection] head does not fit {session.artifact.name}: {err.message}",
+            err.hint or "fix the card's [detection] table (decoder, num_classes, outputs)",
+        ) from err
+
+
 def _build(b: _Build) -> BuildResult:
+    _use_card_file(b)
     req = b.req
     if req.tflite is not None:
         return _build_tflite(b)
@@ -483,7 +541,8 @@ def _build(b: _Build) -> BuildResult:
                 reports[r] = ArtifactReport(
                     r,
                     None,
-                    skipped="LiteRT artifacts are converted from the PyTorch model; an ONNX file has none (pass --tflite, or build from a model card)",
+                    skipped="LiteRT artifacts are converted from the PyTorch model; an ONNX file has none "
+                    "(give the .tflite instead, or build from a PyTorch model card)",
                 )
         else:
             for r, a in _litert(b, litert_recipes, calib, calib_hash).items():

