@@ -26,7 +26,8 @@ coins, moon, brick, grass), and all come from packages installed with edgekit (n
 - ``china``, ``flower``: scikit-learn's two sample photographs (a temple, a flower): no face.
 - ``motorcycle``: scikit-image's ``motorcycle_left`` (a stereo pair's left view): no face.
 
-``--images DIR`` adds every image in DIR (its name says nothing about faces: the table shows
+They need the ``plot`` extra (matplotlib) and scikit-learn (which the ``build`` extra's NNCF
+brings).  ``--images DIR`` adds every image in DIR (its name says nothing about faces: the table shows
 what the reference finds).
 """
 
