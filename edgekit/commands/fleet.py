@@ -262,13 +262,26 @@ def simulate_command(
         list[str] | None,
         typer.Option("--offline", metavar="DEVICE@SECONDS", help="That device drops its connection then."),
     ] = None,
+    detectors: Annotated[
+        int,
+        typer.Option(
+            "--detectors",
+            metavar="N",
+            help="The last N devices run a face detector (BlazeFace): per-class detection counts.",
+        ),
+    ] = 0,
 ) -> None:
     """Simulated devices publishing realistic telemetry (a fleet to look at, or a load to ingest)."""
     from edgekit.testing.fleet_sim import SimOptions, run
 
+    if not 0 <= detectors <= devices:
+        raise EdgekitError(
+            f"--detectors {detectors}: between 0 and the {devices} devices",
+            f"e.g. --devices {max(devices, 4)} --detectors 1",
+        )
     options = SimOptions(
         mqtt=mqtt, fleet=fleet, devices=devices, prefix=prefix, interval=interval, keepalive=keepalive,
-        duration=duration, format=format, rate=rate, offline=tuple(offline or ()),
+        duration=duration, format=format, rate=rate, offline=tuple(offline or ()), detectors=detectors,
     )  # fmt: skip
     code = run(options)
     if code:
