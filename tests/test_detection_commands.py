@@ -4,11 +4,17 @@ wire and its display, ``edgekit telemetry tail``, ``edgekit fleet simulate --det
 from __future__ import annotations
 
 import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
+import paho.mqtt.client as mqtt
 import pytest
 from detector_bundle import blazeface_key, build_blazeface
+from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
 from edgekit.commands.common import console
@@ -16,6 +22,9 @@ from edgekit.commands.deploy_display import _health_table
 from edgekit.deploy.health import HealthReport, check_health
 from edgekit.protocol import messages, schemas
 from edgekit.runtime.detection_gate import DetectionAgreement
+from edgekit.testing.broker import Mosquitto
+
+from conftest import EDGEKIT
 
 
 def both_accept(kind: str, body: dict[str, Any]) -> None:
@@ -165,3 +174,119 @@ def test_the_health_gate_of_a_real_blazeface_bundle_reports_its_faces(
     assert det["decisive"] >= 4 and det["matched"] == det["decisive"] and det["missed"] == det["extra"] == 0
     assert 0.99 < det["mean_iou"] <= 1.0  # fp32 against its own reference
     assert wire["top1_agreement"] == 1.0
+
+
+# -- edgekit telemetry tail and fleet simulate, through a real Mosquitto ----------------------
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    b = Mosquitto(tmp_path).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def tail(broker: Mosquitto, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*EDGEKIT, "telemetry", "tail", "--mqtt", broker.url, *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def subscribed(broker: Mosquitto, count: int, timeout: float = 60) -> None:
+    """Wait until ``count`` clients have subscribed (however long their start takes here)."""
+    deadline = time.monotonic() + timeout
+    while broker.log.read_text().count("SUBSCRIBE") < count:
+        assert time.monotonic() < deadline, broker.log.read_text()[-2000:]
+        time.sleep(0.05)
+
+
+def labels(device: str, **fields: Any) -> bytes:
+    return json.dumps({"schema": "edgekit/v1/labels", "device": device, "ts": 1.0, **fields}).encode()
+
+
+FACES = [
+    {"class_id": 0, "name": "face", "score": 0.93412, "box": [181.2, 79.9, 276.4, 187.0]},
+    {"class_id": 0, "name": "face", "score": 0.71, "box": [10.0, 20.0, 40.0, 60.0]},
+    {"class_id": 0, "name": "[red]face[/]", "score": 0.65, "box": [50.0, 20.0, 90.0, 60.0]},
+    {"class_id": 0, "name": "face", "score": 0.61, "box": [100.0, 20.0, 130.0, 60.0]},
+]
+
+
+def test_telemetry_tail_shows_a_detectors_boxes_and_passes_them_through_json(
+    broker: Mosquitto, cache_env: dict[str, str]
+) -> None:
+    as_json = tail(broker, cache_env, "--fleet", "lab", "--json", "--duration", "8")
+    plain = tail(broker, cache_env, "--fleet", "lab", "--duration", "8")  # piped: plain lines at the end
+    subscribed(broker, 2)
+    sent = {
+        "cam-d": labels("cam-d", labels=[], detections=FACES),
+        "cam-e": labels("cam-e", labels=[], detections=[]),  # a detector's frame without a face
+        "cam-c": labels("cam-c", labels=[{"id": 281, "name": "tabby", "score": 0.81}]),
+    }
+    client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    try:
+        for device, payload in sent.items():
+            client.publish(f"edgekit/v1/lab/{device}/labels", payload, qos=1).wait_for_publish(5)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    out, err = as_json.communicate(timeout=60)
+    assert as_json.returncode == 0, err
+    got = {line["topic"].split("/")[3]: line["payload"] for line in map(json.loads, out.splitlines())}
+    assert got["cam-d"]["detections"] == FACES and got["cam-d"]["labels"] == []  # passed through as sent
+    assert got["cam-c"]["labels"][0]["name"] == "tabby" and "detections" not in got["cam-c"]
+
+    out, err = plain.communicate(timeout=60)
+    assert plain.returncode == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines()}
+    # Class, score and box of the best three, the rest counted; a class name is shown, not read as markup.
+    assert (
+        "seen=face 0.93 [181,80,276,187]; face 0.71 [10,20,40,60]; [red]face[/] 0.65 [50,20,90,60] +1"
+        in rows["device=lab/cam-d"]
+    ), rows
+    assert rows["device=lab/cam-e"].endswith("seen=nothing"), rows
+    assert rows["device=lab/cam-c"].endswith("seen=tabby 0.81"), rows
+
+
+def test_fleet_simulate_runs_detectors_as_its_last_devices(
+    broker: Mosquitto, cache_env: dict[str, str]
+) -> None:
+    watch = tail(broker, cache_env, "--fleet", "sim", "--json", "--duration", "10")
+    subscribed(broker, 1)
+    sim = subprocess.run(
+        [*EDGEKIT, "fleet", "simulate", "--mqtt", broker.url, "--fleet", "sim", "--devices", "3",
+         "--detectors", "2", "--interval", "0.3", "--duration", "2"],
+        env=cache_env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    out, err = watch.communicate(timeout=60)
+    assert watch.returncode == 0, err
+    windows: dict[str, list[dict[str, Any]]] = {}
+    for line in map(json.loads, out.splitlines()):
+        if line["topic"].endswith("/telemetry"):
+            windows.setdefault(line["topic"].split("/")[3], []).append(line["payload"]["window"])
+    assert sorted(windows) == ["sim-01", "sim-02", "sim-03"], sorted(windows)
+    assert all("detections" not in w for w in windows["sim-01"])  # the classifier's windows are as before
+    for device in ("sim-02", "sim-03"):
+        counts = [w["detections"] for w in windows[device]]
+        assert counts and all(set(c) <= {"face"} for c in counts), counts
+        assert sum(c["face"]["objects"] for c in counts if "face" in c) > 0, counts
+
+    for bad in ("4", "-1"):
+        r = subprocess.run(
+            [*EDGEKIT, "fleet", "simulate", "--mqtt", broker.url, "--devices", "3", "--detectors", bad],
+            env=cache_env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 2 and f"--detectors {bad}" in r.stderr and "Traceback" not in r.stderr, (
+            r.stderr
+        )
+    help_text = subprocess.run(
+        [*EDGEKIT, "fleet", "simulate", "--help"], env={**cache_env, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert "--detectors" in help_text and "face detector" in help_text

@@ -1,7 +1,8 @@
 """``edgekit telemetry tail``: watch what devices publish, live in a terminal or as JSON lines.
 
 Payloads come from the network: they are parsed as JSON and nothing else, and a field
-of the wrong type shows as ``-`` rather than breaking the view.
+of the wrong type shows as ``-`` rather than breaking the view.  The ``seen`` column is the
+newest labels message: a classifier's labels, or a detector's detections (class, score, box).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit.commands.common import MqttCaOpt, console, err_console
@@ -39,6 +41,48 @@ def _quantile(sketch: Any, q: float) -> float | None:
     except (ValueError, TypeError):
         return None
     return None if math.isnan(value) else value
+
+
+#: How many of a frame's detections (or labels) a row shows; the rest as ``+N``.
+SHOWN = 3
+
+
+def _seen(body: Any) -> str:
+    """What a labels message says the model saw, in one short cell.
+
+    A detector's message carries ``detections`` (its ``labels`` are empty, for receivers from
+    before detection): ``face 0.93 [10,20,40,60]``, best first, or ``nothing`` for a frame
+    without one.  A classifier's: ``tabby 0.81, tiger_cat 0.12``.  Anything malformed is ``?``.
+    """
+    if not isinstance(body, dict):
+        return "-"
+    detections = body.get("detections")
+    if isinstance(detections, list):
+        if not detections:
+            return "nothing"
+        shown = [_detection(d) for d in detections[:SHOWN]]
+        more = len(detections) - SHOWN
+        return "; ".join(shown) + (f" +{more}" if more > 0 else "")
+    labels = body.get("labels")
+    if isinstance(labels, list) and labels:
+        return ", ".join(
+            f"{d.get('name', '?')} {_num(d.get('score'), '{:.2f}')}" if isinstance(d, dict) else "?"
+            for d in labels[:SHOWN]
+        )
+    return "-"
+
+
+def _detection(d: Any) -> str:
+    """``face 0.93 [10,20,40,60]``: class, score and box (frame pixels) of one detection."""
+    if not isinstance(d, dict):
+        return "?"
+    box = d.get("box")
+    corners = (
+        "[" + ",".join(_num(v, "{:.0f}") for v in box) + "]"
+        if isinstance(box, list) and len(box) == 4
+        else "[?]"
+    )
+    return f"{d.get('name', '?')} {_num(d.get('score'), '{:.2f}')} {corners}"
 
 
 class TailView:
@@ -66,6 +110,8 @@ class TailView:
             if not table.columns:
                 for col in row:
                     table.add_column(col)
+            # Every cell is a device's own words (class names too): shown, never read as markup.
+            row = {k: escape(v) for k, v in row.items()}
             state = row["state"]
             row["state"] = f"[green]{state}[/]" if state == "online" else f"[red]{state}[/]"
             table.add_row(*row.values())
@@ -106,6 +152,7 @@ class TailView:
                     "drops": _num(counters.get("dropped"), "{}"),
                     "cpu %": _num(gauges.get("cpu_percent")),
                     "temp °C": _num(hottest),
+                    "seen": _seen(entry.get("labels")),
                 }
             )
         return out
@@ -181,5 +228,5 @@ def tail_command(
         )
     if not as_json and not console.is_terminal:
         for line in view.lines():
-            console.print(line, highlight=False, soft_wrap=True)
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     err_console.print(f"[dim]{view.messages} messages from {len(view.devices)} device(s)[/]")
