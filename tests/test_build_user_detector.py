@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,34 @@ def test_a_card_naming_an_input_the_file_lacks_is_refused(tmp_path: Path) -> Non
     )
     with pytest.raises(BuildError, match=r"\[input\] name is 'input', but squares\.onnx's input is 'images'"):
         build(req)
+
+
+@pytest.mark.slow
+def test_an_onnx_with_its_weights_in_external_data_builds_from_its_card(
+    tmp_path: Path, frames: tuple[Path, Path]
+) -> None:
+    folder = tmp_path / "squares"
+    write_yolo_onnx(folder / "squares.onnx", SIZE, external_data=True)
+    assert (folder / "squares.onnx.data").is_file()
+    write_card(folder, "squares.onnx", size=SIZE)
+    out = tmp_path / "bundle"
+    req = BuildRequest(
+        card=read_card(folder),
+        device="x86_64-cpu",
+        out=out,
+        backends=("onnxruntime",),
+        precisions=("fp32",),
+        eval=frames[1],
+        calibration=frames[0],
+        measure_latency=False,
+    )
+    build(req)
+    acc = read_manifest(out).artifact("onnxruntime-fp32").accuracy
+    assert acc is not None
+    assert_gate_passed("onnxruntime-fp32", acc)
+    (folder / "squares.onnx.data").unlink()
+    with pytest.raises(BuildError, match=r"squares\.onnx\.data cannot be read"):
+        build(replace(req, out=tmp_path / "again"))
 
 
 def test_a_missing_model_file_is_named(tmp_path: Path) -> None:

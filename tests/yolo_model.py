@@ -41,8 +41,13 @@ OUTPUT_NAME = "output0"
 _GAIN = 20.0
 
 
-def write_yolo_onnx(path: Path, size: int = 96, layout: Layout = "channels-first") -> Path:
-    """Write the detector for a ``size`` x ``size`` RGB input (NCHW, pixels / 255) to ``path``."""
+def write_yolo_onnx(
+    path: Path, size: int = 96, layout: Layout = "channels-first", *, external_data: bool = False
+) -> Path:
+    """Write the detector for a ``size`` x ``size`` RGB input (NCHW, pixels / 255) to ``path``.
+
+    ``external_data``: its weights in ``<name>.data`` beside it, as large models are saved.
+    """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -138,7 +143,12 @@ def write_yolo_onnx(path: Path, size: int = 96, layout: Layout = "channels-first
     model.ir_version = 8  # what every runtime here reads
     onnx.checker.check_model(model, full_check=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
+    if external_data:
+        onnx.save(
+            model, str(path), save_as_external_data=True, location=f"{path.name}.data", size_threshold=0
+        )
+    else:
+        onnx.save(model, str(path))
     return path
 
 

@@ -430,11 +430,11 @@ def _use_card_file(b: _Build) -> None:
     """A card whose source is a model file builds as ``--onnx``/``--tflite`` would, with the card's
     task, head, labels and preprocessing.
 
-    The file is copied into the build's stage and the copy checked against the card's pinned
-    SHA-256, so what is built is what was checked.  A request that already names a file or a
+    The file (and an ONNX's external-data files) is copied into the build's stage and the copy
+    checked against the card's pinned SHA-256, so what is built is what was checked.  A request that already names a file or a
     module (``--onnx``/``--tflite`` make a card of their own) is left as it is.
     """
-    from edgekit.convert.modelcard import check_pinned, source_file, with_file_input
+    from edgekit.convert.modelcard import check_pinned, model_files, source_file, with_file_input
 
     req = b.req
     if req.onnx is not None or req.tflite is not None or req.pytorch_module is not None:
@@ -443,9 +443,17 @@ def _use_card_file(b: _Build) -> None:
     if src is None:
         return
     # A folder of its own: the .tflite route writes <name>.tflite into the stage itself.
-    copy = b.stage / "source" / src.name
-    copy.parent.mkdir()
-    shutil.copyfile(src, copy)
+    folder = b.stage / "source"
+    for rel in model_files(src):  # an ONNX's external weights travel with it
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(src.parent / rel, folder / rel)
+        except OSError as err:
+            raise BuildError(
+                f"{req.card.path}: {src.parent / rel} cannot be read ({err.strerror})",
+                "an ONNX model's external data files must be beside it, as it was saved",
+            ) from err
+    copy = folder / src.name
     check_pinned(req.card, copy)
     card = with_file_input(req.card, copy)
     onnx, tflite = (copy, None) if copy.suffix == ".onnx" else (None, copy)

@@ -232,6 +232,40 @@ def source_file(card: ModelCard) -> Path | None:
     return path
 
 
+def model_files(model: Path) -> list[Path]:
+    """The files a model file needs, relative to its folder: itself, and an ONNX file's external data.
+
+    A large ONNX keeps its weights in files beside it (``external_data`` locations, relative
+    to the model); the build copies them with it.  A location outside the model's folder is
+    refused, as ONNX's own loader does.
+    """
+    files = [Path(model.name)]
+    if model.suffix != ".onnx":
+        return files
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception as err:  # onnx raises DecodeError, ValueError, google.protobuf errors
+        raise BuildError(
+            f"{model} is not a valid ONNX model: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+            "re-export the model (torch.onnx.export, opset >= 13) or check the file was copied whole",
+        ) from err
+    for tensor in _get_all_tensors(proto):
+        if not uses_external_data(tensor):
+            continue
+        location = Path(ExternalDataInfo(tensor).location)
+        if location.is_absolute() or ".." in location.parts:
+            raise BuildError(
+                f"{model.name} keeps weights in {location}, outside its folder",
+                "save the model with its external data beside it (onnx.save(..., location=NAME))",
+            )
+        if location not in files:
+            files.append(location)
+    return files
+
+
 def check_pinned(card: ModelCard, copy: Path) -> None:
     """The file that will be built (``copy``, the build's own copy) against the card's pinned SHA-256.
 
