@@ -34,7 +34,7 @@ from edgekit.bundle.manifest import Accuracy
 from edgekit.convert.builder import build
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.report import BuildRequest
-from edgekit.errors import BuildError, ModelLoadError
+from edgekit.errors import BuildError
 from edgekit.runtime.detection import Detection, iou
 
 from conftest import edgekit as edgekit_cli
@@ -377,12 +377,6 @@ def test_a_head_that_does_not_fit_the_tflite_stops_the_build(
     assert not out.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ModelLoadError,
-    reason="edgekit/convert/bundling.py's detection_eval_samples opens the reference with onnxruntime; "
-    "a .tflite detector's reference is the .tflite itself (litert), as eval_samples already does",
-)
 def test_a_tflite_detector_is_bundled_as_its_own_reference_with_its_detections(
     tmp_path: Path, quadrants: tuple[Path, Path], keys: tuple[Path, Path]
 ) -> None:

@@ -146,6 +146,11 @@ def _stored_frames(evals: ImageSet, spec_size: tuple[int, int]) -> list[tuple[in
     return stored
 
 
+def _reference_backend(fp32: Path) -> str:
+    """The runtime that computes the reference: LiteRT for a user's .tflite (a LiteRT-only build), else ONNX Runtime."""
+    return "litert" if fp32.suffix == ".tflite" else "onnxruntime"
+
+
 def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL_FRAMES) -> EvalSamples:
     """The ``count`` evaluation frames fp32 is surest about, as JPEGs with its top-1 on each (decoded).
 
@@ -159,7 +164,7 @@ def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL
     from edgekit.runtime.preprocessing import Preprocessor
     from edgekit.runtime.tensors import from_output
 
-    backend = "litert" if fp32.suffix == ".tflite" else "onnxruntime"
+    backend = _reference_backend(fp32)
     spec = card.preprocess
     scored: list[tuple[float, int, str, bytes, int]] = []
     with open_session(fp32, backend) as session:
@@ -182,7 +187,7 @@ def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL
 def detection_eval_samples(
     fp32: Path, card: ModelCard, head: DetectionHead, evals: ImageSet, count: int = EVAL_FRAMES
 ) -> EvalSamples:
-    """A detector's evaluation frames: JPEGs with the fp32 ONNX's detections on each (as decoded).
+    """A detector's evaluation frames: JPEGs with the fp32 reference's detections on each (as decoded).
 
     The detections are decoded as the gates compare them (``detection_gate.widened``: down to
     the score threshold minus the decisive margin), boxes in the stored frame's pixels, so a
@@ -203,7 +208,8 @@ def detection_eval_samples(
     detector = Detector(widened(head), spec, card.labels)
     floor = decisive_score(head)
     ranked: list[tuple[tuple[int, int, int], int, str, bytes, tuple[EvalDetection, ...]]] = []
-    with open_session(fp32, "onnxruntime") as session:
+    backend = _reference_backend(fp32)
+    with open_session(fp32, backend) as session:
         prep = Preprocessor(spec, session.inputs[0], image_color="BGR")
         names = [o.name for o in session.outputs]
         for index, name, data, decoded in _stored_frames(evals, spec.size):
@@ -231,7 +237,7 @@ def detection_eval_samples(
         )
         for i, (_, _, name, data, dets) in enumerate(chosen)
     )
-    return EvalSamples(frames, reference="onnxruntime-fp32")
+    return EvalSamples(frames, reference=f"{backend}-fp32")
 
 
 def _file_stem(name: str) -> str:
