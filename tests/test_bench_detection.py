@@ -9,6 +9,7 @@ give it away) is reported below the gate and never selected.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ import numpy as np
 import pytest
 from deploy_bundles import resign
 from detector_bundle import blazeface_key, build_blazeface
+from rich.console import Console
 
+from edgekit.bench.render import legend, table
 from edgekit.bundle import read_manifest
 from edgekit.runtime.detection_gate import decisive_score
 
@@ -92,11 +95,28 @@ def test_bench_judges_a_detector_by_its_boxes(
         # The gate: agreement at the threshold and no decisive extra (what the health gate decides).
         assert c["passed_gate"] == (c["agreement"] >= threshold and det["extra"] == 0), (name, det)
         assert bool(det["failing_frames"]) == (det["extra"] > 0 or det["missed"] > 0), (name, det)
+        # The postprocess stage (decode + NMS) timed apart, once per query (at most 1000).
+        post = c["postprocess"]
+        assert post["count"] == min(c["summary"]["count"], 1000), (name, post)
+        assert 0 < post["p50_ms"] <= post["p90_ms"] <= post["p99_ms"], (name, post)
     for name in ("onnxruntime-fp32", "openvino-fp32"):  # fp32 on another runtime finds the same boxes
         det = ran[name]["detection"]
         assert det["extra"] == 0 and det["mean_iou"] > 0.99 and ran[name]["passed_gate"], (name, det)
     fastest = next(c for c in report["candidates"] if c["key"] == report["fastest"])
     assert fastest["passed_gate"], fastest
+
+    # The terminal table names what it compares: boxes (with a candidate's extras) and decode times.
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None).print(table(report))
+    lines = out.getvalue().splitlines()
+    header = next(line for line in lines if "candidate" in line)
+    assert "boxes" in header and "decode" in header and "top-1" not in header, header
+    for name, c in ran.items():
+        row = next(line for line in lines if line.split()[:1] == [name])
+        extra = c["detection"]["extra"]
+        assert row.rstrip().endswith("100%" + (f" +{extra}" if extra else "")), row
+        assert f"{c['postprocess']['p50_ms']:.2f}" in row, row
+    assert "boxes:" in legend(report) and "decode:" in legend(report)
 
 
 def test_a_detector_with_broken_weights_is_below_the_gate_and_never_selected(

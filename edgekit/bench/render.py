@@ -42,7 +42,8 @@ def table(report: dict[str, Any]) -> Table:
         t.add_column(
             label(q) + ("★" if bold else ""), justify="right", style="bold" if bold else None, no_wrap=True
         )
-    for col in ("×best", "cold", "RSS", agreement_header(report)):
+    detector = report.get("task") == "detection"
+    for col in ("×best", "cold", "RSS", *(("decode",) if detector else ()), agreement_header(report)):
         t.add_column(col, justify="right", no_wrap=True)
     best = rows[0]["summary"]["p90_ms"] if rows else None
     one_count = len({c["threads"] for c in rows}) == 1  # then "-t2" on every row says nothing
@@ -63,6 +64,7 @@ def table(report: dict[str, Any]) -> Table:
             f"{s['p90_ms'] / best:.2f}" if best else "-",
             f"{c['cold_start_s']:.2f}s" if c["cold_start_s"] is not None else "-",
             f"{c['peak_rss_mb']:.0f}M" if c["peak_rss_mb"] is not None else "-",
+            *((_ms((c.get("postprocess") or {}).get("p50_ms")),) if detector else ()),
             agreement_cell(c),
         ]
         t.add_row(*cells)
@@ -119,8 +121,10 @@ def not_run_lines(report: dict[str, Any]) -> list[str]:
 
 _TOP1_LEGEND = "top-1: agreement with the fp32 reference on the bundle's evaluation frames"
 _BOXES_LEGEND = (
-    "boxes: the fp32 reference's decisive detections on the bundle's evaluation frames that the "
-    "candidate found (same class, IoU >= 0.5), +N: decisive detections fp32 does not have (any fails the gate)"
+    "decode: p50 ms of the postprocess stage per frame (decode, NMS, boxes to frame pixels; p90/p99 "
+    "in --json), not in the query times; boxes: the fp32 reference's decisive detections on the "
+    "bundle's evaluation frames that the candidate found (same class, IoU >= 0.5), +N: decisive "
+    "detections fp32 does not have (any fails the gate)"
 )
 LEGEND = (
     "ms per query (mean, max, p95, p97, p99.9 in --json); ★ p90 is SingleStream's headline; * underpowered: fewer queries than LoadGen's "
@@ -187,8 +191,9 @@ def plot(report: dict[str, Any], out: Path) -> Path:
 
 
 def _page(report: dict[str, Any], svg: str) -> str:
+    detector = report.get("task") == "detection"
     head = ["candidate", "queries", "p50", "p90", "p99", "cold start s", "peak RSS MB"]
-    head.append("detections vs fp32" if report.get("task") == "detection" else "top-1 vs fp32")
+    head += ["decode+NMS p50", "decode+NMS p99", "detections vs fp32"] if detector else ["top-1 vs fp32"]
     body, caveats = [], []
     for c in sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"]):
         s = c["summary"]
@@ -200,8 +205,11 @@ def _page(report: dict[str, Any], svg: str) -> str:
             _ms(s["p99_ms"]) + ("" if s["p99_valid"] else "*"),
             c["cold_start_s"],
             c["peak_rss_mb"],
-            agreement_cell(c),
         ]
+        if detector:
+            post = c.get("postprocess") or {}
+            cells += [_ms(post.get("p50_ms")), _ms(post.get("p99_ms"))]
+        cells.append(agreement_cell(c))
         body.append("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in cells) + "</tr>")
         if c.get("caveat"):
             caveats.append(f"<p>† {html.escape(c['key'])}: {html.escape(c['caveat'])}</p>")

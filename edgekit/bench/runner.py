@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit._core.stats import agreement
-from edgekit.bench.stats import LatencySummary, min_queries, summarize
+from edgekit.bench.stats import LatencySummary, label, min_queries, percentile, summarize
 from edgekit.errors import EdgekitError
 from edgekit.runtime.cpu import CpuFeatures, this_cpu
 from edgekit.runtime.detection_gate import DetectionAgreement
@@ -121,6 +121,9 @@ class Result:
     detection: DetectionAgreement | None = None
     #: The evaluation frames (file names) where a detector missed or invented a decisive detection.
     failing_frames: list[str] = field(default_factory=list)
+    #: A detector's postprocess stage per frame (decode, NMS, boxes to frame pixels), timed apart
+    #: from the queries, rounds pooled; empty for a classifier.
+    postprocess_ms: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -203,6 +206,13 @@ class Result:
             out["detection"] = {
                 **self.detection.to_dict(),
                 "failing_frames": list(self.failing_frames),
+            }
+        if self.postprocess_ms:
+            ordered = sorted(self.postprocess_ms)
+            out["postprocess"] = {
+                "what": "decode + NMS + boxes to frame pixels, per frame, not in the query times",
+                "count": len(ordered),
+                **{f"{label(q)}_ms": round(percentile(ordered, q), 4) for q in (50.0, 90.0, 99.0)},
             }
         if with_samples:
             out["latencies_ms"] = [round(x, 4) for x in self.latencies_ms]
@@ -516,6 +526,7 @@ def run(
                 d = out["detection"]
                 res.detection = DetectionAgreement(**{**d, "failing": tuple(d.get("failing", ()))})
                 res.failing_frames = list(out.get("failing_frames", []))
+            res.postprocess_ms += out.get("postprocess_ms", [])
             res.device = loaded.get("device", "")
             if progress is not None:
                 progress(cand, "done", {"queries": len(out["latencies_ms"])})
