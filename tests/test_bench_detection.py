@@ -20,6 +20,7 @@ from deploy_bundles import resign
 from detector_bundle import blazeface_key, build_blazeface
 from rich.console import Console
 
+import edgekit
 from edgekit.bench.render import legend, table
 from edgekit.bundle import read_manifest
 from edgekit.runtime.detection_gate import decisive_score
@@ -150,6 +151,10 @@ def test_a_detector_with_broken_weights_is_below_the_gate_and_never_selected(
     assert selection is not None and selection.chosen == "openvino-fp32"
     measured = {m.artifact: m for m in selection.candidates}
     assert measured["openvino-fp32"].top1_agreement == 1.0
+    # Not even recorded: load() tries measured candidates fastest first, before the profile's order.
+    assert BROKEN not in measured, measured
+    with edgekit.load(broken, device="x86_64-cpu", trusted_keys=[public]) as model:
+        assert model.candidate == "openvino-fp32"  # the profile alone would take onnxruntime-fp32
 
     # With only the broken candidate, there is nothing to select: a clear error, the bundle unchanged.
     before = (broken / "manifest.json").read_bytes()

@@ -1,7 +1,7 @@
 """Choose by measurement: write what ``edgekit bench`` measured into a bundle, and read it back at load.
 
 ``write_selection`` records the fastest candidate (p90) that passed the accuracy gate,
-with every measured candidate's numbers, in the manifest's ``selection``; a signed
+with the numbers of every measured candidate that passed it, in the manifest's ``selection``; a signed
 bundle is signed again (the manifest changed), so a bundle is never left with a
 signature that no longer matches, and an unsigned one stays unsigned.  ``measured_order``
 turns a selection into what ``edgekit.runtime.selection.plan`` takes: measured latencies per
@@ -46,8 +46,11 @@ def selection_from(report: Report) -> Selection:
             "run edgekit bench without --write-selection to see each candidate, or rebuild the bundle",
         )
     measured = []
-    for r in report.results:
-        if not r.ok or r.summary is None:
+    # Only what passed the accuracy gate: ``load()`` tries every measured candidate fastest first,
+    # so one recorded below the gate (a detector finding faces that are not there) would be run
+    # before the chosen one.
+    for r in report.gated():
+        if r.summary is None:
             continue
         p = r.summary.percentiles
         measured.append(
