@@ -18,6 +18,11 @@ better; the numbers are in the issue-3 notes):
   channels, the most sensitive to rounding): 12.4 -> 18.3 dB for the first 6, at no
   measurable speed cost.  A model with few layers is quantized whole.
 - **MinMax calibration**: Percentile and Entropy were within 0.2 dB and 2-3x slower.
+- **A detector's output heads stay fp32** (``edgekit.convert.heads``): the layers whose
+  results go straight to a dense output (box offsets, score logits), with the shape-only ops
+  after them, in both recipes.  One 8-bit scale over BlazeFace's logits put its scores on a
+  grid ~0.4 logits wide (0.500, 0.805...) and invented a face at 0.500 in a photograph
+  without one.  A classifier has no such head and is quantized exactly as before.
 - ``quant_pre_process`` is not run: on the already folded graph its output quantized to the
   very same model.
 
@@ -42,6 +47,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit.convert import heads
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.onnx_export import check_onnx
 from edgekit.errors import BuildError, first_line
@@ -79,6 +85,8 @@ def quantize_onnx_int8(
         n for n in model.graph.node if n.op_type in _GEMM_OPS and n.input[1:2] and n.input[1] in weights
     ]
     keep = [] if full_range else layers[: min(float_layers, len(layers) // 4)]
+    # A detector's output heads stay float in both recipes (edgekit.convert.heads says why).
+    float_heads = heads.onnx_heads(model)
     overrides = {} if full_range else _seven_bit_weights(layers, weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -93,11 +101,14 @@ def quantize_onnx_int8(
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,
-                nodes_to_exclude=[n.name for n in keep],
+                nodes_to_exclude=list(dict.fromkeys([n.name for n in keep] + float_heads)),
                 extra_options={
                     # One Q/DQ pair per consumer: a DQ shared by two nodes blocks ORT's fusions.
                     "DedicatedQDQPair": True,
                     "TensorQuantOverrides": overrides,
+                    # ORT drops a Relu whose output it quantizes (the Q clips at zero), wiring its
+                    # consumers to the layer before: a float head would then read unclipped values.
+                    **({"QDQKeepRemovableActivations": True} if float_heads else {}),
                 },
             )
         os.replace(tmp, out)
@@ -126,8 +137,14 @@ def quantize_onnx_int8(
             else "int8 symmetric per channel; 7-bit range on non-depthwise Conv/Gemm/MatMul "
             "(no int16 saturation on x86 CPUs without VNNI)",
             "float_layers": [n.name for n in keep],
+            **_float_heads_note(float_heads),
         },
     )
+
+
+def _float_heads_note(float_heads: list[str]) -> dict[str, Any]:
+    """The artifact notes' record of the float heads: nothing for a classifier, whose notes stay as they were."""
+    return {"float_heads": float_heads, "float_heads_recipe": heads.RECIPE} if float_heads else {}
 
 
 class _PreprocessAdvice(logging.Filter):

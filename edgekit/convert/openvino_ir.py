@@ -14,6 +14,8 @@ range of the first layer; oneDNN's int8 kernels on such CPUs saturate int16 pair
 others too (9.5 dB, 61% top-1 agreement).  ``OverflowFix.ENABLE`` applies the 7-bit weight
 range everywhere (15.7 dB); keeping the first weighted layers in fp32 as well gives 20.8 dB.
 Bias correction is NNCF's fast one: the full one took 2.5x longer for no gain here.
+A detector's output heads (``edgekit.convert.heads``) stay fp32 in both int8 recipes, so its
+scores are not on one 8-bit output grid; a classifier has none and is quantized as before.
 
 The full-range int8 IR (``full_range=True``) is for CPUs with int8-dot (VNNI, AMX, Arm
 SDOT): no overflow fix, every layer quantized.  On an AVX-512 VNNI/AMX CPU (2 threads) it
@@ -34,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit.convert import heads
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.onnx_export import check_onnx
 from edgekit.convert.onnx_int8 import check_calibration
@@ -45,6 +48,9 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "fp16", "bf16")
 FLOAT_LAYERS = 6  # weighted layers kept in fp32 at the start of the int8 graph
 _WEIGHTED_OPS = ("Convolution", "GroupConvolution", "MatMul")
+# Between a head's layer and the output: OpenVINO's ONNX frontend splits a Conv's bias into an
+# Add after the Convolution, so an Add with a constant operand is part of the head here.
+_SHAPE_OPS = ("Reshape", "Transpose", "Concat", "Squeeze", "Unsqueeze", "Convert")
 
 
 def convert_openvino(fp32_onnx: Path, out_dir: Path, precision: str) -> Artifact:
@@ -84,6 +90,8 @@ def quantize_openvino_int8(
     model = _read(fp32_onnx, calibration)
     layers = [op.get_friendly_name() for op in model.get_ordered_ops() if op.get_type_name() in _WEIGHTED_OPS]
     keep = [] if full_range else layers[: min(float_layers, len(layers) // 4)]
+    # A detector's output heads stay float in both recipes (edgekit.convert.heads says why).
+    float_heads = _float_heads(model)
     try:
         with _quiet_nncf():
             quantized = nncf.quantize(
@@ -92,7 +100,7 @@ def quantize_openvino_int8(
                 preset=nncf.QuantizationPreset.PERFORMANCE,  # symmetric activations: what the CPU plugin runs fastest
                 subset_size=len(calibration),  # a few dozen images: use them all
                 fast_bias_correction=True,
-                ignored_scope=nncf.IgnoredScope(names=keep),
+                ignored_scope=nncf.IgnoredScope(names=list(dict.fromkeys(keep + float_heads))),
                 advanced_parameters=AdvancedQuantizationParameters(
                     overflow_fix=OverflowFix.DISABLE if full_range else OverflowFix.ENABLE
                 ),
@@ -114,8 +122,34 @@ def quantize_openvino_int8(
         if full_range
         else "enable (7-bit weight range: no int16 saturation on x86 CPUs without VNNI)",
         "float_layers": keep,
+        **({"float_heads": float_heads, "float_heads_recipe": heads.RECIPE} if float_heads else {}),
     }
     return _artifact(xml, "int8", notes, variant="full" if full_range else "")
+
+
+def _float_heads(model: Any) -> list[str]:
+    """Friendly names of the ops computing the model's dense outputs' heads (``heads.walk``), in graph order."""
+    ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+
+    def inputs_of(name: str) -> list[str]:
+        sources = [i.get_source_output().get_node() for i in ops[name].inputs()]
+        return [s.get_friendly_name() for s in sources if s.get_type_name() != "Constant"]
+
+    def kind(name: str) -> str:
+        op = ops[name]
+        what = op.get_type_name()
+        if what in _WEIGHTED_OPS:
+            return "head"
+        constant = any(i.get_source_output().get_node().get_type_name() == "Constant" for i in op.inputs())
+        return "shape" if what in _SHAPE_OPS or (what == "Add" and constant) else ""
+
+    dense = [
+        r.input_value(0).get_node().get_friendly_name()
+        for r in model.get_results()
+        if r.get_output_partial_shape(0).rank.get_length() >= heads.MIN_RANK
+    ]
+    kept = set(heads.walk(dense, inputs_of, kind))
+    return [name for name in ops if name in kept]
 
 
 @contextlib.contextmanager
