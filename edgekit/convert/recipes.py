@@ -1,0 +1,206 @@
+"""The recipes: which artifact each device candidate loads, and how each one is produced.
+
+A recipe (``backend-precision[-variant]``) names one artifact; the build plans the recipes a
+device profile's candidates need and produces each through a cached step of the build in
+progress (:class:`BuildSteps`, filled by :mod:`edgekit.convert.builder`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from edgekit.convert.artifact import Artifact
+from edgekit.convert.cache import step_key
+from edgekit.errors import BuildError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edgekit.convert.report import BuildRequest
+    from edgekit.runtime.profiles import Candidate, DeviceProfile
+
+
+class BuildSteps(Protocol):
+    """What producing an artifact needs of the build in progress (the builder's ``_Build``).
+
+    A protocol rather than the class itself: the builder imports this module, so this one
+    importing the builder would be a cycle.
+    """
+
+    req: BuildRequest
+    profile: DeviceProfile
+    stem: str
+    stage: Path
+    source_hash: str
+
+    def step(self, name: str, key: str, produce: Callable[[Path], Sequence[Artifact]]) -> list[Artifact]: ...
+
+
+def recipe_of(c: Candidate) -> str:
+    """Which artifact a candidate loads: ``backend-precision[-variant]``, or ``litert-edgetpu`` for the Edge TPU."""
+    if c.backend == "litert" and c.options.get("delegate") == "edgetpu":
+        return "litert-edgetpu"
+    return "-".join(x for x in (c.backend, c.precision, c.variant) if x)
+
+
+KNOWN_RECIPES = (
+    "onnxruntime-fp32",
+    "onnxruntime-int8",
+    "onnxruntime-int8-full",
+    "openvino-fp32",
+    "openvino-fp16",
+    "openvino-bf16",
+    "openvino-int8",
+    "openvino-int8-full",
+    "litert-fp32",
+    "litert-int8",
+    "litert-edgetpu",
+    "tvm-fp32",
+    "tensorrt-fp32",
+    "tensorrt-fp16",
+)
+
+
+def plan_recipes(
+    profile: DeviceProfile, backends: Sequence[str] = (), precisions: Sequence[str] = ()
+) -> list[str]:
+    """The artifacts a profile's candidates need, in candidate order, without repeats."""
+    recipes: list[str] = []
+    for c in profile.candidates:
+        if (backends and c.backend not in backends) or (precisions and c.precision not in precisions):
+            continue
+        r = recipe_of(c)
+        if r not in recipes:
+            recipes.append(r)
+    if not recipes:
+        raise BuildError(
+            f"no artifact to build for {profile.name} with backends {list(backends) or 'any'} and precisions {list(precisions) or 'any'}",
+            f"{profile.name} runs: {', '.join(c.key for c in profile.candidates)}",
+        )
+    return recipes
+
+
+def recipe_artifacts(
+    b: BuildSteps, recipe: str, fp32: Path, fp32_hash: str, calib: np.ndarray, calib_hash: str
+) -> list[Artifact]:
+    req, stem = b.req, b.stem
+    backend, _, precision = recipe.partition("-")
+    precision, _, variant = precision.partition("-")
+    full = variant == "full"
+    if recipe == "onnxruntime-fp32":
+        return [Artifact(fp32, "onnxruntime", "fp32", kind="onnx")]
+    if recipe in ("onnxruntime-int8", "onnxruntime-int8-full"):
+        from edgekit.convert.onnx_int8 import quantize_onnx_int8
+
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash, calib_hash], {}),
+            lambda d: [
+                quantize_onnx_int8(
+                    fp32,
+                    d / f"{stem}-{recipe.removeprefix('onnxruntime-')}.onnx",
+                    calib,
+                    req.card.input_name,
+                    full_range=full,
+                )
+            ],
+        )
+    if backend == "openvino":
+        from edgekit.convert import openvino_ir
+
+        if precision == "int8":
+            return b.step(
+                recipe,
+                step_key(recipe, [fp32_hash, calib_hash], {}),
+                lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib, full_range=full)],
+            )
+        return b.step(
+            recipe,
+            step_key(recipe, [fp32_hash], {}),
+            lambda d: [openvino_ir.convert_openvino(fp32, d, precision)],
+        )
+    if recipe == "tvm-fp32":
+        from edgekit.convert import ops
+        from edgekit.convert import tvm as tvm_build
+
+        target = dict(b.profile.tvm_target)
+        ops.require_supported(
+            fp32, "tvm", f"{b.profile.name} {target.get('mtriple', '')} {target.get('mcpu', '')}".strip()
+        )
+        from edgekit.convert import tvm_cpu, tvm_database
+
+        model_dir = req.card.path.parent if req.card.path else None
+        # The schedules applied decide the library: a new shipped or cached database is a new build.
+        database = (
+            None if req.tune_trials else tvm_database.find_database(fp32_hash, target, model_dir=model_dir)
+        )
+        params = {
+            "target": target,
+            "tune_trials": req.tune_trials,
+            "database": tvm_database.fingerprint(database),
+        }
+        made = b.step(
+            recipe,
+            step_key(recipe, [fp32_hash], params),
+            lambda d: [
+                tvm_build.compile_onnx(
+                    fp32,
+                    d / f"{stem}-{b.profile.arch}.so",
+                    target,
+                    tune_trials=req.tune_trials,
+                    model_dir=model_dir,
+                )
+            ],
+        )
+        if database is not None:
+            # Whose CPU the schedules were timed on, against this build's: said here, outside the
+            # cached step, because a cached library may have been built on another host.
+            note = tvm_cpu.schedule_note(database, target)
+            fresh = {"schedules_tuned_on_cpu": database.meta.get("tuned_on_cpu")}
+            made = [
+                replace(
+                    a,
+                    notes={
+                        **{k: v for k, v in a.notes.items() if k != "schedules"},
+                        **fresh,
+                        **({"schedules": note} if note else {}),
+                    },
+                )
+                for a in made
+            ]
+        if any(c.precision == "int8" for c in b.profile.candidates):
+            # Said here, outside the cached step, so bundles built from an older cache say it too.
+            made = [replace(a, notes={**a.notes, "no-tvm-int8": tvm_build.INT8_NOT_BUILT}) for a in made]
+        return made
+    if backend == "tensorrt":
+        from edgekit.convert.tensorrt import tensorrt_artifact
+
+        options = next((c.options for c in b.profile.candidates if recipe_of(c) == recipe), {})
+        return [tensorrt_artifact(fp32, b.stage, precision, options, stem)]
+    raise BuildError(
+        f"no recipe for {recipe} (device {b.profile.name})", f"known: {', '.join(KNOWN_RECIPES)}"
+    )
+
+
+def litert_artifacts(
+    b: BuildSteps, recipes: list[str], calib: np.ndarray, calib_hash: str
+) -> dict[str, Artifact]:
+    from edgekit.convert.litert import convert_tflite
+    from edgekit.convert.sources import load_pytorch
+
+    precisions = [r.split("-", 1)[1] for r in recipes]
+
+    def produce(d: Path) -> list[Artifact]:
+        module = b.req.pytorch_module if b.req.pytorch_module is not None else load_pytorch(b.req.card)
+        return convert_tflite(module, b.req.card.preprocess, d, calib, precisions, stem=b.stem)
+
+    made = b.step(
+        "litert", step_key("litert", [b.source_hash, calib_hash], {"precisions": precisions}), produce
+    )
+    found: dict[str, Artifact] = {}
+    for a in made:
+        found["litert-edgetpu" if a.kind.startswith("tflite-edgetpu") else f"litert-{a.precision}"] = a
+    return found
