@@ -93,8 +93,10 @@ def test_bench_judges_a_detector_by_its_boxes(
         assert det["decisive_detections"] == decisive and det["frames"] == c["eval_frames"] >= 6, name
         assert c["agreement"] == det["matched"] / decisive == 1.0, (name, det)  # every face found
         assert 0.5 <= det["min_iou"] <= det["mean_iou"] <= 1.0, (name, det)
-        # The gate: agreement at the threshold and no decisive extra (what the health gate decides).
+        # The gate: agreement at the threshold and no decisive extra (what the health gate decides),
+        # by the build's own rule: every artifact the build passed passes here on its frames.
         assert c["passed_gate"] == (c["agreement"] >= threshold and det["extra"] == 0), (name, det)
+        assert c["passed_gate"], (name, det)
         assert bool(det["failing_frames"]) == (det["extra"] > 0 or det["missed"] > 0), (name, det)
         # The postprocess stage (decode + NMS) timed apart, once per query (at most 1000).
         post = c["postprocess"]

@@ -176,6 +176,24 @@ def test_the_health_gate_of_a_real_blazeface_bundle_reports_its_faces(
     assert wire["top1_agreement"] == 1.0
 
 
+@pytest.mark.slow
+def test_the_health_gate_passes_what_the_build_gate_passed_on_an_int8_blazeface(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The build's rule on the device: decisive is the threshold plus the margin, not the threshold.
+
+    ONNX Runtime's int8 BlazeFace scores a few empty spots exactly at the 0.5 threshold where
+    fp32 finds nothing: not decisive, so no extra, for the build's gate and the device's alike.
+    """
+    out = tmp_path_factory.mktemp("blazeface-int8")
+    bundle = build_blazeface(out, precisions=("int8",))
+    _, public = blazeface_key(out)
+    report = check_health(bundle, "x86_64-cpu", [public], runs=5, budget_ms=1000)
+    assert report.candidate is not None and report.candidate.startswith("onnxruntime-int8"), report
+    assert report.ok, report.reason
+    assert report.detection is not None and report.detection.extra == 0 and report.detection.rate == 1.0
+
+
 # -- edgekit telemetry tail and fleet simulate, through a real Mosquitto ----------------------
 
 

@@ -157,7 +157,9 @@ def run(spec: dict[str, Any]) -> None:
                 Detection(d.class_id, labels[d.class_id] if d.class_id < len(labels) else "", d.score, d.box)
                 for d in f.detections or ()
             ]
-            compared.append(compare_frame(ref, detect(x, hw(image)), widened(head)))
+            # The head as the bundle has it: decisive is its threshold plus the margin (both sides
+            # were decoded widened), the build gate's rule.
+            compared.append(compare_frame(ref, detect(x, hw(image)), head))
         if compared:  # none: an old bundle's grey stand-in frame has no reference to compare with
             summary = summarize(compared)
             judged = {

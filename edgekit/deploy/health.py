@@ -299,7 +299,7 @@ def _detection_report(
 ) -> HealthReport:
     """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
     from edgekit.runtime.detection import Detection
-    from edgekit.runtime.detection_gate import compare_frame, summarize, widened
+    from edgekit.runtime.detection_gate import compare_frame, summarize
 
     head = manifest.detection
     assert head is not None
@@ -316,7 +316,10 @@ def _detection_report(
             )
             for d in f.detections or ()
         ]
-        compared.append(compare_frame(reference, got, widened(head)))
+        # The head as the bundle has it, as the build's gate passes it: decisive means its threshold
+        # plus the margin.  (Passing widened(head) would make the threshold itself decisive, and an
+        # int8 artifact's detection scoring exactly the threshold where fp32 has none an extra.)
+        compared.append(compare_frame(reference, got, head))
     result = summarize(compared)
     failing = tuple(
         f"{Path(frames[i].path).name} (missed {compared[i].missed}, extra {compared[i].extra})"
