@@ -12,7 +12,9 @@ Two tools, each doing what it is good at:
   symmetric weights) and writes two models from it: ``int8`` keeps float32 input and output
   (a QUANTIZE and a DEQUANTIZE op at the edges) so a device feeds it the same floats as the
   fp32 model; the Edge TPU source model has int8 input and output and every op in int8, which
-  is what ``edgetpu_compiler`` needs.  litert-torch's PT2E quantizer was tried first: it left
+  is what ``edgetpu_compiler`` needs.  In the ``int8`` model a detector's output heads are put
+  back in float after quantization (``tflite_heads``: the calibrator has no deny list), so its
+  scores are not on one 8-bit output grid; a classifier's model is left as calibrated.  litert-torch's PT2E quantizer was tried first: it left
   float ADDs, TRANSPOSE and PAD ops in the graph and agreed with fp32 on far fewer images.
 
 ``edgetpu_compiler`` exists only for x86_64 Debian/Ubuntu.  When it is on PATH the source
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._core.io import write_atomic
 from edgekit._core.packages import installed_versions
+from edgekit.convert import heads, tflite_heads
 from edgekit.convert.artifact import Artifact
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.runtime.preprocessing import PreprocessSpec
@@ -129,11 +132,12 @@ def _convert(
             },
         )
     notes = {**converter, "quantizer": QUANTIZER, "calibration_images": len(calib)}
-    for path, io in quantized.items():
+    for path, (io, float_heads) in quantized.items():
         if io == "float32":
-            made.append(
-                _artifact(path, "int8", "tflite", {**notes, "io": "float32 (quantized inside the model)"})
-            )
+            io_note: dict[str, Any] = {"io": "float32 (quantized inside the model)"}
+            if float_heads:
+                io_note |= {"float_heads": float_heads, "float_heads_recipe": heads.RECIPE}
+            made.append(_artifact(path, "int8", "tflite", {**notes, **io_note}))
         else:
             made.append(edgetpu_artifact(path, stem, notes))
     return made
@@ -232,12 +236,17 @@ QUANTIZER = "LiteRT post-training calibrator: activations int8 per-tensor (min/m
 _IO_TYPES = ("float32", "int8", "uint8")
 
 
-def quantize_tflite(fp32: Path, calibration_nhwc: np.ndarray, outputs: Mapping[Path, str]) -> dict[Path, str]:
-    """Calibrate the fp32 ``.tflite`` once, then write one full-int8 model per ``{path: io_dtype}``.
+def quantize_tflite(
+    fp32: Path, calibration_nhwc: np.ndarray, outputs: Mapping[Path, str]
+) -> dict[Path, tuple[str, list[str]]]:
+    """Calibrate the fp32 ``.tflite`` once, then write one int8 model per ``{path: io_dtype}``.
 
     ``io_dtype`` is the model's input and output type: ``float32`` (quantize/dequantize inside
     the model), ``int8`` or ``uint8`` (the caller quantizes with the input tensor's scale and
-    zero point).  Every op is int8 in all three.  Each model is checked to load and run.
+    zero point).  Every op is int8 in the int8/uint8 models (the Edge TPU's).  In the float32
+    one a detector's output heads compute in float (``tflite_heads``): the result maps each
+    path to its io type and the names of those heads' outputs (none for a classifier).  Each
+    model is checked to load and run.
     """
     import numpy as np
 
@@ -283,10 +292,15 @@ def quantize_tflite(fp32: Path, calibration_nhwc: np.ndarray, outputs: Mapping[P
             ),
             "every operator needs an int8 kernel in LiteRT; build fp32 only (--precisions fp32) or change the model",
         ) from err
+    made: dict[Path, tuple[str, list[str]]] = {}
     for path, content in models.items():
+        float_heads: list[str] = []
+        if outputs[path] == "float32":
+            content, float_heads = tflite_heads.float_heads(bytes(content), model_content)
         write_atomic(path, bytes(content), mode=0o644)
         _check_runs(path)
-    return dict(outputs)
+        made[path] = (outputs[path], float_heads)
+    return made
 
 
 def edgetpu_artifact(src: Path, stem: str, notes: Mapping[str, Any]) -> Artifact:
