@@ -10,7 +10,9 @@ evaluation frames.
 
 It writes JSON lines on stdout: ``{"event": "loaded", ...}``, ``{"event": "progress",
 "queries": n}`` about four times a second, then ``{"event": "result", ...}`` with every
-query latency, the top-1 answers on the evaluation frames and the peak RSS.
+query latency, the top-1 answers on the evaluation frames and the peak RSS.  Timestamps
+are ``time.monotonic()``, one clock for every process on the machine, so the parent
+turns them into a cold start measured from the moment it started this process.
 
 A detector (``model.task == "detection"``) is judged as the device's health gate judges it:
 every output of each evaluation frame decoded by the bundle's head (its threshold lowered as
@@ -20,9 +22,7 @@ carries ``detection`` (the summed numbers, ``DetectionAgreement``'s fields) and
 ``failing_frames`` instead of top-1 answers, whose argmax over a detector's first output
 would mean nothing; its first result (the cold-start point) is the first frame's detections.
 Its postprocess stage (decode, NMS, boxes to frame pixels, at the head's own threshold) is
-timed apart, after the queries: ``postprocess_ms``.  Timestamps
-are ``time.monotonic()``, one clock for every process on the machine, so the parent
-turns them into a cold start measured from the moment it started this process.
+timed apart, after the queries: ``postprocess_ms``.
 
 It imports only what a device has (numpy, OpenCV, the runtime, the manifest schema).
 """
