@@ -1,0 +1,196 @@
+"""Which layers an int8 recipe keeps in float as a detector's output heads (``edgekit.convert.heads``).
+
+Graphs built here with onnx.helper: a detector's two convolution heads reshaped and
+concatenated into ``[1, N, K]`` outputs, a classifier ending in a Gemm (rank-2 logits: no head),
+an output computed by a Sigmoid (not a shape-only op: no head behind it).  Then the ONNX
+Runtime and OpenVINO int8 recipes on the small detector: its heads stay float on int8
+features.  (What BlazeFace's int8 artifacts compute is checked on the real model in
+test_build_detection.py.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.convert.heads import onnx_heads, walk
+from edgekit.convert.onnx_int8 import quantize_onnx_int8
+from edgekit.convert.openvino_ir import quantize_openvino_int8
+
+RNG = np.random.default_rng(18)
+
+
+def _weight(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+
+def _conv(name: str, x: str, w: str, b: str) -> onnx.NodeProto:
+    return helper.make_node("Conv", [x, w, b], [f"{name}_out"], name=name)
+
+
+def detector(path: Path, *, sigmoid_scores: bool = False) -> Path:
+    """A two-scale SSD-like graph: features (Conv, Relu, a residual block, MaxPool), then per scale a box head (4 values)
+    and a score head (1 value) as 1x1 convs, each Transposed and Reshaped to rows, the scales
+    concatenated: boxes [1, 80, 4] and scores [1, 80, 1]."""
+    init = [
+        _weight("w0", 8, 3, 3, 3),
+        _weight("b0", 8),
+        _weight("w1", 8, 8, 3, 3),
+        _weight("b1", 8),
+        numpy_helper.from_array(np.array([1, -1, 4], np.int64), "rows4"),
+        numpy_helper.from_array(np.array([1, -1, 1], np.int64), "rows1"),
+    ]
+    init += [_weight("w2", 8, 8, 3, 3), _weight("b2", 8)]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="feat0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["f0"], name="relu0"),
+        # A residual block as BlazeFace's: its Relu read by a MaxPool and by the heads.
+        helper.make_node("Conv", ["f0", "w1", "b1"], ["c1"], name="feat1", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c1", "f0"], ["a1"], name="add1"),
+        helper.make_node("Relu", ["a1"], ["f1"], name="relu1"),  # 8x8 features
+        helper.make_node("MaxPool", ["f1"], ["g1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["g1", "w2", "b2"], ["c2"], name="feat2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["f2"], name="relu2"),  # 4x4 features
+    ]
+    for scale, f in (("s0", "f1"), ("s1", "f2")):
+        for what, k in (("box", 4), ("score", 1)):
+            name = f"{what}_{scale}"
+            init += [_weight(f"{name}_w", 2 * k, 8, 1, 1), _weight(f"{name}_b", 2 * k)]
+            nodes += [
+                _conv(name, f, f"{name}_w", f"{name}_b"),
+                helper.make_node(
+                    "Transpose", [f"{name}_out"], [f"{name}_t"], name=f"{name}_t", perm=[0, 2, 3, 1]
+                ),
+                helper.make_node("Reshape", [f"{name}_t", f"rows{k}"], [f"{name}_r"], name=f"{name}_r"),
+            ]
+    scores = "scores_raw" if sigmoid_scores else "scores"
+    nodes += [
+        helper.make_node("Concat", ["box_s0_r", "box_s1_r"], ["boxes"], name="boxes_cat", axis=1),
+        helper.make_node("Concat", ["score_s0_r", "score_s1_r"], [scores], name="scores_cat", axis=1),
+    ]
+    if sigmoid_scores:
+        nodes.append(helper.make_node("Sigmoid", ["scores_raw"], ["scores"], name="sigmoid"))
+    graph = helper.make_graph(
+        nodes,
+        "detector",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [
+            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 160, 4]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 160, 1]),
+        ],
+        init,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def classifier(path: Path) -> Path:
+    """Conv, Relu, global pooling, Flatten, Gemm: logits [1, 5]."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="feat0", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c0"], ["f0"], name="relu0"),
+            helper.make_node("GlobalAveragePool", ["f0"], ["p"], name="pool"),
+            helper.make_node("Flatten", ["p"], ["flat"], name="flatten"),
+            helper.make_node("Gemm", ["flat", "wfc", "bfc"], ["logits"], name="fc", transB=1),
+        ],
+        "classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 5])],
+        [_weight("w0", 8, 3, 3, 3), _weight("b0", 8), _weight("wfc", 5, 8), _weight("bfc", 5)],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+HEADS = ["box_s0", "score_s0", "box_s1", "score_s1"]
+SHAPES = [f"{h}_{op}" for h in HEADS for op in ("t", "r")]
+
+
+def test_a_detectors_heads_are_its_output_convolutions_and_the_shape_ops_after_them(tmp_path: Path) -> None:
+    found = onnx_heads(onnx.load(str(detector(tmp_path / "d.onnx"))))
+    assert set(found) == {*HEADS, *SHAPES, "boxes_cat", "scores_cat"}
+    assert not {"feat0", "feat1", "feat2", "add1", "relu1", "pool1"} & set(found)
+
+
+def test_a_classifier_and_an_output_behind_a_sigmoid_have_no_head(tmp_path: Path) -> None:
+    assert onnx_heads(onnx.load(str(classifier(tmp_path / "c.onnx")))) == []
+    # The scores come out of a Sigmoid: only the boxes' path is a head.
+    found = onnx_heads(onnx.load(str(detector(tmp_path / "s.onnx", sigmoid_scores=True))))
+    assert set(found) == {"box_s0", "box_s1", "box_s0_t", "box_s0_r", "box_s1_t", "box_s1_r", "boxes_cat"}
+
+
+def test_walk_keeps_a_shape_node_only_when_a_head_lies_behind_it() -> None:
+    edges = {"out": ["cat"], "cat": ["r1", "r2"], "r1": ["conv"], "r2": ["add"], "add": ["conv"], "conv": []}
+    kinds = {"cat": "shape", "r1": "shape", "r2": "shape", "conv": "head", "add": ""}
+    found = walk(["cat"], lambda n: edges[n], lambda n: kinds[n])
+    assert sorted(found) == ["cat", "conv", "r1"]
+
+
+def _calibration() -> np.ndarray:
+    return RNG.uniform(-1, 1, (16, 3, 8, 8)).astype(np.float32)
+
+
+def _run(path: Path, x: np.ndarray) -> list[Any]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return list(session.run(None, {"x": x}))
+
+
+def test_onnx_int8_keeps_the_heads_float_on_int8_features(tmp_path: Path) -> None:
+    fp32 = detector(tmp_path / "d.onnx")
+    calib = _calibration()
+    for full in (False, True):
+        # No float first layers: the features feeding the heads are int8 in both recipes.
+        art = quantize_onnx_int8(
+            fp32, tmp_path / f"d-int8-{full}.onnx", calib, "x", float_layers=0, full_range=full
+        )
+        model = onnx.load(str(art.path))
+        nodes = {n.name: n for n in model.graph.node}
+        floats = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT}
+        for head in HEADS:
+            # The head reads float weights straight from an initializer, its input dequantized int8.
+            assert nodes[head].input[1] in floats, head
+            assert nodes[head].input[0].endswith("DequantizeLinear_Output"), nodes[head].input
+        assert not any(
+            n.op_type == "QuantizeLinear" and n.input[0] in ("boxes", "scores") for n in model.graph.node
+        )
+        assert art.notes["float_heads"][:2] == ["box_s0", "box_s0_t"]
+        # Scores are not on one 8-bit output grid: every row its own value.
+        x = calib[:1]
+        scores = _run(art.path, x)[1]
+        assert len(np.unique(scores)) == scores.size
+        reference = _run(fp32, x)[1]
+        assert np.abs(scores - reference).max() < 0.25 * np.abs(reference).max()
+
+
+def test_onnx_int8_of_a_classifier_has_no_float_head_note(tmp_path: Path) -> None:
+    art = quantize_onnx_int8(classifier(tmp_path / "c.onnx"), tmp_path / "c-int8.onnx", _calibration(), "x")
+    assert "float_heads" not in art.notes
+    model = onnx.load(str(art.path))
+    fc = next(n for n in model.graph.node if n.name == "fc")
+    assert fc.input[1].endswith("DequantizeLinear_Output")  # the classifier's Gemm is int8 as before
+
+
+def test_openvino_int8_ignores_the_heads(tmp_path: Path) -> None:
+    import openvino as ov
+
+    fp32 = detector(tmp_path / "d.onnx")
+    art = quantize_openvino_int8(fp32, tmp_path / "ov", _calibration())
+    heads = art.notes["float_heads"]
+    # OpenVINO names an op producing a graph output after the output.
+    assert {"box_s0", "score_s1", "boxes", "scores"} <= set(heads)
+    model = ov.Core().read_model(str(art.path))
+    fake_quantized = {
+        consumer.get_node().get_friendly_name()
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "FakeQuantize"
+        for consumer in op.output(0).get_target_inputs()
+    }
+    assert fake_quantized, "the features are quantized"
+    assert not fake_quantized & set(heads)
