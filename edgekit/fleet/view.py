@@ -22,6 +22,7 @@ from typing import Any
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.charts import Tally, chart_series, quantile, rate
+from edgekit.fleet.detections import class_table, totals_copy
 from edgekit.fleet.sums import ClassSum
 from edgekit.protocol.stages import STAGES
 
@@ -31,7 +32,6 @@ STEP_S = 10  # the live resolution
 LIVE_S = 3600  # kept in memory; longer windows come from the store
 REFRESH_S = 5.0  # a quiet fleet still gets a fresh snapshot this often
 WINDOWS_S = (300, 900, 3600, 6 * 3600, 24 * 3600)  # what the dashboard offers
-DETECTION_STEPS = 6  # the most recent steps the device page lists a detector's classes for
 
 
 @dataclass
@@ -275,7 +275,7 @@ class FleetView:
                 return None
             series = self._series([d], window_s, now)  # read once (past an hour, from the store)
             snap = self._build([d], window_s, now, series)
-            detections = self._detections(d, series)
+            detections = class_table(d.key, series)
         gaps: list[tuple[int, int]] = []
         if self.store is not None:
             try:
@@ -294,29 +294,6 @@ class FleetView:
             "detections": detections,
             "window_s": window_s,
             "now": now,
-        }
-
-    @staticmethod
-    def _detections(d: _Device, series: dict[int, dict[str, Tally]]) -> dict[str, Any] | None:
-        """A detector's classes over the window and its last few steps (most objects first); ``None`` for a classifier.
-
-        ``{"t": [step starts], "classes": [{"name", "frames", "objects", "max_score", "steps": [objects per step]}]}``
-        """
-        steps = {t: tally.detections for t, by in series.items() if (tally := by.get(d.key)) is not None}
-        if all(counts is None for counts in steps.values()):
-            return None
-        total: Tally = Tally()
-        for t in sorted(steps):
-            total.merge(Tally(detections=steps[t]))
-        recent = sorted(steps)[-DETECTION_STEPS:]
-        classes = sorted((total.detections or {}).items(), key=lambda kv: (-kv[1].objects, kv[0]))
-        return {
-            "t": recent,
-            "classes": [
-                c.to_dict()
-                | {"name": name, "steps": [(steps[t] or {}).get(name, ClassSum()).objects for t in recent]}
-                for name, c in classes
-            ],
         }
 
     def _build(
@@ -477,10 +454,7 @@ class FleetView:
                     gaps=d.gaps,
                 )
                 t.frames, t.missed = d.totals.frames, d.totals.missed
-                if d.totals.detections is not None:
-                    t.detections = {
-                        k: ClassSum(c.frames, c.objects, c.max_score) for k, c in d.totals.detections.items()
-                    }
+                t.detections = totals_copy(d.totals.detections)
                 t.latency.merge(d.totals.latency)
                 for s, sk in d.totals.stages.items():
                     t.stages[s].merge(sk)
