@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
 
 from edgekit.commands.common import console
-from edgekit.commands.deploy_display import _health_table
+from edgekit.commands.deploy_display import _health_table, agreement_text
 from edgekit.deploy.health import HealthReport, check_health
 from edgekit.protocol import messages, schemas
 from edgekit.runtime.detection_gate import DetectionAgreement
@@ -157,6 +157,20 @@ def test_deploy_shows_a_detectors_boxes_and_a_classifiers_top1() -> None:
     assert "top-1" not in text, text
     text = shown(OLD_HEALTH)
     assert "top-1 agreement" in text and "100%" in text and "boxes" not in text, text
+
+
+def test_the_agents_health_line_says_boxes_for_a_detector_and_top1_for_a_classifier() -> None:
+    det = HealthReport(
+        ok=True,
+        backend="openvino",
+        precision="fp32",
+        top1_agreement=5 / 6,
+        frames=8,
+        detection=agreement(5, 6),
+    ).to_dict()
+    line = agreement_text(det)
+    assert line.startswith("boxes 5/6 matched") and "IoU 0.93" in line and "top-1" not in line, line
+    assert agreement_text(OLD_HEALTH) == "top-1 agreement 100%"
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ from edgekit.commands.common import (
     print_json,
     stdout_to_stderr,
 )
+from edgekit.commands.deploy_display import agreement_text
 from edgekit.deploy.health import DEFAULT_RUNS
 
 if TYPE_CHECKING:
@@ -133,11 +134,9 @@ def _print_result(r: InstallResult) -> None:
         console.print(f"active slot unchanged: {r.active or 'none'}", highlight=False)
     h = r.health or {}
     if h.get("p99_ms") is not None:
-        agreement = h.get("top1_agreement")
         console.print(
             f"health: {h.get('backend')}/{h.get('precision')} p50 {h['p50_ms']:.1f} ms, p99 {h['p99_ms']:.1f} ms "
-            f"(budget {h.get('budget_ms')} ms); top-1 agreement "
-            f"{'-' if agreement is None else f'{agreement:.0%}'} on {h.get('frames')} frames "
+            f"(budget {h.get('budget_ms')} ms); {agreement_text(h)} on {h.get('frames')} frames "
             f"(threshold {h.get('threshold')})",
             highlight=False,
         )
@@ -268,8 +267,8 @@ def status_command(
         if h.get("p99_ms") is not None:
             console.print(
                 f"  health: {h.get('backend')}/{h.get('precision')} p50 {h.get('p50_ms')} ms, "
-                f"p99 {h.get('p99_ms')} ms (budget {h.get('budget_ms')} ms), top-1 agreement "
-                f"{h.get('top1_agreement')} on {h.get('frames')} frames",
+                f"p99 {h.get('p99_ms')} ms (budget {h.get('budget_ms')} ms), {agreement_text(h)} "
+                f"on {h.get('frames')} frames",
                 highlight=False,
             )
     ids = ", ".join(k["key_id"] or f"{k['file']} (unreadable)" for k in doc["trusted_keys"]) or "none"

@@ -155,6 +155,18 @@ def _health_table(health: dict[str, Any]) -> None:
     console.print(table)
 
 
+def agreement_text(health: dict[str, Any]) -> str:
+    """What the health gate found, in words: a detector's boxes matched, or a classifier's top-1 agreement."""
+    det = health.get("detection") if isinstance(health.get("detection"), dict) else None
+    if det is not None:
+        return (
+            f"boxes {_detections_matched(det)} matched, {_count(det.get('missed'))} missed, "
+            f"{_count(det.get('extra'))} extra, IoU {_num(det.get('mean_iou'))}"
+        )
+    agree = health.get("top1_agreement")
+    return f"top-1 agreement {f'{agree:.0%}' if isinstance(agree, int | float) else '-'}"
+
+
 def _count(value: Any) -> str:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else "-"
 
