@@ -35,17 +35,10 @@ from edgekit._core.names import safe_name
 from edgekit._version import __version__
 from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.protocol.messages import (
-    MAX_CLASS_NAME,
-    MAX_LABEL_DETECTIONS,
-    Labels,
-    Status,
-    Telemetry,
-    checked,
-    first_error,
-)
-from edgekit.protocol.topics import SCHEMA_LABELS, SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
+from edgekit.protocol.messages import Status, Telemetry, checked, first_error
+from edgekit.protocol.topics import SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.gauges import Gauges
+from edgekit.telemetry.labels import labels_payload
 from edgekit.telemetry.spool import Spool
 from edgekit.telemetry.window import MetricsWindow, Window
 
@@ -468,16 +461,7 @@ class TelemetryPublisher:
         if at == self._labels_sent or at - self._labels_sent < self.labels_interval_s:
             return
         self._labels_sent = at
-        body: dict[str, Any] = {
-            "schema": SCHEMA_LABELS,
-            "device": self.device_id,
-            "ts": round(at, 3),
-            "labels": [{"id": lab.id, "name": lab.name, "score": round(lab.score, 5)} for lab in labels],
-        }
-        if detections is not None:
-            body["detections"] = [_detection(d) for d in detections[:MAX_LABEL_DETECTIONS]]
-        payload = json.dumps(checked(Labels, body), separators=(",", ":")).encode()
-        self._client.publish(self.labels_topic, payload, qos=0)
+        self._client.publish(self.labels_topic, labels_payload(self.device_id, at, labels, detections), qos=0)
 
     def stop(self, timeout: float = 3.0) -> None:
         """Send the last window, wait up to ``timeout`` s for acks, say offline, disconnect."""
@@ -513,13 +497,3 @@ class TelemetryPublisher:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
-
-
-def _detection(d: Detection) -> dict[str, Any]:
-    """One detection as the labels topic carries it: class, score, box in frame pixels (one decimal)."""
-    return {
-        "class_id": d.class_id,
-        "name": d.name[:MAX_CLASS_NAME] or f"class {d.class_id}",
-        "score": round(min(max(float(d.score), 0.0), 1.0), 5),
-        "box": [round(float(v), 1) for v in d.box],
-    }
