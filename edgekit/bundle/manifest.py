@@ -2,7 +2,8 @@
 
 ``manifest.json`` is the one file a device reads first.  Every model is ``extra="forbid"``
 and strict, so a typo or a wrong type in a hand-edited or forged manifest is an error that
-names the field instead of being silently ignored or coerced.
+names the field instead of being silently ignored or coerced.  A detector's sections (the
+decoder, its gate's counts, the reference detections) are in ``detection_schema``.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     AwareDatetime,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     model_validator,
 )
 
+from edgekit.bundle._schema import Schema
+
+# A detector's sections live in their own module; named here too, as part of the manifest.
+from edgekit.bundle.detection_schema import BoxCoder as BoxCoder
+from edgekit.bundle.detection_schema import DetectionAccuracy as DetectionAccuracy
+from edgekit.bundle.detection_schema import DetectionHead as DetectionHead
+from edgekit.bundle.detection_schema import EvalDetection as EvalDetection
+from edgekit.bundle.detection_schema import SsdAnchors as SsdAnchors
 from edgekit.bundle.errors import BundleError
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -68,11 +75,7 @@ RelPath = Annotated[str, AfterValidator(check_relpath)]
 EvalPath = Annotated[str, AfterValidator(check_eval_path)]
 
 
-class _Schema(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class ModelInfo(_Schema):
+class ModelInfo(Schema):
     """Which model this is, where it came from, and the fp32 model every artifact derives from."""
 
     name: str = Field(min_length=1)
@@ -92,7 +95,7 @@ class ModelInfo(_Schema):
     )
 
 
-class Preprocess(_Schema):
+class Preprocess(Schema):
     """How a frame becomes the model input; the same fields as ``PreprocessSpec.to_dict()``."""
 
     size: tuple[int, int]
@@ -111,96 +114,7 @@ class Preprocess(_Schema):
         return cls.model_validate_json(json.dumps(data))
 
 
-class SsdAnchors(_Schema):
-    """SSD anchors as MediaPipe's ``SsdAnchorsCalculator`` generates them (BlazeFace, MobileNet-SSD).
-
-    Field names follow MediaPipe's ``SsdAnchorsCalculatorOptions``; sizes are fractions of
-    the model input, centres in [0, 1].
-    """
-
-    input_size: tuple[int, int] = Field(description="(height, width) of the model input the anchors tile")
-    num_layers: int = Field(ge=1, le=16)
-    strides: tuple[int, ...] = Field(min_length=1, max_length=16)
-    min_scale: float = Field(gt=0, le=4)
-    max_scale: float = Field(gt=0, le=4)
-    aspect_ratios: tuple[float, ...] = Field(default=(1.0,), min_length=1, max_length=16)
-    anchor_offset: tuple[float, float] = (0.5, 0.5)
-    reduce_boxes_in_lowest_layer: bool = False
-    interpolated_scale_aspect_ratio: float = Field(default=1.0, ge=0, le=16)
-    fixed_anchor_size: bool = False
-
-    @model_validator(mode="after")
-    def _one_stride_per_layer(self) -> SsdAnchors:
-        if len(self.strides) != self.num_layers:
-            raise ValueError(f"strides has {len(self.strides)} entries for {self.num_layers} layers")
-        return self
-
-
-class BoxCoder(_Schema):
-    """How raw SSD box outputs decode against their anchors (MediaPipe's ``TensorsToDetectionsCalculator``).
-
-    Each raw row is ``[dy, dx, dh, dw]`` (``reverse_output_order``: ``[dx, dy, dw, dh]``, as
-    BlazeFace) followed by ``num_keypoints`` pairs; centres are ``anchor + d / scale *
-    anchor_size``, sizes ``d / scale * anchor_size`` (``apply_exponential``: ``exp(d / scale)``).
-    """
-
-    x_scale: float = Field(gt=0)
-    y_scale: float = Field(gt=0)
-    w_scale: float = Field(gt=0)
-    h_scale: float = Field(gt=0)
-    num_keypoints: int = Field(default=0, ge=0, le=64)
-    reverse_output_order: bool = False
-    apply_exponential: bool = False
-
-
-class DetectionHead(_Schema):
-    """How a detector's raw outputs become detections: the decoder, as data.
-
-    ``decoder``:
-    - ``ssd``: a box tensor ``[1, N, 4 + 2k]`` and a score tensor ``[1, N, classes]`` decoded
-      against ``anchors`` with ``box_coder``;
-    - ``yolo``: one tensor, ``[1, 4 + classes, N]`` (``yolo_layout = "channels-first"``, the
-      common Ultralytics export) or ``[1, N, 5 + classes]`` (``"rows"``: box, objectness,
-      classes), boxes as centre x, centre y, width, height in input pixels;
-    - ``tflite-postprocess``: the model ends in TFLite's ``TFLite_Detection_PostProcess`` (boxes
-      ``[ymin, xmin, ymax, xmax]`` in [0, 1], classes, scores, count): passed through.
-
-    Scores below ``score_threshold`` are dropped, then non-maximum suppression (``hard``, or
-    MediaPipe's ``weighted`` blending of overlapping boxes) at ``iou_threshold``, keeping at
-    most ``max_detections``.
-    """
-
-    decoder: Literal["ssd", "yolo", "tflite-postprocess"]
-    num_classes: int = Field(ge=1, le=100_000)
-    score_threshold: float = Field(ge=0, le=1)
-    iou_threshold: float = Field(default=0.5, ge=0, le=1)
-    nms: Literal["hard", "weighted", "none"] = "hard"
-    max_detections: int = Field(default=100, ge=1, le=10_000)
-    #: Scores are logits that need a sigmoid (MediaPipe's ``sigmoid_score``); ``score_clipping``
-    #: clips the logits first (MediaPipe's ``score_clipping_thresh``).
-    sigmoid_scores: bool = False
-    score_clipping: float | None = Field(default=None, gt=0)
-    #: Output names in decoding order (ssd: boxes, scores); empty: told apart by shape.
-    outputs: tuple[str, ...] = Field(default=(), max_length=8)
-    anchors: SsdAnchors | None = None
-    box_coder: BoxCoder | None = None
-    yolo_layout: Literal["channels-first", "rows"] | None = None
-
-    @model_validator(mode="after")
-    def _decoder_has_its_parameters(self) -> DetectionHead:
-        if self.decoder == "ssd" and (self.anchors is None or self.box_coder is None):
-            raise ValueError("an ssd decoder needs anchors and box_coder")
-        if self.decoder == "yolo" and self.yolo_layout is None:
-            raise ValueError("a yolo decoder needs yolo_layout ('channels-first' or 'rows')")
-        return self
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DetectionHead:
-        """From a model card's ``[detection]`` table or a manifest (JSON's types: lists, not tuples)."""
-        return cls.model_validate_json(json.dumps(data))
-
-
-class DeviceInfo(_Schema):
+class DeviceInfo(Schema):
     """The device profile the bundle was built for."""
 
     profile: str = Field(min_length=1)
@@ -208,7 +122,7 @@ class DeviceInfo(_Schema):
     budget_ms: float = Field(gt=0)
 
 
-class FileEntry(_Schema):
+class FileEntry(Schema):
     """One file of the bundle: where it is, its SHA-256 and its size in bytes."""
 
     path: RelPath
@@ -216,7 +130,7 @@ class FileEntry(_Schema):
     size: int = Field(ge=0)
 
 
-class Latency(_Schema):
+class Latency(Schema):
     """Latency measured on the build host (not the device), in milliseconds, batch 1."""
 
     p50_ms: float = Field(ge=0)
@@ -224,24 +138,7 @@ class Latency(_Schema):
     runs: int | None = Field(default=None, ge=1)
 
 
-class DetectionAccuracy(_Schema):
-    """A detector's artifact against the fp32 reference's detections on the evaluation images."""
-
-    reference_detections: int = Field(ge=0)
-    decisive_detections: int = Field(ge=0, description="reference detections well above the score threshold")
-    matched: int = Field(ge=0, description="decisive reference detections matched (same class, IoU >= 0.5)")
-    missed: int = Field(ge=0, description="decisive reference detections with no match")
-    extra: int = Field(
-        ge=0, description="decisive detections of the artifact that match no reference detection"
-    )
-    mean_iou: float = Field(ge=0, le=1, description="over matched pairs")
-    min_iou: float = Field(ge=0, le=1)
-    max_score_drift: float = Field(
-        ge=0, le=1, description="largest |score - reference score| over matched pairs"
-    )
-
-
-class Accuracy(_Schema):
+class Accuracy(Schema):
     """How closely an artifact agrees with the fp32 reference on the evaluation images."""
 
     top1_agreement: float = Field(ge=0, le=1, description="on the decisive images (fp32 not a near-tie)")
@@ -263,7 +160,7 @@ class Accuracy(_Schema):
     detection: DetectionAccuracy | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
-class ArtifactEntry(_Schema):
+class ArtifactEntry(Schema):
     """One model artifact: how to load it, its files, and what was measured on the build host."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -295,14 +192,14 @@ class ArtifactEntry(_Schema):
         return sum(f.size for f in self.files)
 
 
-class BuildHost(_Schema):
+class BuildHost(Schema):
     """The machine the bundle was built on."""
 
     arch: str
     cpu: str = ""
 
 
-class BuildInfo(_Schema):
+class BuildInfo(Schema):
     """When, where and with what the bundle was built, and the accuracy rule it was built under."""
 
     edgekit: str
@@ -317,22 +214,14 @@ class BuildInfo(_Schema):
     serial: int = Field(default=0, ge=0, exclude_if=lambda v: v == 0)
 
 
-class SignatureInfo(_Schema):
+class SignatureInfo(Schema):
     """Who signed ``manifest.json`` (the signature itself is in ``manifest.sig``)."""
 
     key_id: str = Field(pattern=_KEY_ID, description="first 16 hex digits of SHA-256 of the raw public key")
     algorithm: Literal["ed25519"] = "ed25519"
 
 
-class EvalDetection(_Schema):
-    """One detection of the fp32 reference on an evaluation frame."""
-
-    class_id: int = Field(ge=0)
-    score: float = Field(ge=0, le=1)
-    box: tuple[float, float, float, float] = Field(description="x0, y0, x1, y1 in frame pixels")
-
-
-class EvalFrame(_Schema):
+class EvalFrame(Schema):
     """One evaluation frame shipped in the bundle (an image file under ``eval/``) and fp32's answer on it.
 
     ``top1`` and ``margin`` were computed by the fp32 reference on the frame *as stored*
@@ -353,14 +242,14 @@ class EvalFrame(_Schema):
     )
 
 
-class EvalSet(_Schema):
+class EvalSet(Schema):
     """The frames a device's health gate runs before it activates the bundle, with the fp32 reference."""
 
     frames: tuple[EvalFrame, ...] = Field(min_length=1, max_length=MAX_EVAL_FRAMES)
     reference: str = Field(min_length=1, description="what computed top1, e.g. onnxruntime-fp32")
 
 
-class MeasuredCandidate(_Schema):
+class MeasuredCandidate(Schema):
     """One candidate ``edgekit bench`` measured on a device: SingleStream latencies and agreement with fp32."""
 
     artifact: str
@@ -380,7 +269,7 @@ class MeasuredCandidate(_Schema):
     )
 
 
-class Selection(_Schema):
+class Selection(Schema):
     """The candidate measured fastest (p90, SingleStream) on a host of ``profile`` that passed the accuracy gate.
 
     ``edgekit.load`` on a host of the same profile and architecture tries the measured
@@ -397,7 +286,7 @@ class Selection(_Schema):
     candidates: tuple[MeasuredCandidate, ...] = Field(min_length=1)
 
 
-class Manifest(_Schema):
+class Manifest(Schema):
     """Everything a device needs to know about a bundle, and the hash of every file in it."""
 
     schema_version: Literal[1]
