@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgekit.convert.heads import onnx_heads, walk
+from edgekit.convert.heads import RECIPE, cache_params, onnx_heads, walk
 from edgekit.convert.onnx_int8 import quantize_onnx_int8
 from edgekit.convert.openvino_ir import quantize_openvino_int8
 
@@ -194,3 +194,8 @@ def test_openvino_int8_ignores_the_heads(tmp_path: Path) -> None:
     }
     assert fake_quantized, "the features are quantized"
     assert not fake_quantized & set(heads)
+
+
+def test_the_cache_key_changes_for_a_detector_only(tmp_path: Path) -> None:
+    assert cache_params(detector(tmp_path / "d.onnx")) == {"float_heads": RECIPE}
+    assert cache_params(classifier(tmp_path / "c.onnx")) == {}  # a classifier's keys stay as they were

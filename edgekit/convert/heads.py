@@ -19,10 +19,11 @@ OpenVINO recipe applies it to its own graph, whose ops have other names).
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
-# Version of the float-head recipe: recorded in the int8 artifacts' notes of a detector, so a
-# change to which layers stay float is visible in what a build produced.
+# Version of the float-head recipe: in the int8 artifacts' notes of a detector and in its build
+# steps' cache key (cache_params): bump it when what stays float changes.
 RECIPE = 1
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 
@@ -89,3 +90,23 @@ def onnx_heads(model: Any) -> list[str]:
     dense = [o.name for o in graph.output if len(o.type.tensor_type.shape.dim) >= MIN_RANK]
     kept = set(walk([producer[o] for o in dense if o in producer], inputs_of, kind))
     return [node.name for node in graph.node if node.name in kept]
+
+
+def cache_params(fp32_onnx: Path) -> dict[str, int]:
+    """What the float-head recipe adds to an int8 build step's cache key, from the fp32 ONNX.
+
+    ``{"float_heads": RECIPE}`` for a model with heads (so int8 artifacts cached before this
+    recipe, or by an older one, are not reused), nothing for one without: a classifier's keys,
+    and its cached artifacts, stay as they were.
+    """
+    import onnx
+
+    return {"float_heads": RECIPE} if onnx_heads(_named(onnx.load(str(fp32_onnx)))) else {}
+
+
+def _named(model: Any) -> Any:
+    """``model`` with every node named (its name, else ``<op>_<index>``): ``onnx_heads`` works on names."""
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+    return model
