@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from deploy_bundles import broken_int8_bundle, scramble_onnx_weights
 from detector_bundle import BLAZEFACE
@@ -272,3 +273,85 @@ def test_the_rpi5_build_makes_every_artifact_and_gates_all_that_run_here(
             continue
         assert a.accuracy is not None and a.accuracy.passed and a.accuracy.detection is not None, a.name
         assert a.accuracy.detection.missed == a.accuracy.detection.extra == 0, a.name
+
+
+# -- int8 heads in float ---------------------------------------------------------------------
+
+
+def _int8_scores(bundle: Path, frames: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each int8 artifact that runs here: per (BGR) frame, its score output (the 896 logits), as the device reads them."""
+    from edgekit.backends import registry
+    from edgekit.bench.runner import plan
+    from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec
+    from edgekit.runtime.tensors import from_output
+
+    manifest = read_manifest(bundle)
+    spec = PreprocessSpec.from_manifest(manifest)
+    candidates, _ = plan(bundle, precisions=("int8",), threads=(1,))
+    found: dict[str, dict[str, Any]] = {}
+    for cand in candidates:
+        art = manifest.artifact(cand.artifact)
+        session = registry.get(art.backend).load(bundle / art.path, cand.options)
+        try:
+            prep = Preprocessor(spec, session.inputs[0])
+            found[cand.artifact] = {}
+            for name, frame in frames.items():
+                raw = session.run(prep(frame))
+                outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
+                found[cand.artifact][name] = next(o for o in outputs if o.shape[-1] == 1).ravel()
+        finally:
+            session.close()
+    return found
+
+
+@pytest.mark.slow
+def test_int8_scores_are_computed_in_float_not_on_an_output_grid(
+    blazeface_x86: tuple[Path, dict[str, Any]],
+) -> None:
+    # The score logits (about -100..+10) quantized at the output with one 8-bit scale took some
+    # 60 values over the 896 anchors, 0 (score 0.500) among them; the float head gives each its own.
+    from skimage import data
+
+    bundle, _ = blazeface_x86
+    manifest = read_manifest(bundle)
+    # Frames are BGR, as a camera's through OpenCV.
+    frames = {
+        name: np.ascontiguousarray(getattr(data, name)()[..., ::-1])
+        for name in ("astronaut", "coffee", "rocket")
+    }
+    scores = _int8_scores(bundle, frames)
+    assert {"onnxruntime-int8", "openvino-int8", "litert-int8"} <= set(scores)
+    for artifact, per_frame in scores.items():
+        for name, logits in per_frame.items():
+            assert len(np.unique(logits)) > 0.9 * logits.size, (artifact, name, len(np.unique(logits)))
+        notes = manifest.artifact(artifact).notes
+        assert notes["float_heads"] and notes["float_heads_recipe"] >= 1, artifact
+
+
+@pytest.fixture(scope="module")
+def blazeface_x86_int8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The x86_64-cpu bundle as tools/detection_table.py measured it: fp32 and int8 of ONNX Runtime, OpenVINO, LiteRT."""
+    from detector_bundle import build_blazeface
+
+    return build_blazeface(
+        tmp_path_factory.mktemp("int8"),
+        backends=("onnxruntime", "openvino", "litert"),
+        precisions=("fp32", "int8"),
+    )
+
+
+@pytest.mark.slow
+def test_no_int8_artifact_finds_a_face_in_the_china_photograph(blazeface_x86_int8: Path) -> None:
+    # scikit-learn's china (a temple, no face): fp32's best score 0.357; with the scores on the
+    # output grid, this build's ONNX Runtime and LiteRT int8 reported a face at exactly 0.500.
+    datasets = pytest.importorskip("sklearn.datasets")
+    bundle = blazeface_x86_int8
+    threshold = read_manifest(bundle).detection.score_threshold  # type: ignore[union-attr]
+    china = np.ascontiguousarray(
+        datasets.load_sample_image("china.jpg")[..., ::-1]
+    )  # BGR, as a camera's frames
+    scores = _int8_scores(bundle, {"china": china})
+    assert {"onnxruntime-int8", "litert-int8"} <= set(scores)
+    for artifact, per_frame in scores.items():
+        best = 1 / (1 + np.exp(-per_frame["china"].max()))
+        assert best < threshold - 0.02, (artifact, best)
