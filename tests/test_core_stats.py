@@ -131,8 +131,8 @@ def test_the_build_gate_uses_the_rule() -> None:
 
 
 def test_the_bench_result_uses_the_rule() -> None:
-    from edgekit.bench.runner import BenchCandidate as Candidate
-    from edgekit.bench.runner import Result
+    from edgekit.bench.report import BenchCandidate as Candidate
+    from edgekit.bench.report import Result
 
     cand = Candidate("onnxruntime-int8", "onnxruntime", "int8", 1, {})
     res = Result(cand, top1=[1, 9, 3], reference_top1=[1, 2, 3], reference_margin=[0.5, 0.05, 0.5])

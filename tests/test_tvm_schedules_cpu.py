@@ -153,8 +153,8 @@ def test_bench_caveat_compares_the_record_with_the_bench_cpu() -> None:
 
 
 def _report(caveat: str | None) -> dict[str, Any]:
-    from edgekit.bench.runner import BenchCandidate as Candidate
-    from edgekit.bench.runner import Report, Result, Settings
+    from edgekit.bench.report import BenchCandidate as Candidate
+    from edgekit.bench.report import Report, Result, Settings
     from edgekit.bench.stats import summarize
 
     results = []

@@ -1,9 +1,9 @@
 """``edgekit bench``: MLPerf-LoadGen-style SingleStream measurement of every candidate a bundle can run here.
 
 ``runner.plan`` lists the candidates (and what cannot run, with the reason), ``runner.run``
-measures each in its own process, ``stats`` holds the exact percentiles and LoadGen's
-query-count rule, ``selection`` writes the measured choice into the bundle, and
-``render`` draws the table and the latency plot.
+measures each in its own process into a ``report.Report``, ``stats`` holds the exact
+percentiles and LoadGen's query-count rule, ``selection`` writes the measured choice into
+the bundle, and ``render`` draws the table and the latency plot.
 
 The names below are imported on first use: ``edgekit.load`` imports ``edgekit.bench.recording``
 on every cold start, and must not pay for the runner (subprocess, the summary maths) there.
@@ -15,7 +15,8 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **dict.fromkeys(("BenchCandidate", "Report", "Result", "Settings", "Skipped", "plan", "run"), "runner"),
+    **dict.fromkeys(("BenchCandidate", "Report", "Result", "Settings", "Skipped"), "report"),
+    **dict.fromkeys(("plan", "run"), "runner"),
     **dict.fromkeys(("selection_from", "write_selection"), "selection"),
     **dict.fromkeys(("LatencySummary", "min_queries", "percentile", "summarize"), "stats"),
 }

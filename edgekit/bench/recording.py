@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
-    from edgekit.bench.runner import Report
+    from edgekit.bench.report import Report
     from edgekit.bundle.manifest import Selection
 
 log = logging.getLogger(__name__)

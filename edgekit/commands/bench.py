@@ -94,7 +94,8 @@ def bench_command(
     """
     from edgekit.bench.recording import selection_from
     from edgekit.bench.recording import write_selection as write_sel
-    from edgekit.bench.runner import BenchError, Settings, plan, run
+    from edgekit.bench.report import Settings
+    from edgekit.bench.runner import BenchError, plan, run
     from edgekit.bundle import open_bundle
     from edgekit.bundle import verify as verify_bundle
 

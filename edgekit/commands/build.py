@@ -200,7 +200,7 @@ def _select_fastest(bundle: Path, sign_key: Path | None, quiet: bool) -> dict[st
         if quiet:
             report = run(root, cands, skipped)
         else:
-            from edgekit.bench.runner import Settings
+            from edgekit.bench.report import Settings
             from edgekit.commands.bench import _with_progress as bench_progress
 
             report = bench_progress(root, cands, skipped, Settings(), run)
