@@ -57,3 +57,11 @@ def test_matching_this_host_to_a_profile_probes_no_runtime_it_cannot_need() -> N
         pytest.skip("this host has an accelerator device node: probing OpenVINO is right here")
     loaded = loaded_after("from edgekit.runtime.host import match_profile; match_profile()")
     assert loaded.isdisjoint(RUNTIMES)
+
+
+def test_every_name_edgekit_bench_lists_loads() -> None:
+    # Its names load on first use, from a table of module names that nothing else checks.
+    import edgekit.bench
+
+    for name in edgekit.bench.__all__:
+        assert getattr(edgekit.bench, name) is not None, name

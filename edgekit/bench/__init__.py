@@ -2,7 +2,7 @@
 
 ``runner.plan`` lists the candidates (and what cannot run, with the reason), ``runner.run``
 measures each in its own process into a ``report.Report``, ``stats`` holds the exact
-percentiles and LoadGen's query-count rule, ``selection`` writes the measured choice into
+percentiles and LoadGen's query-count rule, ``recording`` writes the measured choice into
 the bundle, and ``render`` draws the table and the latency plot.
 
 The names below are imported on first use: ``edgekit.load`` imports ``edgekit.bench.recording``
@@ -17,7 +17,7 @@ from typing import Any
 _WHERE = {
     **dict.fromkeys(("BenchCandidate", "Report", "Result", "Settings", "Skipped"), "report"),
     **dict.fromkeys(("plan", "run"), "runner"),
-    **dict.fromkeys(("selection_from", "write_selection"), "selection"),
+    **dict.fromkeys(("selection_from", "write_selection"), "recording"),
     **dict.fromkeys(("LatencySummary", "min_queries", "percentile", "summarize"), "stats"),
 }
 
