@@ -24,8 +24,8 @@ from edgekit.backends.base import TensorSpec
 from edgekit.bundle import read_manifest, verify
 from edgekit.bundle.manifest import DetectionHead
 from edgekit.convert.accuracy_detection import align_outputs
-from edgekit.convert.builder import plan_recipes
 from edgekit.convert.modelcard import read_card
+from edgekit.convert.recipes import plan_recipes
 from edgekit.deploy.health import check_health
 from edgekit.errors import BuildError
 from edgekit.runtime.detection import Detection

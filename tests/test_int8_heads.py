@@ -199,3 +199,37 @@ def test_openvino_int8_ignores_the_heads(tmp_path: Path) -> None:
 def test_the_cache_key_changes_for_a_detector_only(tmp_path: Path) -> None:
     assert cache_params(detector(tmp_path / "d.onnx")) == {"float_heads": RECIPE}
     assert cache_params(classifier(tmp_path / "c.onnx")) == {}  # a classifier's keys stay as they were
+
+
+def test_a_new_float_head_recipe_rebuilds_a_detectors_int8_steps_and_nothing_else(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The build's int8 steps (ONNX Runtime, OpenVINO, LiteRT) are keyed by the recipe: no stale int8 reused."""
+    from detector_bundle import BLAZEFACE, blazeface_key
+
+    from edgekit.convert import heads
+    from edgekit.convert.builder import build
+    from edgekit.convert.modelcard import read_card
+    from edgekit.convert.report import BuildRequest
+
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    private, _ = blazeface_key(tmp_path)
+
+    def hits(out: str) -> list[str]:
+        result = build(
+            BuildRequest(
+                card=read_card(BLAZEFACE),
+                device="x86_64-cpu",
+                out=tmp_path / out,
+                backends=("onnxruntime", "litert"),
+                precisions=("int8",),
+                sign_key=private,
+                measure_latency=False,
+            )
+        )
+        return sorted(result.cache_hits)
+
+    hits("first")
+    assert hits("again") == ["fp32-onnx", "litert", "onnxruntime-int8", "onnxruntime-int8-full"]
+    monkeypatch.setattr(heads, "RECIPE", heads.RECIPE + 1)
+    assert hits("new-recipe") == ["fp32-onnx"]  # the same fp32 model, every int8 step made anew

@@ -389,7 +389,7 @@ def _build(b: _Build) -> BuildResult:
                     "(give the .tflite instead, or build from a PyTorch model card)",
                 )
         else:
-            for r, a in litert_artifacts(b, litert_recipes, calib, calib_hash).items():
+            for r, a in litert_artifacts(b, litert_recipes, fp32, calib, calib_hash).items():
                 reports[r] = ArtifactReport(r, a)
     for r in recipes:
         if r not in reports:

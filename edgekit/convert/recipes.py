@@ -93,11 +93,12 @@ def recipe_artifacts(
     if recipe == "onnxruntime-fp32":
         return [Artifact(fp32, "onnxruntime", "fp32", kind="onnx")]
     if recipe in ("onnxruntime-int8", "onnxruntime-int8-full"):
+        from edgekit.convert.heads import cache_params
         from edgekit.convert.onnx_int8 import quantize_onnx_int8
 
         return b.step(
             recipe,
-            step_key(recipe, [fp32_hash, calib_hash], {}),
+            step_key(recipe, [fp32_hash, calib_hash], cache_params(fp32)),
             lambda d: [
                 quantize_onnx_int8(
                     fp32,
@@ -112,9 +113,11 @@ def recipe_artifacts(
         from edgekit.convert import openvino_ir
 
         if precision == "int8":
+            from edgekit.convert.heads import cache_params
+
             return b.step(
                 recipe,
-                step_key(recipe, [fp32_hash, calib_hash], {}),
+                step_key(recipe, [fp32_hash, calib_hash], cache_params(fp32)),
                 lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib, full_range=full)],
             )
         return b.step(
@@ -186,8 +189,14 @@ def recipe_artifacts(
 
 
 def litert_artifacts(
-    b: BuildSteps, recipes: list[str], calib: np.ndarray, calib_hash: str
+    b: BuildSteps, recipes: list[str], fp32: Path, calib: np.ndarray, calib_hash: str
 ) -> dict[str, Artifact]:
+    """The LiteRT artifacts ``recipes`` ask for, converted from the PyTorch module in one cached step.
+
+    ``fp32`` (the fp32 ONNX of the same module) says whether the int8 model keeps float
+    output heads, which is part of the step's cache key.
+    """
+    from edgekit.convert.heads import cache_params
     from edgekit.convert.litert import convert_tflite
     from edgekit.convert.sources import load_pytorch
 
@@ -198,7 +207,9 @@ def litert_artifacts(
         return convert_tflite(module, b.req.card.preprocess, d, calib, precisions, stem=b.stem)
 
     made = b.step(
-        "litert", step_key("litert", [b.source_hash, calib_hash], {"precisions": precisions}), produce
+        "litert",
+        step_key("litert", [b.source_hash, calib_hash], {"precisions": precisions, **cache_params(fp32)}),
+        produce,
     )
     found: dict[str, Artifact] = {}
     for a in made:
