@@ -565,3 +565,24 @@ def test_blazeface_finds_the_astronauts_face_and_its_box_follows_the_frame() -> 
 def test_blazeface_finds_no_face_in_photographs_without_one() -> None:
     names = ("coffee", "rocket", "hubble_deep_field", "horse", "clock")
     assert blazeface_on([photograph(name) for name in names]) == [()] * len(names)
+
+
+def test_the_letterbox_pads_with_the_cards_fill_and_the_manifest_keeps_it() -> None:
+    from edgekit.backends.base import TensorSpec
+    from edgekit.bundle.manifest import Preprocess
+    from edgekit.runtime.preprocessing import Preprocessor
+
+    frame = np.full((100, 200, 3), 200, np.uint8)  # wide: bars above and below
+    black = PreprocessSpec((64, 64), (127.5,) * 3, (127.5,) * 3, resize="letterbox", letterbox_fill=0)
+    grey = PreprocessSpec((64, 64), (127.5,) * 3, (127.5,) * 3, resize="letterbox")
+    assert fit(frame, black)[0].max() == 0 and fit(frame, grey)[0].min() == 114
+    assert (fit(frame, black)[32] == 200).all()  # the picture itself is the same either way
+    # The device prepares the same tensor: the bars are -1 after (x - 127.5) / 127.5.
+    x = Preprocessor(black, TensorSpec("x", (1, 3, 64, 64), "float32"), image_color="BGR")(frame)
+    assert float(x[0, :, 0].max()) == -1.0
+    # The manifest carries it (and leaves the default out, so older bundles read the same).
+    assert Preprocess.from_dict(black.to_dict()).letterbox_fill == 0
+    assert "letterbox_fill" not in grey.to_dict()
+    assert PreprocessSpec.from_dict(Preprocess.from_dict(black.to_dict()).model_dump()) == black
+    with pytest.raises(EdgekitError, match="letterbox_fill"):
+        PreprocessSpec((64, 64), (0.0,) * 3, (1.0,) * 3, resize="letterbox", letterbox_fill=300)

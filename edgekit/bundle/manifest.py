@@ -37,6 +37,8 @@ SIGNATURE_FILE = "manifest.sig"
 ARTIFACTS_DIR = "artifacts"
 EVAL_DIR = "eval"
 MAX_EVAL_FRAMES = 64
+#: What a letterbox pads with unless the model says otherwise: YOLO's grey.
+LETTERBOX_FILL = 114
 
 _SHA256 = r"^[0-9a-f]{64}$"
 _KEY_ID = r"^[0-9a-f]{16}$"
@@ -107,6 +109,11 @@ class Preprocess(Schema):
     # How a shrinking resize filters (edgekit.runtime.preprocessing.INTERPOLATIONS).  Not written when
     # "area", so a bundle that does not use it reads the same to devices that predate it.
     interpolation: Literal["area", "box2-linear"] = Field(default="area", exclude_if=lambda v: v == "area")
+    # The letterbox's padding pixel value; not written when the default (YOLO's grey), so a bundle
+    # that does not use it reads the same to devices that predate it.
+    letterbox_fill: int = Field(
+        default=LETTERBOX_FILL, ge=0, le=255, exclude_if=lambda v: v == LETTERBOX_FILL
+    )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Preprocess:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from edgekit.backends.base import TensorSpec
+from edgekit.bundle.manifest import LETTERBOX_FILL
 from edgekit.errors import EdgekitError, InputError, SourceError
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ class PreprocessSpec:
     color: str = "RGB"
     resize: str = "center-crop"
     interpolation: str = "area"
+    #: The pixel value (0-255, every channel) a letterbox pads with: YOLO's grey 114 by default;
+    #: MediaPipe pads with black (0), which its face detectors were trained on.
+    letterbox_fill: int = LETTERBOX_FILL
 
     def __post_init__(self) -> None:
         problems = []
@@ -53,6 +57,8 @@ class PreprocessSpec:
             problems.append(f"resize {self.resize!r} is not one of {', '.join(RESIZE_MODES)}")
         if self.interpolation not in INTERPOLATIONS:
             problems.append(f"interpolation {self.interpolation!r} is not one of {', '.join(INTERPOLATIONS)}")
+        if not 0 <= self.letterbox_fill <= 255:
+            problems.append(f"letterbox_fill {self.letterbox_fill} is not a pixel value 0-255")
         if len(self.size) != 2 or min(self.size) <= 0:
             problems.append(f"size {self.size} is not (height, width) > 0")
         if len(self.mean) != 3 or len(self.std) != 3 or any(s == 0 for s in self.std):
@@ -79,6 +85,7 @@ class PreprocessSpec:
             # Written only when not the default, so that a bundle without it stays readable
             # by devices that predate the field.
             **({"interpolation": self.interpolation} if self.interpolation != "area" else {}),
+            **({"letterbox_fill": self.letterbox_fill} if self.letterbox_fill != LETTERBOX_FILL else {}),
         }
 
     @classmethod
@@ -101,6 +108,7 @@ class PreprocessSpec:
             color=str(data.get("color", "RGB")),
             resize=str(data.get("resize", "center-crop")),
             interpolation=str(data.get("interpolation", "area")),
+            letterbox_fill=int(data.get("letterbox_fill", LETTERBOX_FILL)),
         )
 
 
@@ -195,7 +203,7 @@ def fit(image: np.ndarray, spec: PreprocessSpec, out: np.ndarray | None = None) 
         if spec.resize == "center-crop":
             image = image[top : top + ch, left : left + cw]
         else:
-            canvas = np.full((th, tw, 3), 114, dtype=np.uint8)  # the grey YOLO-style letterbox fill
+            canvas = np.full((th, tw, 3), spec.letterbox_fill, dtype=np.uint8)
             canvas[y : y + nh, x : x + nw] = _shrink(image, (nh, nw), spec.interpolation)
             image = canvas
     if image.shape[:2] != (th, tw):
