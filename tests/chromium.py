@@ -2,7 +2,8 @@
 
 ``require_chromium()`` skips the calling module when they (or selenium) are missing;
 ``open_chromium(tmp)`` starts a browser with a fresh profile under ``tmp``, at a fixed
-window size and a device pixel ratio of 1, so a screenshot's pixels are the page's CSS pixels.
+window size and a device pixel ratio of 1, so a screenshot's pixels are the page's CSS pixels;
+``console=True`` keeps the page's console messages for ``driver.get_log("browser")``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def require_chromium() -> None:
         )
 
 
-def open_chromium(tmp: Path, size: tuple[int, int] = (1100, 800)) -> Any:
+def open_chromium(tmp: Path, size: tuple[int, int] = (1100, 800), *, console: bool = False) -> Any:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -46,6 +47,8 @@ def open_chromium(tmp: Path, size: tuple[int, int] = (1100, 800)) -> Any:
         f"--user-data-dir={profile}",
     ):
         options.add_argument(arg)
+    if console:  # a test that fails on the page's JavaScript errors reads them from this log
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # An explicit driver path: selenium-manager never goes looking on the internet.
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(60)  # a page that never loads fails the test instead of hanging it

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import open_chromium, require_chromium
 
 from edgekit.testing.broker import Mosquitto, free_port
 from edgekit.testing.process import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SIM = [sys.executable, "-m", "edgekit.cli", "fleet", "simulate"]
 FLEET = "demo"
 KEEPALIVE_S = 2
@@ -40,14 +38,7 @@ OFFLINE_BOUND_S = 1.5 * KEEPALIVE_S + 5.0
 # leaves between 1.5 x keep-alive and that plus 6 s after the last packet.
 FROZEN_BOUND_S = 1.5 * KEEPALIVE_S + 6.0 + 4.0
 
-webdriver = pytest.importorskip(
-    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
-)
-if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-    pytest.skip(
-        "Debian's chromium and chromedriver are needed (apt-get install chromium chromium-driver)",
-        allow_module_level=True,
-    )
+require_chromium()
 pytest.importorskip("fastapi", reason="the fleet extra is not installed (pip install -e '.[fleet]')")
 from selenium.common.exceptions import WebDriverException  # noqa: E402  (after the skips above)
 
@@ -116,23 +107,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    profile = tempfile.mkdtemp(prefix="chromium-", dir=tmp_path)
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",  # chromium refuses to run as root with its sandbox
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    # An explicit driver path: selenium-manager never goes looking on the internet.
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver = open_chromium(tmp_path, console=True)
     try:
         yield driver
     finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import open_chromium
 from postgres import PostgresServer
 
 from edgekit.fleet import Collector, FleetStore
@@ -255,33 +256,23 @@ def test_a_detector_through_mosquitto_and_postgres_to_metrics_and_the_device_pag
         with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
             assert 'edgekit_collector_rejected_total{reason="bad-field"} 1' in resp.read().decode()
 
-        if browser_test.CHROMIUM.exists():
-            from selenium.webdriver.chrome.service import Service
+        # importorskip("test_fleet_browser") above skips this test without selenium or chromium.
+        driver = open_chromium(tmp_path)
+        driver.get(url + "/#/device/lab/door-cam")
 
-            options = browser_test.webdriver.ChromeOptions()
-            options.binary_location = str(browser_test.CHROMIUM)
-            for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-                options.add_argument(arg)
-            driver = browser_test.webdriver.Chrome(
-                service=Service(executable_path=str(browser_test.CHROMEDRIVER)), options=options
-            )
-            driver.get(url + "/#/device/lab/door-cam")
+        def face_row() -> list[str] | None:
+            rows = driver.find_elements("css selector", "#dev-detections-table tbody tr[data-class='face']")
+            return [td.text for td in rows[0].find_elements("tag name", "td")] if rows else None
 
-            def face_row() -> list[str] | None:
-                rows = driver.find_elements(
-                    "css selector", "#dev-detections-table tbody tr[data-class='face']"
-                )
-                return [td.text for td in rows[0].find_elements("tag name", "td")] if rows else None
-
-            cells = _wait(
-                "the device page's detections table",
-                face_row,
-                30,
-                (OSError, browser_test.WebDriverException),
-            )
-            assert cells[0] == "face" and cells[3] == "0.90"
-            assert int(cells[2].replace(",", "")) == sent["face"] and int(cells[1]) == sent["face"] // 2
-            assert driver.find_element("id", "dev-detections").is_displayed()
+        cells = _wait(
+            "the device page's detections table",
+            face_row,
+            30,
+            (OSError, browser_test.WebDriverException),
+        )
+        assert cells[0] == "face" and cells[3] == "0.90"
+        assert int(cells[2].replace(",", "")) == sent["face"] and int(cells[1]) == sent["face"] // 2
+        assert driver.find_element("id", "dev-detections").is_displayed()
     finally:
         if driver is not None:
             driver.quit()
