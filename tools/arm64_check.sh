@@ -10,6 +10,11 @@
 #     this x86_64 host (the TVM library, which cannot run here, against the fp32 ONNX) and be a cat;
 #   - the same model's TVM library built for x86_64 must be refused with edgekit's clear
 #     error, not crash the process;
+#   - the rpi5 BlazeFace bundle (built and signed here) detects faces through edgekit.load (the
+#     TVM aarch64 library again) and with each artifact in photographs with faces (scikit-image's
+#     astronaut, camera) and without (rocket, moon): as many faces as the fp32 ONNX on this host,
+#     boxes and scores close to it (tools/arm64_detect.py), and the device's health gate passes
+#     on the bundle's eval frames with the artifact the device selects;
 #   - the image's health check command must pass as its non-root user.
 #
 # Usage, as root on Debian/Ubuntu, after tools/setup.sh (it uses .venv):
@@ -120,6 +125,14 @@ phase "x86_64: the rpi5 bundle"
 quiet build-rpi5.log nice -n 10 "$REPO/.venv/bin/edgekit" build --model models/efficientnet-lite0 --device rpi5 \
   -o "$WORK/bundle"
 
+phase "x86_64: the rpi5 BlazeFace bundle"
+# Signed with a key made for this run: inside the image, edgekit.load and the health gate check
+# the signature as a device does.  The build steps come from the same cache as the classifier's.
+mkdir -p "$WORK/keys"
+quiet keys.log "$REPO/.venv/bin/edgekit" keys generate --out "$WORK/keys/builder"
+quiet build-rpi5-blazeface.log nice -n 10 "$REPO/.venv/bin/edgekit" build --model models/blazeface \
+  --device rpi5 --sign-key "$WORK/keys/builder.pem" -o "$WORK/bundle-blazeface"
+
 phase "x86_64: frames, x86_64 TVM library"
 "$PY" - "$WORK/frames" <<'EOF'
 import sys
@@ -137,6 +150,13 @@ frames = {"chelsea": cat, "chelsea-mirror": cat[:, ::-1], "chelsea-crop": cat[h 
 frames["coffee"] = cv2.cvtColor(data.coffee(), cv2.COLOR_RGB2BGR)
 for name, image in frames.items():
     cv2.imwrite(str(out / f"{name}.png"), image)
+# For the detector: faces in astronaut and camera (the cameraman, gray), none in rocket and moon.
+faces = out.parent / "faces"
+faces.mkdir()
+for name in ("astronaut", "camera", "rocket", "moon"):
+    image = getattr(data, name)()
+    image = cv2.cvtColor(image, cv2.COLOR_GRAY2BGR if image.ndim == 2 else cv2.COLOR_RGB2BGR)
+    cv2.imwrite(str(faces / f"{name}.png"), image)
 EOF
 # The same model's TVM library for x86_64: what a wrong-arch deploy would put on the device.
 onnx=$(find "$WORK/bundle/artifacts" -name '*-fp32.onnx' | head -n1)
@@ -154,8 +174,10 @@ compile_onnx(Path(sys.argv[1]), Path(sys.argv[2]), get_profile("x86_64-cpu").tvm
   rm -rf "$foreign" && mv "$foreign.tmp" "$foreign"
 fi
 
-phase "x86_64: classify (reference)"
+phase "x86_64: classify, detect (reference)"
 quiet classify-x86_64.log "$PY" tools/arm64_check_inside.py classify "$WORK/bundle" "$WORK/frames" --out "$WORK/x86_64.json"
+quiet detect-x86_64.log "$PY" tools/arm64_detect.py detect "$WORK/bundle-blazeface" "$WORK/faces" \
+  --trusted-key "$WORK/keys/builder.pub.pem" --out "$WORK/x86_64-detect.json"
 
 # ---------------------------------------------------------------------------------------
 phase "wheelhouse: aarch64 wheels"
@@ -222,8 +244,9 @@ mount_tracked -t proc proc "$ROOTFS/proc"
 # Never /sys: onnxruntime would read the x86 host's CPU topology there and crash.
 mount_tracked --bind /dev "$ROOTFS/dev"
 mkdir -p "$ROOTFS/tmp/arm64-check"
-cp -r "$WORK/bundle" "$WORK/frames" "$ROOTFS/tmp/arm64-check/"
-cp "$foreign"/model-x86_64.* tools/arm64_check_inside.py "$ROOTFS/tmp/arm64-check/"
+cp -r "$WORK/bundle" "$WORK/frames" "$WORK/bundle-blazeface" "$WORK/faces" "$ROOTFS/tmp/arm64-check/"
+cp "$foreign"/model-x86_64.* tools/arm64_check_inside.py tools/arm64_detect.py "$WORK/keys/builder.pub.pem" \
+  "$ROOTFS/tmp/arm64-check/"
 chmod -R a+rX "$ROOTFS/tmp/arm64-check"
 
 # The image's own user, environment and working directory.
@@ -262,9 +285,18 @@ quiet classify-arm64.log in_image python /tmp/arm64-check/arm64_check_inside.py 
   --out /tmp/arm64-check.json
 cp "$ROOTFS/tmp/arm64-check.json" "$WORK/arm64.json"
 
+phase "arm64: detect + health (emulated)"
+quiet detect-arm64.log in_image python /tmp/arm64-check/arm64_detect.py detect \
+  /tmp/arm64-check/bundle-blazeface /tmp/arm64-check/faces --health \
+  --trusted-key /tmp/arm64-check/builder.pub.pem --out /tmp/arm64-check-detect.json
+cp "$ROOTFS/tmp/arm64-check-detect.json" "$WORK/arm64-detect.json"
+
 phase "compare"
 "$PY" tools/arm64_check_inside.py compare "$WORK/x86_64.json" "$WORK/arm64.json" \
   --doctor "$WORK/doctor.json" --image "$WORK/image.json"
+
+phase "compare: detections"
+"$PY" tools/arm64_detect.py compare "$WORK/x86_64-detect.json" "$WORK/arm64-detect.json"
 
 phase "done"
 echo "arm64 check: PASSED"
