@@ -114,6 +114,31 @@ def edgekit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
     return subprocess.run([*EDGEKIT, *args], capture_output=True, text=True, env=env, timeout=1200, cwd=ROOT)  # type: ignore[list-item]
 
 
+def build_json(
+    env: dict[str, str], model: Path, device: str, out: Path, key: Path, *options: str
+) -> tuple[Path, dict[str, Any]]:
+    """``edgekit build --model model --device device -o out --sign-key key --json`` and ``options``.
+
+    Asserts that it succeeded; returns the bundle's folder and the build's JSON report.
+    """
+    r = edgekit(
+        env,
+        "build",
+        "--model",
+        str(model),
+        "--device",
+        device,
+        *options,
+        "-o",
+        str(out),
+        "--sign-key",
+        str(key),
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, json.loads(r.stdout)
+
+
 @pytest.fixture(scope="session")
 def keys(tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str]) -> tuple[Path, Path]:
     stem = tmp_path_factory.mktemp("keys") / "builder"
@@ -127,19 +152,4 @@ def keys(tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str]) ->
 def x86_bundle(
     tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
 ) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path_factory.mktemp("bundles") / "enl0-x86"
-    r = edgekit(
-        cache_env,
-        "build",
-        "--model",
-        str(CARD),
-        "--device",
-        "x86_64-cpu",
-        "-o",
-        str(out),
-        "--sign-key",
-        str(keys[0]),
-        "--json",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
+    return build_json(cache_env, CARD, "x86_64-cpu", tmp_path_factory.mktemp("bundles") / "enl0-x86", keys[0])

@@ -32,36 +32,17 @@ from edgekit.runtime.detection import Detection
 from edgekit.runtime.detection_gate import compare_frame, summarize
 from edgekit.runtime.profiles import get_profile
 
-from conftest import edgekit
+from conftest import build_json, edgekit
 
 FACES = ("astronaut", "camera")  # the smoke set's photographs with a face (and their crops, mirrors)
-
-
-def build_cli(
-    out: Path, device: str, cache_env: dict[str, str], keys: tuple[Path, Path]
-) -> tuple[Path, dict[str, Any]]:
-    r = edgekit(
-        cache_env,
-        "build",
-        "--model",
-        str(BLAZEFACE),
-        "--device",
-        device,
-        "-o",
-        str(out),
-        "--sign-key",
-        str(keys[0]),
-        "--json",
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
 
 
 @pytest.fixture(scope="module")
 def blazeface_x86(
     tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
 ) -> tuple[Path, dict[str, Any]]:
-    return build_cli(tmp_path_factory.mktemp("bundles") / "blazeface-x86", "x86_64-cpu", cache_env, keys)
+    out = tmp_path_factory.mktemp("bundles") / "blazeface-x86"
+    return build_json(cache_env, BLAZEFACE, "x86_64-cpu", out, keys[0])
 
 
 # -- the gate's rule, on detections set by hand --------------------------------------------
@@ -263,9 +244,8 @@ def test_the_rpi5_build_makes_every_artifact_and_gates_all_that_run_here(
     cache_env: dict[str, str],
     keys: tuple[Path, Path],
 ) -> None:
-    bundle, summary = build_cli(
-        tmp_path_factory.mktemp("bundles") / "blazeface-rpi5", "rpi5", cache_env, keys
-    )
+    out = tmp_path_factory.mktemp("bundles") / "blazeface-rpi5"
+    bundle, summary = build_json(cache_env, BLAZEFACE, "rpi5", out, keys[0])
     assert [a["recipe"] for a in summary["artifacts"]] == plan_recipes(get_profile("rpi5"))
     for a in read_manifest(bundle).artifacts:
         if a.arch == "aarch64":  # the TVM library: gated on the device (edgekit bench, the health gate)

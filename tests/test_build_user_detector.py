@@ -16,7 +16,6 @@ weakness in its box head; that artifact is left out here rather than let through
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -37,7 +36,7 @@ from edgekit.convert.report import BuildRequest
 from edgekit.errors import BuildError
 from edgekit.runtime.detection import Detection, iou
 
-from conftest import edgekit as edgekit_cli
+from conftest import build_json
 
 SIZE = 96  # the model's input: a 160x120 frame is letterboxed to 96x72 in it (scale 0.6)
 
@@ -106,30 +105,15 @@ def built(
     model = model_dir(root / "squares", "channels-first")
     pin = hashlib.sha256((model / "squares.onnx").read_bytes()).hexdigest()
     write_card(model, "squares.onnx", size=SIZE, sha256=pin)
-    out = root / "bundle"
-    r = edgekit_cli(
+    return build_json(
         cache_env,
-        "build",
-        "--model",
-        str(model),
-        "--device",
+        model,
         "x86_64-cpu",
-        "--backends",
-        "onnxruntime,openvino",
-        "--precisions",
-        "fp32",
-        "--calibration",
-        str(frames[0]),
-        "--eval",
-        str(frames[1]),
-        "-o",
-        str(out),
-        "--sign-key",
-        str(keys[0]),
-        "--json",
+        root / "bundle",
+        keys[0],
+        *("--backends", "onnxruntime,openvino", "--precisions", "fp32"),
+        *("--calibration", str(frames[0]), "--eval", str(frames[1])),
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out, json.loads(r.stdout)
 
 
 def assert_finds(found: tuple[Detection, ...], squares: list[Square], scale: float) -> None:
