@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 INPUT_HW = 32
 NUM_CLASSES = 10
@@ -78,7 +82,6 @@ def reference(x_nchw: np.ndarray, w: TinyWeights) -> np.ndarray:
 
 
 def write_onnx(path: Path, w: TinyWeights) -> Path:
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     inits = [numpy_helper.from_array(v, name) for name, v in vars(w).items()]
@@ -102,6 +105,17 @@ def write_onnx(path: Path, w: TinyWeights) -> Path:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, NUM_CLASSES])],
         initializer=inits,
     )
+    return save_onnx(graph, path)
+
+
+def save_onnx(graph: onnx.GraphProto, path: Path) -> Path:
+    """``graph`` as a checked opset-17 model written to ``path``; the test models' one way to write ONNX.
+
+    IR version 8: what every runtime here reads.
+    """
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
