@@ -174,7 +174,7 @@ compile_onnx(Path(sys.argv[1]), Path(sys.argv[2]), get_profile("x86_64-cpu").tvm
   rm -rf "$foreign" && mv "$foreign.tmp" "$foreign"
 fi
 
-phase "x86_64: classify, detect (reference)"
+phase "x86_64: reference runs"
 quiet classify-x86_64.log "$PY" tools/arm64_check_inside.py classify "$WORK/bundle" "$WORK/frames" --out "$WORK/x86_64.json"
 quiet detect-x86_64.log "$PY" tools/arm64_detect.py detect "$WORK/bundle-blazeface" "$WORK/faces" \
   --trusted-key "$WORK/keys/builder.pub.pem" --out "$WORK/x86_64-detect.json"
