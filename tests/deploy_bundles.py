@@ -18,7 +18,7 @@ import shutil
 import tarfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from edgekit.bundle import MANIFEST_FILE, SIGNATURE_FILE, generate_keypair, key_id, load_private_key, pack
 from edgekit.bundle.keys import sign
@@ -106,25 +106,26 @@ def slim_bundle(src: Path, out: Path, key: Path, *, version: str | None = None) 
     return resign(src, out, key, edit=edit, change=change, version=version)
 
 
-def scramble_onnx_weights(path: Path, seed: int = 7) -> None:
-    """Shuffle every int8 weight tensor of an ONNX model in place: it loads and runs, and answers wrongly."""
+def scramble_onnx_weights(path: Path, seed: int = 7, *, weights: Literal["int8", "float"] = "int8") -> None:
+    """Shuffle every int8 (or float) weight tensor of an ONNX model in place: it loads and runs, and answers wrongly."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
 
+    data_type = onnx.TensorProto.INT8 if weights == "int8" else onnx.TensorProto.FLOAT
     model = onnx.load(str(path))
     rng = np.random.default_rng(seed)
     changed = 0
     for init in model.graph.initializer:
-        if init.data_type == onnx.TensorProto.INT8:
+        if init.data_type == data_type:
             arr = numpy_helper.to_array(init)
-            if arr.size < 64:
+            if arr.size < 64:  # biases and constants stay: the graph must still run
                 continue
             flat = arr.reshape(-1).copy()
             rng.shuffle(flat)
             init.CopyFrom(numpy_helper.from_array(flat.reshape(arr.shape), init.name))
             changed += 1
-    assert changed, f"{path} has no int8 weights to scramble"
+    assert changed, f"{path} has no {weights} weights to scramble"
     onnx.save(model, str(path))
 
 

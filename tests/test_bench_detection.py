@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from deploy_bundles import resign
+from deploy_bundles import resign, scramble_onnx_weights
 from detector_bundle import blazeface_key, build_blazeface
 from rich.console import Console
 
@@ -32,27 +31,6 @@ pytestmark = pytest.mark.slow
 BROKEN = "onnxruntime-fp32"
 # Short runs: the agreement is what is tested here, not the latency statistics (tests/test_bench.py).
 QUICK = ("--min-queries", "20", "--min-duration", "0.1", "--max-duration", "2", "--threads", "1")
-
-
-def shuffle_float_weights(path: Path, seed: int = 3) -> None:
-    """Shuffle every float weight tensor of an ONNX model in place: it loads and runs, and answers wrongly."""
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(str(path))
-    rng = np.random.default_rng(seed)
-    changed = 0
-    for init in model.graph.initializer:
-        if init.data_type == onnx.TensorProto.FLOAT:
-            arr = numpy_helper.to_array(init)
-            if arr.size < 64:  # biases and constants stay: the graph must still run
-                continue
-            flat = arr.reshape(-1).copy()
-            rng.shuffle(flat)
-            init.CopyFrom(numpy_helper.from_array(flat.reshape(arr.shape), init.name))
-            changed += 1
-    assert changed, f"{path} has no float weights to shuffle"
-    onnx.save(model, str(path))
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +107,7 @@ def test_a_detector_with_broken_weights_is_below_the_gate_and_never_selected(
 
     def corrupt(folder: Path) -> None:
         (model,) = (folder / "artifacts" / BROKEN).glob("*.onnx")
-        shuffle_float_weights(model)
+        scramble_onnx_weights(model, seed=3, weights="float")
 
     broken = resign(bundle, tmp_path / "broken", private, change=corrupt, budget_ms=None)
     report = bench(cache_env, broken, public, "--backends", "onnxruntime,openvino", "--precisions", "fp32")
