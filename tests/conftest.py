@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import pytest
 from edgekit.testing.broker import BrokerMissing
 
 sys.path.insert(0, str(Path(__file__).parent))
+from postgres import PostgresServer
+
 import tiny_model
 
 
@@ -153,3 +156,20 @@ def x86_bundle(
     tmp_path_factory: pytest.TempPathFactory, cache_env: dict[str, str], keys: tuple[Path, Path]
 ) -> tuple[Path, dict[str, Any]]:
     return build_json(cache_env, CARD, "x86_64-cpu", tmp_path_factory.mktemp("bundles") / "enl0-x86", keys[0])
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the run; each test takes a fresh database of it."""
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fleet store's URL, once for SQLite and once for PostgreSQL: the store's tests run on both."""
+    if request.param == "sqlite":
+        return str(tmp_path / "fleet.db")
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    return server.new_database()

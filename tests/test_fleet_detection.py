@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +57,6 @@ def window_body(
     body = pub.telemetry_payload()
     body["window"]["start"], body["window"]["end"] = stop - 1.0, stop
     return json.loads(json.dumps(body))
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "fleet.db")
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    return server.new_database()
 
 
 def test_the_store_keeps_per_class_counts_raw_and_rolled_up(store_url: str, tmp_path: Path) -> None:

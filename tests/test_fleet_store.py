@@ -29,21 +29,6 @@ M = T + 20  # the first whole minute after T (rollups are per whole minute)
 STAGE_SHARE = {"capture_wait": 0.1, "preprocess": 0.15, "inference": 0.6, "postprocess": 0.1, "sink": 0.05}
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "fleet.db")
-    server: PostgresServer = request.getfixturevalue("pg_server")
-    return server.new_database()
-
-
 @pytest.fixture
 def store(store_url: str) -> Iterator[FleetStore]:
     s = open_store(store_url)
