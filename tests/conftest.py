@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit.testing.broker import BrokerMissing
+from edgekit.testing.broker import BrokerMissing, Mosquitto
 
 sys.path.insert(0, str(Path(__file__).parent))
 from postgres import PostgresServer
@@ -173,3 +173,13 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(tmp_path / "fleet.db")
     server: PostgresServer = request.getfixturevalue("pg_server")
     return server.new_database()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Mosquitto]:
+    """A real Mosquitto for one test (skipped, by the hooks above, where mosquitto is not installed)."""
+    b = Mosquitto(tmp_path).start()
+    try:
+        yield b
+    finally:
+        b.stop()

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -209,15 +207,6 @@ def test_the_health_gate_passes_what_the_build_gate_passed_on_an_int8_blazeface(
 
 
 # -- edgekit telemetry tail and fleet simulate, through a real Mosquitto ----------------------
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def tail(broker: Mosquitto, env: dict[str, str], *args: str) -> subprocess.Popen[str]:

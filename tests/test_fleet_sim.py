@@ -74,15 +74,6 @@ def windows(c: Collector, device: str) -> int:
     return len(c.store.seqs("demo", device))
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Mosquitto]:
-    b = Mosquitto(tmp_path).start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
 def test_simulated_devices_are_born_report_windows_and_die_by_their_will(broker: Mosquitto) -> None:
     with collecting(broker) as c:
         sim = simulator(broker, "--devices", "5", "--offline", "sim-03@4")
