@@ -141,8 +141,9 @@ def shown(health: dict[str, Any]) -> str:
     return out.get()
 
 
-def test_deploy_shows_a_detectors_boxes_and_a_classifiers_top1() -> None:
-    det = HealthReport(
+def detector_health() -> dict[str, Any]:
+    """A detector's health report as an agent sends it: 5 of 6 decisive boxes matched."""
+    return HealthReport(
         ok=True,
         backend="openvino",
         precision="fp32",
@@ -150,7 +151,10 @@ def test_deploy_shows_a_detectors_boxes_and_a_classifiers_top1() -> None:
         frames=8,
         detection=agreement(5, 6),
     ).to_dict()
-    text = shown(det)
+
+
+def test_deploy_shows_a_detectors_boxes_and_a_classifiers_top1() -> None:
+    text = shown(detector_health())
     assert "boxes" in text and "IoU" in text and " 5/6 " in text and "0.93" in text, text
     assert "top-1" not in text, text
     text = shown(OLD_HEALTH)
@@ -158,15 +162,7 @@ def test_deploy_shows_a_detectors_boxes_and_a_classifiers_top1() -> None:
 
 
 def test_the_agents_health_line_says_boxes_for_a_detector_and_top1_for_a_classifier() -> None:
-    det = HealthReport(
-        ok=True,
-        backend="openvino",
-        precision="fp32",
-        top1_agreement=5 / 6,
-        frames=8,
-        detection=agreement(5, 6),
-    ).to_dict()
-    line = agreement_text(det)
+    line = agreement_text(detector_health())
     assert line.startswith("boxes 5/6 matched") and "IoU 0.93" in line and "top-1" not in line, line
     assert agreement_text(OLD_HEALTH) == "top-1 agreement 100%"
 
