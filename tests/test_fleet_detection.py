@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from chromium import open_chromium
+from detector_telemetry import offline_publisher, record
 from postgres import PostgresServer
 
 from edgekit.fleet import Collector, FleetStore
@@ -18,7 +19,6 @@ from edgekit.fleet.backends import open_store
 from edgekit.fleet.prometheus import render
 from edgekit.fleet.sums import ClassSum
 from edgekit.fleet.view import FleetView
-from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.stages import STAGES
 from edgekit.runtime.detection import Detection
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
@@ -32,21 +32,9 @@ def det(cls: tuple[int, str], score: float) -> Detection:
     return Detection(cls[0], cls[1], score, (1.0, 2.0, 30.0, 40.0))
 
 
-def record(*detections: Detection) -> FrameRecord:
-    return FrameRecord(0, 0.0, 0, 0, 0.1, 1.0, 5.0, 0.3, 0.1, 6.5, True, 0, "x", detections=detections)
-
-
 def device(tmp: Path, name: str, detector: bool = True) -> tuple[TelemetryPublisher, MetricsWindow]:
     window = MetricsWindow(detections=detector)
-    pub = TelemetryPublisher(
-        BrokerConfig.from_url("mqtt://127.0.0.1:1"),
-        device_id=name,
-        fleet="lab",
-        window=window,
-        spool=Spool(tmp / f"{name}.db"),
-        counters=lambda: {"frames": 0},
-    )
-    return pub, window
+    return offline_publisher(tmp, window, name), window
 
 
 def window_body(

@@ -8,14 +8,15 @@ from typing import Any
 
 import jsonschema
 import pytest
+from detector_telemetry import offline_publisher, record
 
 from edgekit.fleet import Collector, FleetStore
-from edgekit.pipeline.records import FrameRecord, FrameResult
+from edgekit.pipeline.records import FrameResult
 from edgekit.protocol import messages, schemas
 from edgekit.protocol import sparkplug as sp
 from edgekit.runtime.detection import Detection
 from edgekit.runtime.postprocess import Label
-from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
+from edgekit.telemetry import TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 
 FACE, PERSON = (0, "face"), (1, "person")
@@ -23,10 +24,6 @@ FACE, PERSON = (0, "face"), (1, "person")
 
 def det(cls: tuple[int, str], score: float, x: float = 10.0) -> Detection:
     return Detection(cls[0], cls[1], score, (x, 20.0, x + 30.0, 60.0))
-
-
-def record(*detections: Detection, met: bool = True) -> FrameRecord:
-    return FrameRecord(0, 0.0, 0, 0, 0.1, 1.0, 5.0, 0.3, 0.1, 6.5, met, 0, "x", detections=detections)
 
 
 class Captured:
@@ -40,15 +37,7 @@ class Captured:
 
 
 def publisher(tmp: Path, window: MetricsWindow, device: str = "cam-d") -> TelemetryPublisher:
-    return TelemetryPublisher(
-        BrokerConfig.from_url("mqtt://127.0.0.1:1"),
-        device_id=device,
-        fleet="lab",
-        window=window,
-        spool=Spool(tmp / f"{device}.db"),
-        counters=lambda: {"frames": 3},
-        labels_interval_s=0.0,
-    )
+    return offline_publisher(tmp, window, device, frames=3, labels_interval_s=0.0)
 
 
 def both_accept(kind: str, body: dict[str, Any]) -> None:
