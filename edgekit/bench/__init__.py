@@ -1,7 +1,8 @@
-"""``edgekit bench``: MLPerf-LoadGen-style SingleStream measurement of every candidate a bundle can run here.
+"""``edgekit bench``: every candidate a bundle can run here, MLPerf-LoadGen-style SingleStream and at the camera rate.
 
 ``runner.plan`` lists the candidates (and what cannot run, with the reason), ``runner.run``
-measures each in its own process into a ``report.Report``, ``stats`` holds the exact
+measures each in its own process into a ``report.Report`` (back to back, then paced at the
+device's frame rate by ``edgekit.runtime.pacing``; selection ranks by the latter), ``stats`` holds the exact
 percentiles and LoadGen's query-count rule, ``recording`` writes the measured choice into
 the bundle, and ``render`` draws the table and the latency plot.
 

@@ -1,7 +1,8 @@
 """Choose by measurement: write what ``edgekit bench`` measured into a bundle, and read it back at load.
 
-``write_selection`` records the fastest candidate (p90) that passed the accuracy gate,
-with the numbers of every measured candidate that passed it, in the manifest's ``selection``; a signed
+``write_selection`` records the fastest candidate that passed the accuracy gate, by the p90 of
+the scenario the device will run (paced at its camera rate; SingleStream when bench ran with
+``--fps 0``), with that scenario's numbers for every measured candidate that passed it, in the manifest's ``selection``; a signed
 bundle is signed again (the manifest changed), so a bundle is never left with a
 signature that no longer matches, and an unsigned one stays unsigned.  ``measured_order``
 turns a selection into what ``edgekit.runtime.selection.plan`` takes: measured latencies per
@@ -52,23 +53,30 @@ def selection_from(report: Report) -> Selection:
     for r in report.gated():
         if r.summary is None:
             continue
-        p = r.summary.percentiles
+        # The numbers of the scenario the ranking used: ``load()`` orders candidates by this p90,
+        # so it must be the camera-rate p90 when that is what chose.
+        paced = r.camera_rate
+        if paced is not None:
+            p50, p90, p99, count = paced.p50_ms, paced.p90_ms, paced.p99_ms, paced.queries
+        else:
+            p = r.summary.percentiles
+            p50, p90, p99, count = p["p50"], p["p90"], p["p99"], r.summary.count
         measured.append(
             MeasuredCandidate(
                 artifact=r.candidate.artifact,
                 backend=r.candidate.backend,
                 precision=r.candidate.precision,
                 threads=r.candidate.threads,
-                p50_ms=p["p50"],
-                p90_ms=p["p90"],
-                p99_ms=p["p99"],
-                queries=r.summary.count,
+                p50_ms=p50,
+                p90_ms=p90,
+                p99_ms=p99,
+                queries=count,
                 top1_agreement=r.agreement,
             )
         )
     measured.sort(key=lambda m: m.p90_ms)
     return Selection(
-        by=f"edgekit bench {__version__}",
+        by=f"edgekit bench {__version__}, ranked by {report.ranked_by}",
         measured=datetime.fromisoformat(report.started),
         profile=report.profile,
         host=BuildHost(arch=report.host["arch"], cpu=report.host.get("cpu", "")),

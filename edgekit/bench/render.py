@@ -1,4 +1,8 @@
-"""How a bench report is shown: a terminal table, and a plot of each candidate's latencies against the budget."""
+"""How a bench report is shown: a terminal table, and a plot of each candidate's latencies against the budget.
+
+Rows are ordered by what selection ranks by (``ranked_by``): the camera-rate p90 when the run
+had one, else SingleStream's p90; a report from before the camera rate has only the latter.
+"""
 
 from __future__ import annotations
 
@@ -24,11 +28,24 @@ def _ms(x: float | None) -> str:
 TABLE_PERCENTILES: tuple[float, ...] = (50.0, HEADLINE, 99.0)
 
 
+def rank_ms(c: dict[str, Any]) -> float:
+    """The number a candidate row is ranked by: its camera-rate p90 when measured, else SingleStream's."""
+    paced = c.get("camera_rate")
+    value = paced["p90_ms"] if paced and paced.get("p90_ms") is not None else c["summary"]["p90_ms"]
+    return float(value)
+
+
+def fps_of(report: dict[str, Any]) -> float:
+    """The report's camera rate; 0 when it ran back to back only (or predates the camera rate)."""
+    return float(report.get("camera_rate_fps") or 0.0)
+
+
 def table(report: dict[str, Any]) -> Table:
     """The candidates that ran, fastest headline first (what could not run: ``not_run_lines``)."""
-    rows = sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"])
+    rows = sorted((c for c in report["candidates"] if c["ok"]), key=rank_ms)
+    fps = fps_of(report)
     t = Table(
-        title=f"{report['model']} · SingleStream on {report['host']['cpu'] or report['host']['arch']}"
+        title=f"{report['model']} · SingleStream{f' and {fps:g} fps' if fps else ''} on {report['host']['cpu'] or report['host']['arch']}"
         f" ({report['host']['cores']} cores) · budget {report['budget_ms']:g} ms",
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -40,12 +57,20 @@ def table(report: dict[str, Any]) -> Table:
     for q in TABLE_PERCENTILES:
         bold = q == HEADLINE
         t.add_column(
-            label(q) + ("★" if bold else ""), justify="right", style="bold" if bold else None, no_wrap=True
+            label(q) + ("★" if bold and not fps else ""),
+            justify="right",
+            style="bold" if bold and not fps else None,
+            no_wrap=True,
         )
+    if fps:  # the camera-rate scenario beside it: what selection ranks by
+        t.add_column(f"{fps:g}fps p50", justify="right", no_wrap=True)
+        t.add_column("p90★", justify="right", style="bold", no_wrap=True)
+        t.add_column("wake", justify="right", no_wrap=True)
+        t.add_column("over", justify="right", no_wrap=True)
     detector = report.get("task") == "detection"
     for col in ("×best", "cold", "RSS", *(("decode",) if detector else ()), agreement_header(report)):
         t.add_column(col, justify="right", no_wrap=True)
-    best = rows[0]["summary"]["p90_ms"] if rows else None
+    best = rank_ms(rows[0]) if rows else None
     one_count = len({c["threads"] for c in rows}) == 1  # then "-t2" on every row says nothing
     if one_count and rows:
         t.title = f"{t.title} · {rows[0]['threads']} threads"
@@ -60,8 +85,16 @@ def table(report: dict[str, Any]) -> Table:
         for q in TABLE_PERCENTILES:
             v = _ms(s[f"{label(q)}_ms"])
             cells.append(f"[dim]{v}*[/]" if label(q) in s["underpowered"] else v)
+        if fps:
+            paced = c.get("camera_rate") or {}
+            cells += [
+                _ms(paced.get("p50_ms")),
+                _ms(paced.get("p90_ms")),
+                _signed(paced.get("wakeup_ms")),
+                str(paced.get("overruns", "-")),
+            ]
         cells += [
-            f"{s['p90_ms'] / best:.2f}" if best else "-",
+            f"{rank_ms(c) / best:.2f}" if best else "-",
             f"{c['cold_start_s']:.2f}s" if c["cold_start_s"] is not None else "-",
             f"{c['peak_rss_mb']:.0f}M" if c["peak_rss_mb"] is not None else "-",
             *((_ms((c.get("postprocess") or {}).get("p50_ms")),) if detector else ()),
@@ -72,6 +105,10 @@ def table(report: dict[str, Any]) -> Table:
         t.caption = "\n".join(notes)
         t.caption_justify = "left"
     return t
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}"
 
 
 def _agreement(c: dict[str, Any]) -> float | None:
@@ -96,9 +133,19 @@ def agreement_cell(c: dict[str, Any]) -> str:
 
 def legend(report: dict[str, Any]) -> str:
     """The legend under the table, its agreement column described for the report's task."""
-    if report.get("task") != "detection":
-        return LEGEND
-    return LEGEND.replace(_TOP1_LEGEND, _BOXES_LEGEND)
+    text = LEGEND if report.get("task") != "detection" else LEGEND.replace(_TOP1_LEGEND, _BOXES_LEGEND)
+    fps = fps_of(report)
+    if fps:
+        text = text.replace("★ p90 is SingleStream's headline", _camera_legend(fps))
+    return text
+
+
+def _camera_legend(fps: float) -> str:
+    return (
+        f"{fps:g}fps: queries issued at the camera rate, the runtime idle between frames; "
+        "★ its p90 is what selection ranks by (×best too); wake: paced p50 − back-to-back p50; "
+        "over: queries that ended after the next frame was due"
+    )
 
 
 def not_run_lines(report: dict[str, Any]) -> list[str]:
@@ -151,7 +198,7 @@ def plot(report: dict[str, Any], out: Path) -> Path:
     rows = [c for c in report["candidates"] if c["ok"] and c.get("latencies_ms")]
     if not rows:
         raise EdgekitError("no candidate ran, so there is nothing to plot", "see the table for why")
-    rows.sort(key=lambda c: c["summary"]["p90_ms"])
+    rows.sort(key=rank_ms)
     budget = report["budget_ms"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.8), dpi=110)
     data = [c["latencies_ms"] for c in rows]
@@ -163,6 +210,9 @@ def plot(report: dict[str, Any], out: Path) -> Path:
         p90 = c["summary"]["p90_ms"]
         ax.plot([i - 0.3, i + 0.3], [p90, p90], color="tab:blue", lw=2)
         ax.annotate(f"p90 {p90:.1f}", (i + 0.32, p90), fontsize=7, va="center")
+        paced = (c.get("camera_rate") or {}).get("p90_ms")
+        if paced is not None:  # the camera-rate p90 beside it: the wake-up cost shows as the gap
+            ax.plot([i - 0.3, i + 0.3], [paced, paced], color="tab:orange", lw=2, ls=":")
     ax.axhline(budget, color="tab:red", ls="--", lw=1.2, label=f"budget {budget:g} ms")
     ax.set_yscale("log")
     from matplotlib.ticker import ScalarFormatter
@@ -192,10 +242,14 @@ def plot(report: dict[str, Any], out: Path) -> Path:
 
 def _page(report: dict[str, Any], svg: str) -> str:
     detector = report.get("task") == "detection"
-    head = ["candidate", "queries", "p50", "p90", "p99", "cold start s", "peak RSS MB"]
+    fps = fps_of(report)
+    head = ["candidate", "queries", "p50", "p90", "p99"]
+    if fps:
+        head += [f"{fps:g} fps p50", f"{fps:g} fps p90", f"{fps:g} fps p99", "wake-up ms", "overruns"]
+    head += ["cold start s", "peak RSS MB"]
     head += ["decode+NMS p50", "decode+NMS p99", "detections vs fp32"] if detector else ["top-1 vs fp32"]
     body, caveats = [], []
-    for c in sorted((c for c in report["candidates"] if c["ok"]), key=lambda c: c["summary"]["p90_ms"]):
+    for c in sorted((c for c in report["candidates"] if c["ok"]), key=rank_ms):
         s = c["summary"]
         cells = [
             c["key"] + (" †" if c.get("caveat") else ""),
@@ -203,9 +257,12 @@ def _page(report: dict[str, Any], svg: str) -> str:
             _ms(s["p50_ms"]),
             _ms(s["p90_ms"]),
             _ms(s["p99_ms"]) + ("" if s["p99_valid"] else "*"),
-            c["cold_start_s"],
-            c["peak_rss_mb"],
         ]
+        if fps:
+            paced = c.get("camera_rate") or {}
+            cells += [_ms(paced.get(f"{q}_ms")) for q in ("p50", "p90", "p99")]
+            cells += [_signed(paced.get("wakeup_ms")), paced.get("overruns", "-")]
+        cells += [c["cold_start_s"], c["peak_rss_mb"]]
         if detector:
             post = c.get("postprocess") or {}
             cells += [_ms(post.get("p50_ms")), _ms(post.get("p99_ms"))]
@@ -218,7 +275,9 @@ def _page(report: dict[str, Any], svg: str) -> str:
         "<style>body{font:14px system-ui;margin:2em}td,th{padding:2px 10px;text-align:right}"
         "td:first-child{text-align:left}</style>"
         f"<h1>{html.escape(report['model'])} on {html.escape(str(report['host']['cpu']))}</h1>"
-        f"<p>{html.escape(report['started'])} · budget {report['budget_ms']:g} ms · SingleStream</p>"
+        f"<p>{html.escape(report['started'])} · budget {report['budget_ms']:g} ms · SingleStream"
+        + (f" and paced at {fps:g} fps (ranked by its p90)" if fps else "")
+        + "</p>"
         + svg
         + "<table><tr>"
         + "".join(f"<th>{h}</th>" for h in head)

@@ -2,7 +2,8 @@
 
 A candidate is one artifact of the bundle on its backend, with the profile's options and
 a thread count.  Every candidate runs in a fresh worker process (``edgekit.bench.worker``)
-per round; with several rounds the candidates take turns, so that a noisy machine slows
+per round (SingleStream back to back, then the camera-rate scenario at the device's frame
+rate unless it is 0); with several rounds the candidates take turns, so that a noisy machine slows
 all of them alike, and the latencies of a candidate's rounds are pooled.  What cannot
 run here is listed with the reason, never silently left out.  The settings, candidates and
 results are ``edgekit.bench.report``'s.
@@ -27,6 +28,7 @@ from edgekit.errors import EdgekitError
 from edgekit.runtime.cpu import CpuFeatures, this_cpu
 from edgekit.runtime.detection_gate import DetectionAgreement
 from edgekit.runtime.measured import THREAD_OPTION
+from edgekit.runtime.pacing import fps_for_budget
 from edgekit.runtime.precision import int8_choice
 from edgekit.runtime.profiles import PRECISIONS
 
@@ -176,8 +178,20 @@ def _why_missing(manifest: Any, backend: str, precision: str) -> str:
 Progress = Callable[[BenchCandidate, str, dict[str, Any]], None]
 
 
+def frame_rate(settings: Settings, budget_ms: float) -> float:
+    """The camera rate to measure at: ``settings.fps``, or the device's from its budget when None."""
+    if settings.fps is not None:
+        if settings.fps < 0:
+            raise BenchError(
+                f"--fps must be 0 or more, got {settings.fps:g}",
+                "for example --fps 30 (0: back to back only)",
+            )
+        return settings.fps
+    return fps_for_budget(budget_ms)
+
+
 def _run_worker(
-    root: Path, cand: BenchCandidate, settings: Settings, progress: Progress | None
+    root: Path, cand: BenchCandidate, settings: Settings, progress: Progress | None, fps: float = 0.0
 ) -> dict[str, Any]:
     """Run one worker process; return its loaded and result events plus the parent's start time."""
     spec = {
@@ -189,6 +203,8 @@ def _run_worker(
         "max_duration_s": settings.max_duration_s,
         "warmup_s": settings.warmup_s,
         "warmup_queries": settings.warmup_queries,
+        "fps": fps,
+        "paced_queries": settings.paced_queries,
     }
     env = dict(os.environ)
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
@@ -205,7 +221,9 @@ def _run_worker(
     proc.stdin.write(json.dumps(spec))
     proc.stdin.close()
     events: dict[str, Any] = {"t_spawn": t_spawn}
-    deadline = t_spawn + settings.timeout_s
+    # The paced run takes its schedule's time whatever the model: it adds to the worker's allowance.
+    allowed = settings.timeout_s + ((settings.paced_queries + 3) / fps if fps > 0 else 0.0)
+    deadline = t_spawn + allowed
     try:
         for line in proc.stdout:
             try:
@@ -215,17 +233,17 @@ def _run_worker(
             kind = ev.get("event")
             if kind in ("loaded", "result", "error"):
                 events[kind] = ev
-            if progress is not None and kind in ("loaded", "progress"):
+            if progress is not None and kind in ("loaded", "progress", "pacing"):
                 progress(cand, kind, ev)
             if time.monotonic() > deadline:
                 proc.kill()
-                events["error"] = {"message": f"still running after {settings.timeout_s:.0f} s: stopped"}
+                events["error"] = {"message": f"still running after {allowed:.0f} s: stopped"}
                 break
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        events.setdefault("error", {"message": f"did not finish within {settings.timeout_s:.0f} s"})
+        events.setdefault("error", {"message": f"did not finish within {allowed:.0f} s"})
     stderr = proc.stderr.read() if proc.stderr else ""
     if "result" not in events and "error" not in events:
         tail = [ln for ln in stderr.strip().splitlines() if ln.strip()][-1:] or [
@@ -247,15 +265,16 @@ def run(
     from edgekit.bundle import read_manifest
 
     manifest = read_manifest(bundle_root)
+    fps = frame_rate(settings, manifest.device.budget_ms)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.monotonic()
-    results = {c.key: Result(c) for c in candidates}
+    results = {c.key: Result(c, fps=fps) for c in candidates}
     for _ in range(settings.rounds):
         for cand in candidates:
             res = results[cand.key]
             if res.error is not None:
                 continue  # it failed once: do not spend every round on it
-            ev = _run_worker(bundle_root, cand, settings, progress)
+            ev = _run_worker(bundle_root, cand, settings, progress, fps)
             if "error" in ev:
                 err = ev["error"]
                 res.error = err["message"] + (f" ({err['hint']})" if err.get("hint") else "")
@@ -286,6 +305,9 @@ def run(
                 res.detection = DetectionAgreement(**{**d, "failing": tuple(d.get("failing", ()))})
                 res.failing_frames = list(out.get("failing_frames", []))
             res.postprocess_ms += out.get("postprocess_ms", [])
+            paced = out.get("paced") or {}
+            res.paced_ms += paced.get("latencies_ms", [])
+            res.paced_overruns += paced.get("overruns", 0)
             res.device = loaded.get("device", "")
             if progress is not None:
                 progress(cand, "done", {"queries": len(out["latencies_ms"])})
@@ -306,4 +328,5 @@ def run(
         wall_s=time.monotonic() - t0,
         int8=int8_choice(manifest, this_cpu()),
         task=manifest.model.task,
+        fps=fps,
     )

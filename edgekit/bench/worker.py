@@ -8,9 +8,14 @@ issued when the last one returned, as LoadGen's SingleStream does) until it has 
 ``session.run`` on a preprocessed sample, samples taken in turn from the bundle's
 evaluation frames.
 
+With ``fps`` > 0 it then runs the camera-rate scenario on the same session: ``paced_queries``
+queries issued at ``fps`` (``edgekit.runtime.pacing``), the runtime idle between them as it
+is between a camera's frames.
+
 It writes JSON lines on stdout: ``{"event": "loaded", ...}``, ``{"event": "progress",
-"queries": n}`` about four times a second, then ``{"event": "result", ...}`` with every
-query latency, the top-1 answers on the evaluation frames and the peak RSS.  Timestamps
+"queries": n}`` about four times a second, ``{"event": "pacing", ...}`` when the paced run
+starts, then ``{"event": "result", ...}`` with every query latency (the paced ones under
+``paced``), the top-1 answers on the evaluation frames and the peak RSS.  Timestamps
 are ``time.monotonic()``, one clock for every process on the machine, so the parent
 turns them into a cold start measured from the moment it started this process.
 
@@ -173,6 +178,37 @@ def run(spec: dict[str, Any]) -> None:
         session.run(samples[n % len(samples)])
         n += 1
 
+    lat, duration, cpu_s = single_stream(session, samples, spec)
+    paced = paced_queries(
+        session, samples, float(spec.get("fps") or 0.0), int(spec.get("paced_queries") or 0)
+    )
+    if head is not None:
+        judged["postprocess_ms"] = _postprocess_times(
+            session, head, spec_pre, manifest.labels, samples, frames, len(lat)
+        )
+    session.close()
+    emit(
+        "result",
+        latencies_ms=lat,
+        duration_s=duration,
+        cpu_s=cpu_s,
+        top1=answers,
+        reference_top1=reference,
+        reference_margin=margins,
+        peak_rss_mb=peak_rss_mb(),
+        **paced,
+        **judged,
+    )
+
+
+def single_stream(
+    session: Session, samples: Sequence[np.ndarray], spec: dict[str, Any]
+) -> tuple[list[float], float, float]:
+    """LoadGen's SingleStream: each query as soon as the last returned, until the spec's bounds.
+
+    Runs until it has both ``min_queries`` and ``min_duration_s``, or ``max_duration_s`` has
+    passed; returns the latencies (ms), the wall time and this process's CPU time (s).
+    """
     min_q, min_s, max_s = spec["min_queries"], spec["min_duration_s"], spec["max_duration_s"]
     lat: list[float] = []
     clock = time.perf_counter_ns
@@ -194,24 +230,38 @@ def run(spec: dict[str, Any]) -> None:
         if time.monotonic() >= next_report:
             emit("progress", queries=i, elapsed_s=elapsed)
             next_report = time.monotonic() + 0.25
-    duration = (clock() - start) / 1e9
-    cpu_s = time.process_time() - cpu0
-    if head is not None:
-        judged["postprocess_ms"] = _postprocess_times(
-            session, head, spec_pre, manifest.labels, samples, frames, i
-        )
-    session.close()
-    emit(
-        "result",
-        latencies_ms=lat,
-        duration_s=duration,
-        cpu_s=cpu_s,
-        top1=answers,
-        reference_top1=reference,
-        reference_margin=margins,
-        peak_rss_mb=peak_rss_mb(),
-        **judged,
-    )
+    return lat, (clock() - start) / 1e9, time.process_time() - cpu0
+
+
+def paced_queries(
+    session: Session, samples: Sequence[np.ndarray], fps: float, queries: int
+) -> dict[str, Any]:
+    """The camera-rate scenario after the back-to-back one: ``queries`` issued at ``fps`` (none at 0).
+
+    Same session, same samples in turn; ``edgekit.runtime.pacing`` keeps the schedule (each
+    query at its slot, never early, overruns counted).  Its warm-up queries are paced too,
+    so the first measured one comes after an idle gap like every other.
+    """
+    if fps <= 0 or queries < 1:
+        return {}
+    from edgekit.runtime.pacing import paced_run
+
+    emit("pacing", fps=fps, queries=queries)
+    turn = [0]
+
+    def one() -> None:
+        session.run(samples[turn[0] % len(samples)])
+        turn[0] += 1
+
+    run = paced_run(one, fps, queries)
+    return {
+        "paced": {
+            "fps": fps,
+            "latencies_ms": list(run.latencies_ms),
+            "overruns": run.overruns,
+            "duration_s": run.duration_s,
+        }
+    }
 
 
 def _postprocess_times(

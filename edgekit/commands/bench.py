@@ -1,4 +1,4 @@
-"""``edgekit bench``: every candidate of a bundle that runs here, measured SingleStream, side by side."""
+"""``edgekit bench``: every candidate of a bundle that runs here, measured SingleStream and at the camera rate, side by side."""
 
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ def bench_command(
     rounds: Annotated[
         int, typer.Option("--rounds", help="Turns each candidate takes, in a fresh process each (pooled).")
     ] = 1,
+    fps: Annotated[
+        float | None,
+        typer.Option(
+            "--fps",
+            help="Camera rate of the paced scenario (default: the bundle's budget, 1000/budget_ms; "
+            "0: back to back only).",
+        ),
+    ] = None,
+    paced_queries: Annotated[
+        int,
+        typer.Option("--paced-queries", help="Queries each candidate runs at the camera rate (per round)."),
+    ] = 100,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write the latency plot: out.png, out.svg or out.html.")
     ] = None,
@@ -91,6 +103,9 @@ def bench_command(
     Each candidate runs in a fresh process: cold start (process start to first label), a
     warm-up that is not counted, then queries one after another until it has --min-queries
     and --min-duration. p90 is the headline; a p99 from fewer than 662 queries is marked.
+    Then --paced-queries issued at the camera rate (--fps, by default the budget's), the runtime
+    idle between frames as on the device; the wake-up cost is paced p50 minus back-to-back p50.
+    --write-selection ranks by the scenario the device will run: the paced p90.
     """
     from edgekit.bench.recording import selection_from
     from edgekit.bench.recording import write_selection as write_sel
@@ -99,6 +114,14 @@ def bench_command(
     from edgekit.bundle import open_bundle
     from edgekit.bundle import verify as verify_bundle
 
+    if fps is not None and not fps >= 0:
+        raise BenchError(
+            f"--fps must be 0 or more, got {fps:g}", "for example --fps 30 (0: back to back only)"
+        )
+    if paced_queries < 1:
+        raise BenchError(
+            f"--paced-queries must be 1 or more, got {paced_queries}", "for example --paced-queries 100"
+        )
     if min_queries < 1 or min_duration < 0 or max_duration <= 0 or rounds < 1:
         raise BenchError(
             "--min-queries and --rounds must be 1 or more, the durations positive",
@@ -109,6 +132,8 @@ def bench_command(
         min_duration_s=min_duration,
         max_duration_s=max(max_duration, min_duration),
         rounds=rounds,
+        fps=fps,
+        paced_queries=paced_queries,
     )
     from edgekit.bundle.trust import keys_for, require_trusted
 
@@ -136,7 +161,11 @@ def bench_command(
     if write_selection:
         selection = selection_from(report)
         write_sel(bundle, selection, sign_key)
-        selected = {"artifact": selection.chosen, "threads": selection.threads}
+        selected = {
+            "artifact": selection.chosen,
+            "threads": selection.threads,
+            "ranked_by": report.ranked_by,
+        }
     if plot is not None:
         from edgekit.bench.render import plot as draw
 
@@ -156,6 +185,7 @@ def bench_command(
     if selected:
         console.print(
             f"selection written: [bold]{selected['artifact']}[/] with {selected['threads']} threads"
+            f" (ranked by {selected['ranked_by']})"
         )
     if plot is not None:
         console.print(f"plot: {plot}")
@@ -181,6 +211,8 @@ def _with_progress(root: Path, cands: Any, skipped: Any, settings: Any, run: Any
             base = done_rounds[cand.key] * settings.min_queries
             if kind == "loaded":
                 bar.update(tasks[cand.key], description=f"{cand.key:28} running")
+            elif kind == "pacing":
+                bar.update(tasks[cand.key], description=f"{cand.key:28} at {ev['fps']:g} fps")
             elif kind == "progress":
                 bar.update(tasks[cand.key], completed=min(total, base + ev["queries"]))
             elif kind == "done":
