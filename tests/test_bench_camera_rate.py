@@ -7,6 +7,7 @@ parked pays), so the test never depends on how fast this machine is.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import shutil
@@ -36,6 +37,7 @@ from edgekit.runtime.measured import measured_order
 from edgekit.runtime.profiles import get_profile
 
 import tiny_model
+from conftest import ROOT
 from conftest import edgekit as run_edgekit
 
 pytestmark = pytest.mark.slow
@@ -112,6 +114,18 @@ def test_bench_reports_the_camera_rate_beside_single_stream(
     shown = text.getvalue()
     assert f"{1000 / budget:g}fps p50" in shown and "wake" in shown and "over" in shown
     assert "what selection ranks by" in shown
+
+    # The performance report's camera-rate rows, from the same JSON.
+    spec = importlib.util.spec_from_file_location("perf_report", ROOT / "tools" / "perf_report.py")
+    assert spec is not None and spec.loader is not None
+    perf_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(perf_report)
+    rows = perf_report.camera_rate_rows(report)
+    assert rows[0].startswith(f"## At the camera rate ({1000 / budget:g} fps")
+    body = [r for r in rows if r.startswith("| ") and "---" not in r][1:]
+    assert len(body) == len(ran) and sum("✓" in r for r in body) == 1
+    assert "✓" in next(r for r in body if r.startswith(f"| {report['fastest']}"))
+    assert perf_report.camera_rate_rows({**report, "camera_rate_fps": 0}) == []
 
 
 def test_fps_zero_is_back_to_back_only(tiny_bundle: Path, cache_env: dict[str, str]) -> None:
