@@ -98,14 +98,28 @@ def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sin
     return pipeline.summary()
 
 
-def _load(bundle: Path, device: str, keys: list[Path] | None, allow_unsigned: bool) -> Model:
+def _load(
+    bundle: Path, device: str, keys: list[Path] | None, allow_unsigned: bool, measure: bool = True
+) -> Model:
     import edgekit
 
     if allow_unsigned:
         from edgekit.bundle.trust import UNSIGNED_RISK
 
         err_console.print(f"[bold yellow]warning:[/] {UNSIGNED_RISK}", highlight=False)
-    return edgekit.load(bundle, device=device, trusted_keys=keys, allow_unsigned=allow_unsigned)
+
+    def progress(line: str) -> None:
+        # stderr, so that --json's stdout stays one document; markup off: keys hold brackets.
+        err_console.print(line, highlight=False, markup=False)
+
+    return edgekit.load(
+        bundle,
+        device=device,
+        trusted_keys=keys,
+        allow_unsigned=allow_unsigned,
+        measure=measure,
+        progress=progress,
+    )
 
 
 def run_command(
@@ -193,6 +207,15 @@ def run_command(
             ":8080 is this machine only (the preview has no login), :0 picks a free port.",
         ),
     ] = None,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure/--no-measure",
+            help="With no selection in the bundle for this host, measure its candidates at the camera "
+            "rate on the first load here (a few seconds; kept for later runs) and run the fastest. "
+            "--no-measure: the device profile's order.",
+        ),
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle (or find objects in them), each within the frame budget;
@@ -202,7 +225,7 @@ def run_command(
     _quiet_opencv()
     _warn_if_source_secret_on_command_line(source)
     with (
-        _load(bundle, device, key, allow_unsigned) as model,
+        _load(bundle, device, key, allow_unsigned, measure) as model,
         Pipeline(
             model,
             source,
@@ -239,8 +262,10 @@ def run_command(
             err_console.print(f"preview: {server.url}", highlight=False)
         seen = Seen(model.task)
         pipeline.add_observer(seen.observe)
+        if not as_json:
+            console.print(f"candidate {model.selection.describe()}", highlight=False, markup=False)
         summary = drive(pipeline, as_json=as_json, records=records)
-    _report(summary, as_json, seen=seen)
+    _report(summary, as_json, {"selection": model.selection.to_dict()}, seen=seen)
 
 
 def _warn_if_source_secret_on_command_line(source: str) -> None:

@@ -1,23 +1,36 @@
-"""What ``edgekit bench`` measured, as ``load()`` uses it: the measured order and thread count.
+"""What was measured, as ``load()`` uses it: the bundle's selection, or this host's own measurement.
 
-``measured_order`` turns a bundle's recorded selection into what
-``edgekit.runtime.selection.plan`` takes: measured latencies per candidate, used only on a
-host of the same architecture and profile as the one measured.
+``measured_order`` turns a bundle's recorded selection (``edgekit bench --write-selection``)
+into what ``edgekit.runtime.selection.plan`` takes: measured latencies per candidate, used
+only on a host of the same architecture and profile as the one measured.
+
+``choose_here`` is the default when the bundle carries no selection that fits: on the first
+load of a bundle on this host it measures the candidates at the camera rate (bounded:
+``MeasureLimits``), keeps the result in the state folder (``edgekit.runtime.choice_cache``)
+and hands back the latencies; every later load reads them back without measuring.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import replace
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
+from edgekit.errors import EdgekitError, InputError
 from edgekit.runtime.matching import artifact_for
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import numpy as np
+
+    from edgekit.backends.base import Session
     from edgekit.bundle.manifest import Manifest
-    from edgekit.runtime.profiles import Candidate
+    from edgekit.runtime.profiles import Candidate, DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +85,238 @@ def with_threads(candidate: Candidate, threads: int | None) -> Candidate:
     if threads is None or option is None or option in candidate.options:
         return candidate
     return replace(candidate, options=MappingProxyType({**candidate.options, option: threads}))
+
+
+Progress = Callable[[str], None]
+#: How ``load()`` ordered the candidates: measured here now, read back from that measurement,
+#: the bundle's own selection, or the profile's order (``measure=False``, nothing to compare).
+How = Literal["measured", "cached", "bundle", "profile"]
+
+
+@dataclass(frozen=True)
+class MeasureLimits:
+    """How long the first-load measurement may take: a first load costs seconds, never minutes.
+
+    Each candidate gets at most ``per_candidate_s`` (its load included) and an even share of
+    what is left of ``total_s``; within that, as many paced queries as fit, between
+    ``min_queries`` and ``queries`` (a slow candidate gets fewer).  ``fps`` None: the
+    profile's budget (33.3 ms -> 30 fps), the rate the device's frame loop will run at.
+    ``total_s`` bounds the queries; a candidate that takes long to load can overrun it once.
+    """
+
+    per_candidate_s: float = 2.0
+    total_s: float = 8.0
+    queries: int = 40
+    min_queries: int = 5
+    warmup: int = 3
+    fps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.per_candidate_s <= self.total_s:
+            raise InputError(
+                f"measuring: per_candidate_s {self.per_candidate_s} must be above 0 and at most total_s {self.total_s}",
+                "e.g. MeasureLimits(per_candidate_s=2, total_s=8)",
+            )
+        if not 1 <= self.min_queries <= self.queries or self.warmup < 0:
+            raise InputError(
+                f"measuring: need 1 <= min_queries ({self.min_queries}) <= queries ({self.queries}) "
+                f"and warmup ({self.warmup}) >= 0",
+                "e.g. MeasureLimits(queries=40, min_queries=5, warmup=3)",
+            )
+        if self.fps is not None and not 0 < self.fps <= 10_000:
+            raise InputError(f"measuring: fps must be within (0, 10000], got {self.fps}", "e.g. fps=30")
+
+
+@dataclass(frozen=True)
+class CandidateChoice:
+    """Which candidate ``load()`` runs, how it came to be first, and what was measured.
+
+    ``latency_ms``: p90 per candidate key, paced at ``fps`` (measured, cached) or as the
+    bundle's selection recorded it (bundle); empty for the profile's order.
+    """
+
+    how: How
+    candidate: str = ""
+    latency_ms: Mapping[str, float] = field(default_factory=dict)
+    measured_at: datetime | None = None
+    fps: float | None = None
+
+    @property
+    def measured_ms(self) -> float | None:
+        """The p90 measured for the candidate in use (None: not measured)."""
+        return self.latency_ms.get(self.candidate)
+
+    def describe(self) -> str:
+        """One line for a person: which candidate, and why."""
+        ms = f", p90 {self.measured_ms:.2f} ms" if self.measured_ms is not None else ""
+        at = f" at {self.fps:.3g} fps" if self.fps else ""
+        why = {
+            "measured": f"measured the fastest here now{at}{ms}",
+            "cached": f"the fastest here{at}{ms}, measured {self.measured_at:%Y-%m-%d %H:%M} UTC"
+            if self.measured_at
+            else "cached",
+            "bundle": f"the bundle's selection (edgekit bench --write-selection){ms}",
+            "profile": "the device profile's order (not measured)",
+        }[self.how]
+        return f"{self.candidate}: {why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"how": self.how, "candidate": self.candidate}
+        if self.measured_ms is not None:
+            out["measured_ms"] = round(self.measured_ms, 4)
+        if self.fps:
+            out["fps"] = round(self.fps, 3)
+        if self.measured_at is not None:
+            out["measured_at"] = self.measured_at.isoformat()
+        if self.latency_ms:
+            out["candidates_ms"] = {k: round(v, 4) for k, v in self.latency_ms.items()}
+        return out
+
+
+def gate_passed(candidate: Candidate, manifest: Manifest) -> bool:
+    """Whether the candidate's artifact passed the build's accuracy gate (no verdict counts as passed).
+
+    One shipped under ``--allow-accuracy-drop`` did not pass: measuring may never put it first.
+    """
+    art = artifact_for(candidate, manifest.artifacts)
+    if art is None:
+        return False
+    return art.accuracy is None or (art.accuracy.passed and not art.accuracy.allowed_drop)
+
+
+def _measure_one(
+    session: Session, x: Sequence[np.ndarray], fps: float, share_s: float, limits: MeasureLimits
+) -> tuple[float, int]:
+    """Paced p90 (ms) of ``session`` on ``x`` and the number of queries it took."""
+    from edgekit._core.stats import percentile
+    from edgekit.runtime.pacing import back_to_back_latencies, paced_latencies
+
+    def run() -> None:
+        session.run(*x)
+
+    # Back to back first: the warm-up (first-run compilation, allocations) and an estimate of
+    # one query, from which the number of paced queries that fit in this candidate's share.
+    guess = sorted(back_to_back_latencies(run, max(1, limits.warmup), warmup=1))
+    slot_s = max(1.0 / fps, guess[len(guess) // 2] / 1e3)
+    queries = max(limits.min_queries, min(limits.queries, int(share_s / slot_s)))
+    paced = sorted(paced_latencies(run, fps, queries, warmup=1))  # one paced warm-up: an idle gap first
+    return percentile(paced, 90.0), queries
+
+
+def measure_candidates(
+    candidates: Sequence[Candidate],
+    open_session: Callable[[Candidate], Session],
+    make_input: Callable[[Session], Sequence[np.ndarray]],
+    fps: float,
+    limits: MeasureLimits,
+    progress: Progress | None = None,
+) -> tuple[dict[str, float], Session | None]:
+    """Load, measure at ``fps`` and close each candidate in turn; p90 (ms) per candidate measured.
+
+    The fastest one's session is handed back open (``candidate`` set) for ``load()`` to use,
+    so it is not loaded twice.  A candidate that does not load or run here is skipped with
+    a line; those the total time leaves no room for are not measured (they keep their
+    profile place after the measured ones).
+    """
+
+    def say(line: str) -> None:
+        log.info("%s", line.strip())
+        if progress is not None:
+            progress(line)
+
+    say(
+        f"measuring {len(candidates)} candidates at {fps:.3g} fps, at most {limits.total_s:g} s "
+        "(first load of this bundle on this host; --no-measure skips it)"
+    )
+    p90: dict[str, float] = {}
+    best: Session | None = None
+    start = time.monotonic()
+    try:
+        for i, cand in enumerate(candidates):
+            left = limits.total_s - (time.monotonic() - start)
+            if left <= 0:
+                say(
+                    f"  {', '.join(c.key for c in candidates[i:])}: not measured ({limits.total_s:g} s spent)"
+                )
+                break
+            share = min(limits.per_candidate_s, left / (len(candidates) - i))
+            t0 = time.monotonic()
+            try:
+                session = open_session(cand)
+            except EdgekitError as err:
+                say(f"  {cand.key}: does not load here ({err.message})")
+                continue
+            try:
+                ms, queries = _measure_one(
+                    session, make_input(session), fps, share - (time.monotonic() - t0), limits
+                )
+            except EdgekitError as err:
+                session.close()
+                say(f"  {cand.key}: does not run here ({err.message})")
+                continue
+            except BaseException:
+                session.close()
+                raise
+            p90[cand.key] = ms
+            say(f"  {cand.key}: p90 {ms:.2f} ms ({queries} queries)")
+            if best is None or ms < p90[best.candidate]:
+                if best is not None:
+                    best.close()
+                session.candidate = cand.key
+                best = session
+            else:
+                session.close()
+    except BaseException:
+        if best is not None:
+            best.close()
+        raise
+    return p90, best
+
+
+def choose_here(
+    bundle: Path,
+    manifest: Manifest,
+    profile: DeviceProfile,
+    candidates: Sequence[Candidate],
+    open_session: Callable[[Candidate], Session],
+    make_input: Callable[[Session], Sequence[np.ndarray]],
+    limits: MeasureLimits,
+    progress: Progress | None = None,
+) -> tuple[CandidateChoice, Session | None]:
+    """This host's ranking of ``candidates``: read back from the state folder, else measured now and kept.
+
+    Only candidates whose artifact passed the accuracy gate are ranked; the rest keep their
+    profile place after them.  With fewer than two such candidates there is nothing to
+    compare: the profile's order stands and nothing is written.
+    """
+    from edgekit.runtime.choice_cache import (
+        CachedChoice,
+        host_fingerprint,
+        manifest_sha256,
+        now,
+        read_choice,
+        write_choice,
+    )
+    from edgekit.runtime.pacing import fps_for_budget
+    from edgekit.runtime.selection import backend_availability
+
+    eligible = [c for c in candidates if gate_passed(c, manifest)]
+    if len(eligible) < 2:
+        return CandidateChoice("profile"), None
+    sha = manifest_sha256(bundle)
+    host = host_fingerprint(profile.name, {c.backend for c in eligible})
+    cached = read_choice(sha, host)
+    if cached is not None and set(cached.p90_ms) <= {c.key for c in eligible}:
+        return CandidateChoice("cached", "", cached.p90_ms, cached.measured_at, cached.fps), None
+    runnable = [c for c in eligible if backend_availability(c).ok]
+    if len(runnable) < 2:
+        return CandidateChoice("profile"), None
+    fps = limits.fps or fps_for_budget(profile.budget_ms)
+    p90, best = measure_candidates(runnable, open_session, make_input, fps, limits, progress)
+    if not p90:
+        return CandidateChoice("profile"), best
+    when = now()
+    where = write_choice(CachedChoice(sha, host, fps, when, p90))
+    if progress is not None and where is not None:
+        progress(f"kept the ranking in {where}: later loads of this bundle here use it")
+    return CandidateChoice("measured", "", p90, when, fps), best

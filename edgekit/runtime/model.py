@@ -6,6 +6,12 @@ profile's candidates to the bundle's artifacts and loads the first that runs her
 one logged fallback per failure.  Artifacts the profile does not mention are tried last,
 with their default options, so a bundle built for another device still runs if anything
 in it can.
+
+Which candidate comes first: the bundle's own selection when it fits this host (``edgekit
+bench --write-selection``); else, by default, the fastest at the camera rate on this very
+host, measured on the first load of the bundle here and read back on every later one
+(``edgekit.runtime.measured.choose_here``); else (``measure=False``) the profile's order.
+``Model.selection`` says which of these it was.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
@@ -24,6 +31,7 @@ from edgekit.backends.base import Session
 from edgekit.errors import EdgekitError, InputError
 from edgekit.runtime.detection import Detection, Detector
 from edgekit.runtime.matching import artifact_for, candidates_for
+from edgekit.runtime.measured import CandidateChoice, MeasureLimits
 from edgekit.runtime.postprocess import Label, top_k
 from edgekit.runtime.preprocessing import PreprocessSpec
 from edgekit.runtime.profiles import Candidate
@@ -49,6 +57,7 @@ class Model:
         cleanup: Path | None = None,
         candidates: Sequence[Candidate] = (),
         load_ms: Mapping[str, float] | None = None,
+        selection: CandidateChoice | None = None,
     ) -> None:
         self.manifest = manifest
         self.session = session
@@ -61,6 +70,9 @@ class Model:
         #: What ``load()`` spent, in ms, by phase (``imports``, ``unpack``, ``verify``, ``profile``,
         #: ``session``; a runtime's import counts where it happens): the cold-start breakdown.
         self.load_ms: Mapping[str, float] = MappingProxyType(dict(load_ms or {}))
+        #: Which candidate runs and why: measured here now, cached from an earlier measurement,
+        #: the bundle's selection, or the profile's order (``edgekit run`` prints it).
+        self.selection: CandidateChoice = selection or CandidateChoice("profile", session.candidate)
         #: A detector's decoder, compiled once (anchors generated here, not per frame); None for a classifier.
         self.detector: Detector | None = None
         if manifest.detection is not None:
@@ -214,6 +226,8 @@ def load(
     trusted_keys: Sequence[Path] | None = None,
     require_signature: bool = True,
     allow_unsigned: bool = False,
+    measure: bool | MeasureLimits = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Model:
     """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``.
 
@@ -223,6 +237,13 @@ def load(
     (never one whose signature is bad, nor an unsigned one when ``trusted_keys`` are given).
     ``require_signature`` is kept for old callers: a signature is required either way.
     The manifest used is parsed from the very bytes whose signature was checked.
+
+    ``measure``: with no bundle selection for this host, the first load of a bundle here
+    measures its candidates at the camera rate (a few seconds, bounded by ``MeasureLimits``;
+    pass one to change the bounds or the rate) and keeps the ranking in the state folder,
+    so later loads start at once on the fastest; ``False`` keeps the profile's order.
+    Candidates whose artifact failed the build's accuracy gate are never measured ahead of
+    those that passed.  ``progress`` receives one line per step of a measurement.
     """
     load_ms: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -237,7 +258,7 @@ def load(
     from edgekit.bundle.trust import keys_for, require_trusted
     from edgekit.bundle.verify import check_files
     from edgekit.runtime.host import match_profile
-    from edgekit.runtime.measured import measured_order, with_threads
+    from edgekit.runtime.measured import choose_here, measured_order, with_threads
     from edgekit.runtime.profiles import get_profile
     from edgekit.runtime.selection import select
 
@@ -284,13 +305,41 @@ def load(
         # Measured on a device like this one (edgekit bench --write-selection): fastest first.
         latency, threads = measured_order(manifest, profile.name, candidates, host_arch())
         candidates = [with_threads(c, threads.get(c.key)) for c in candidates]
-        session = select(candidates, resolve, latency or None)
+        opened: Session | None = None
+        if latency:
+            # The bundle's selection wins over this host's own measurement: someone measured it
+            # on purpose, with SingleStream's full run and the accuracy check on the evaluation
+            # frames, on a device of this profile and architecture, and signed it into the
+            # bundle; every device of the fleet then runs the same artifact.  A few seconds of
+            # automatic measurement are the default for bundles nobody measured, not an override.
+            choice = CandidateChoice("bundle", latency_ms=latency)
+        elif measure is not False:
+            limits = measure if isinstance(measure, MeasureLimits) else MeasureLimits()
+            t, hashed_before = time.perf_counter(), load_ms.get("hash", 0.0)
+            choice, opened = choose_here(
+                path,
+                manifest,
+                profile,
+                candidates,
+                lambda c: _open(c, resolve),
+                _input_for(manifest),
+                limits,
+                progress,
+            )
+            latency = dict(choice.latency_ms)
+            if choice.how == "measured":  # the first load's cost, as its own phase (hashing stays its own)
+                hashing = load_ms.get("hash", 0.0) - hashed_before
+                load_ms["measure"] = (time.perf_counter() - t) * 1e3 - hashing
+        else:
+            choice = CandidateChoice("profile")
+        session = select(candidates, resolve, latency or None, opened)
+        choice = replace(choice, candidate=session.candidate)
     except BaseException:
         if cleanup is not None:
             shutil.rmtree(cleanup, ignore_errors=True)
         raise
     phase("session")
-    load_ms["session"] -= load_ms.get("hash", 0.0)
+    load_ms["session"] -= load_ms.get("hash", 0.0) + load_ms.get("measure", 0.0)
     if session.fallbacks:
         log.warning(
             "%s runs on %s after: %s",
@@ -298,4 +347,34 @@ def load(
             session.candidate,
             "; ".join(f"{who}: {why}" for who, why in session.fallbacks),
         )
-    return Model(manifest, session, path, cleanup, candidates, load_ms)
+    if choice.how in ("measured", "cached"):
+        log.info("%s runs on %s", manifest.model.name, choice.describe())
+    return Model(manifest, session, path, cleanup, candidates, load_ms, choice)
+
+
+def _open(candidate: Candidate, resolve: Callable[[Candidate], Path | None]) -> Session:
+    """Load ``candidate``'s artifact (its files hashed first, by ``resolve``) on its backend."""
+    from edgekit.backends import registry
+
+    where = resolve(candidate)
+    if where is None:  # measuring takes only candidates with an artifact here
+        raise InputError(f"{candidate.key}: no artifact in this bundle", "rebuild the bundle")
+    return registry.get(candidate.backend).load(where, candidate.options)
+
+
+def _input_for(manifest: Manifest) -> Callable[[Session], list[np.ndarray]]:
+    """A session -> the inputs of one camera frame, preprocessed as the frame loop does (for measuring)."""
+
+    def make(session: Session) -> list[np.ndarray]:
+        import numpy as np
+
+        from edgekit.runtime.preprocessing import Preprocessor
+
+        # A fixed noisy VGA frame: real pixels (no all-zero shortcut a runtime could take),
+        # the same for every candidate.
+        frame = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+        first = Preprocessor(PreprocessSpec.from_manifest(manifest), session.inputs[0])(frame)
+        rest = [np.zeros([d or 1 for d in s.shape], np.dtype(s.dtype)) for s in session.inputs[1:]]
+        return [first, *rest]
+
+    return make

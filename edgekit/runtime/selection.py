@@ -113,8 +113,14 @@ def select(
     candidates: Sequence[Candidate],
     artifact_for: Callable[[Candidate], Path | None],
     latency_ms: Mapping[str, float] | None = None,
+    opened: Session | None = None,
 ) -> Session:
-    """Pick and load the best candidate that has an artifact and a runtime here."""
+    """Pick and load the best candidate that has an artifact and a runtime here.
+
+    ``opened``: a session already loaded for one candidate (the one measuring found
+    fastest), used as that candidate's load instead of loading it twice; closed here when
+    another candidate is chosen.
+    """
 
     def availability(cand: Candidate) -> Availability:
         if artifact_for(cand) is None:
@@ -122,9 +128,17 @@ def select(
         return backend_availability(cand)
 
     def load(cand: Candidate) -> Session:
+        nonlocal opened
+        if opened is not None and opened.candidate == cand.key:
+            session, opened = opened, None
+            return session
         path = artifact_for(cand)
         assert path is not None  # plan() dropped candidates without an artifact
         return registry.get(cand.backend).load(path, cand.options)
 
     ranked = plan(candidates, lambda c: Availability(True), latency_ms)  # order only; probe lazily below
-    return load_first(ranked, load, availability)
+    try:
+        return load_first(ranked, load, availability)
+    finally:
+        if opened is not None:
+            opened.close()

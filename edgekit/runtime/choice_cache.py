@@ -1,0 +1,214 @@
+"""The candidate measured fastest on this host, kept per bundle so that only the first load measures.
+
+``edgekit.load`` measures a bundle's candidates at the camera rate the first time it loads
+that bundle here (``edgekit.runtime.measured.measure_candidates``) and writes what it found
+to ``<state root>/choices/<manifest sha256>.json``.  A later load of the same bundle reads
+it back instead of measuring, as long as the host is the same one: the same CPU (model,
+vector extensions, core count), the same runtime versions of the backends involved, the
+same edgekit and the same device profile.  Anything else measures again, since a ranking
+measured with another runtime or on another CPU says nothing about this one.
+
+The file is state, not configuration: it is read bounded (``MAX_BYTES``), checked field by
+field, and a file that is corrupt, too large, of another format or for another bundle is
+ignored with a log line (and overwritten by the next measurement), never trusted blindly.
+The folder is kept to ``MAX_FILES`` entries, oldest dropped first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from edgekit._core.io import TMP_MARK, write_atomic
+from edgekit._core.packages import installed_version
+from edgekit._core.paths import state_root
+from edgekit._version import __version__
+
+log = logging.getLogger(__name__)
+
+FORMAT = "edgekit-choice/1"
+#: A choice file is a few hundred bytes; anything past this is not ours.
+MAX_BYTES = 64 * 1024
+#: Choice files kept (one per bundle measured here); the oldest go first.
+MAX_FILES = 64
+#: Candidates one file may list (a profile has about ten).
+MAX_CANDIDATES = 64
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+#: The distributions that carry each built-in backend's runtime, in the order they are looked for.
+#: Their installed versions come from package metadata: reading them imports no runtime, so a
+#: cached load stays quick (``import tvm`` alone takes seconds).
+RUNTIME_DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "onnxruntime-directml"),
+    "openvino": ("openvino",),
+    "litert": ("ai-edge-litert", "tflite-runtime"),
+    "tvm": ("apache-tvm", "tlcpack", "tvm"),
+    "tensorrt": ("tensorrt", "tensorrt-cu12", "tensorrt-libs"),
+}
+
+
+def runtime_version(backend: str) -> str:
+    """The installed version of ``backend``'s runtime, from package metadata; ``"?"`` when not found.
+
+    A plugin's or a runtime built from source has no known distribution: it still keys the
+    cache by name, so a change of it is caught only with the edgekit or CPU fingerprint.
+    """
+    for dist in RUNTIME_DISTRIBUTIONS.get(backend, ()):
+        found = installed_version(dist)
+        if found is not None:
+            return f"{dist} {found}"
+    return "?"
+
+
+@cache
+def _cpu() -> tuple[str, str, tuple[str, ...], int]:
+    # Read once per process: the hardware does not change under a running program.
+    from edgekit.runtime.cpu import this_cpu
+    from edgekit.runtime.host import read_host
+
+    host = read_host(probe_runtimes=False)  # no runtime import: only /proc and /sys
+    return host.arch, host.cpu_model, tuple(sorted(this_cpu().notable)), os.cpu_count() or 1
+
+
+def host_fingerprint(profile: str, backends: Iterable[str]) -> dict[str, Any]:
+    """What must be the same for a measured ranking to hold here: CPU, runtimes, edgekit, profile."""
+    arch, model, flags, count = _cpu()
+    return {
+        "arch": arch,
+        "cpu_model": model,
+        "cpu_flags": list(flags),
+        "cpu_count": count,
+        "runtimes": {b: runtime_version(b) for b in sorted(set(backends))},
+        "edgekit": __version__,
+        "profile": profile,
+    }
+
+
+@dataclass(frozen=True)
+class CachedChoice:
+    """One measurement of a bundle's candidates on one host: paced p90 per candidate key."""
+
+    bundle_sha256: str
+    host: Mapping[str, Any]
+    fps: float
+    measured_at: datetime
+    p90_ms: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def chosen(self) -> str | None:
+        """The fastest candidate measured (ties: the first listed, which is profile order)."""
+        return min(self.p90_ms, key=lambda k: self.p90_ms[k]) if self.p90_ms else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "bundle_sha256": self.bundle_sha256,
+            "host": dict(self.host),
+            "fps": self.fps,
+            "measured_at": self.measured_at.isoformat(),
+            "p90_ms": dict(self.p90_ms),
+        }
+
+
+def choices_dir() -> Path:
+    return state_root() / "choices"
+
+
+def manifest_sha256(bundle: Path) -> str:
+    """SHA-256 of the bundle's ``manifest.json``: the bundle's identity (it hashes every other file)."""
+    return hashlib.sha256((bundle / "manifest.json").read_bytes()).hexdigest()
+
+
+def _path(bundle_sha256: str) -> Path:
+    if not _SHA256.match(bundle_sha256):
+        raise ValueError(f"not a SHA-256: {bundle_sha256!r}")
+    return choices_dir() / f"{bundle_sha256}.json"
+
+
+def _parse(doc: Any, bundle_sha256: str) -> CachedChoice:
+    """The choice in ``doc``, or ValueError saying what is wrong with it."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"not an {FORMAT} document")
+    if doc.get("bundle_sha256") != bundle_sha256:
+        raise ValueError("written for another bundle")
+    host, fps, p90 = doc.get("host"), doc.get("fps"), doc.get("p90_ms")
+    if not isinstance(host, dict):
+        raise ValueError("no host fingerprint")
+    if not isinstance(fps, int | float) or isinstance(fps, bool) or not 0 < fps < 10_000:
+        raise ValueError(f"bad fps {fps!r}")
+    if not isinstance(p90, dict) or not 0 < len(p90) <= MAX_CANDIDATES:
+        raise ValueError("no measured candidates")
+    for key, ms in p90.items():
+        if not isinstance(ms, int | float) or isinstance(ms, bool) or not (math.isfinite(ms) and ms >= 0):
+            raise ValueError(f"bad latency for {key!r}: {ms!r}")
+    when = datetime.fromisoformat(str(doc.get("measured_at")))
+    if when.tzinfo is None:
+        raise ValueError("measured_at has no time zone")
+    return CachedChoice(bundle_sha256, host, float(fps), when, {str(k): float(v) for k, v in p90.items()})
+
+
+def read_choice(bundle_sha256: str, host: Mapping[str, Any]) -> CachedChoice | None:
+    """This bundle's choice measured on a host like ``host``; None (with a log line) otherwise."""
+    path = _path(bundle_sha256)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        log.warning("cannot read the cached candidate choice %s (%s): measuring again", path, err)
+        return None
+    try:
+        if len(raw) > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES} bytes")
+        choice = _parse(json.loads(raw), bundle_sha256)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        log.warning("ignoring the cached candidate choice %s: %s; measuring again", path, err)
+        return None
+    if dict(choice.host) != dict(host):
+        changed = sorted(k for k in set(host) | set(choice.host) if host.get(k) != choice.host.get(k))
+        log.info(
+            "the cached candidate choice was measured with another %s: measuring again", ", ".join(changed)
+        )
+        return None
+    return choice
+
+
+def write_choice(choice: CachedChoice) -> Path | None:
+    """Keep ``choice`` (atomically); a state folder that cannot be written costs a log line, not the load."""
+    path = _path(choice.bundle_sha256)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, (json.dumps(choice.to_dict(), indent=1) + "\n").encode())
+        _prune(path.parent)
+    except OSError as err:
+        log.warning(
+            "cannot keep the measured candidate choice in %s (%s): the next load measures again", path, err
+        )
+        return None
+    return path
+
+
+def _prune(folder: Path) -> None:
+    # Bounded: one file per bundle ever loaded would grow without end on a device that
+    # receives a new bundle every week.
+    files = [p for p in folder.glob("*.json") if TMP_MARK not in p.name]
+    if len(files) <= MAX_FILES:
+        return
+    files.sort(key=lambda p: p.stat().st_mtime)
+    for old in files[: len(files) - MAX_FILES]:
+        old.unlink(missing_ok=True)
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
