@@ -58,8 +58,9 @@ def bundle(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory, keys: 
 
 @pytest.fixture(autouse=True)
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A state folder of this test's own: no cached choice to start with."""
+    """A state folder of this test's own: no cached choice to start with; the default (measure) on."""
     monkeypatch.setenv("EDGEKIT_STATE", str(tmp_path / "state"))
+    monkeypatch.delenv("EDGEKIT_MEASURE", raising=False)
     return tmp_path / "state"
 
 
@@ -173,6 +174,24 @@ def test_measure_false_keeps_the_profiles_order_and_writes_nothing(
     assert not (state / "choices").exists()
 
 
+def test_edgekit_measure_0_turns_the_default_off_and_an_explicit_request_still_measures(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgekit.errors import InputError
+
+    slow_backend(monkeypatch, "onnxruntime")
+    monkeypatch.setenv("EDGEKIT_MEASURE", "0")
+    model, lines = load(bundle, measure=None)
+    model.close()
+    assert model.selection.how == "profile" and model.candidate == ORT and lines == []
+    model, lines = load(bundle)  # measure=LIMITS: asked for, so measured
+    model.close()
+    assert model.selection.how == "measured" and model.candidate == OV and lines
+    monkeypatch.setenv("EDGEKIT_MEASURE", "perhaps")
+    with pytest.raises(InputError, match="EDGEKIT_MEASURE"):
+        load(bundle, measure=None)
+
+
 @pytest.mark.parametrize(
     "garbage",
     [
@@ -280,7 +299,7 @@ def test_the_bundles_own_selection_wins_over_measuring(
 def _run_json(bundle: Path, state: Path, *extra: str) -> tuple[dict[str, Any], str]:
     import os
 
-    env = {**os.environ, "EDGEKIT_STATE": str(state)}
+    env = {k: v for k, v in os.environ.items() if k != "EDGEKIT_MEASURE"} | {"EDGEKIT_STATE": str(state)}
     r = run_cli(
         env,
         "run",

@@ -99,7 +99,7 @@ def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sin
 
 
 def _load(
-    bundle: Path, device: str, keys: list[Path] | None, allow_unsigned: bool, measure: bool = True
+    bundle: Path, device: str, keys: list[Path] | None, allow_unsigned: bool, measure: bool | None = None
 ) -> Model:
     import edgekit
 
@@ -208,14 +208,14 @@ def run_command(
         ),
     ] = None,
     measure: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--measure/--no-measure",
             help="With no selection in the bundle for this host, measure its candidates at the camera "
             "rate on the first load here (a few seconds; kept for later runs) and run the fastest. "
-            "--no-measure: the device profile's order.",
+            "--no-measure: the device profile's order. Default: measure, unless EDGEKIT_MEASURE=0.",
         ),
-    ] = True,
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle (or find objects in them), each within the frame budget;

@@ -88,6 +88,27 @@ def with_threads(candidate: Candidate, threads: int | None) -> Candidate:
 
 
 Progress = Callable[[str], None]
+#: ``0``/``no``/``false``/``off`` turns the first-load measurement off for every load that does not
+#: ask for it (``measure=True`` or ``edgekit run --measure`` still measure): for a fleet that wants
+#: the profile's order everywhere, or a test suite that checks it.
+MEASURE_ENV = "EDGEKIT_MEASURE"
+
+
+def measure_by_default() -> bool:
+    """Whether a load that says nothing measures: yes, unless ``$EDGEKIT_MEASURE`` says no."""
+    import os
+
+    value = os.environ.get(MEASURE_ENV, "").strip().lower()
+    if value in ("", "1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off"):
+        return False
+    raise InputError(
+        f"{MEASURE_ENV}={value!r} is neither yes nor no",
+        f"set {MEASURE_ENV}=0 to keep the profile's order, or unset it to measure on the first load",
+    )
+
+
 #: How ``load()`` ordered the candidates: measured here now, read back from that measurement,
 #: the bundle's own selection, or the profile's order (``measure=False``, nothing to compare).
 How = Literal["measured", "cached", "bundle", "profile"]

@@ -226,7 +226,7 @@ def load(
     trusted_keys: Sequence[Path] | None = None,
     require_signature: bool = True,
     allow_unsigned: bool = False,
-    measure: bool | MeasureLimits = True,
+    measure: bool | MeasureLimits | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> Model:
     """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``.
@@ -241,7 +241,8 @@ def load(
     ``measure``: with no bundle selection for this host, the first load of a bundle here
     measures its candidates at the camera rate (a few seconds, bounded by ``MeasureLimits``;
     pass one to change the bounds or the rate) and keeps the ranking in the state folder,
-    so later loads start at once on the fastest; ``False`` keeps the profile's order.
+    so later loads start at once on the fastest; ``False`` keeps the profile's order; None
+    (the default) measures unless ``$EDGEKIT_MEASURE=0``.
     Candidates whose artifact failed the build's accuracy gate are never measured ahead of
     those that passed.  ``progress`` receives one line per step of a measurement.
     """
@@ -258,7 +259,7 @@ def load(
     from edgekit.bundle.trust import keys_for, require_trusted
     from edgekit.bundle.verify import check_files
     from edgekit.runtime.host import match_profile
-    from edgekit.runtime.measured import choose_here, measured_order, with_threads
+    from edgekit.runtime.measured import choose_here, measure_by_default, measured_order, with_threads
     from edgekit.runtime.profiles import get_profile
     from edgekit.runtime.selection import select
 
@@ -313,7 +314,7 @@ def load(
             # bundle; every device of the fleet then runs the same artifact.  A few seconds of
             # automatic measurement are the default for bundles nobody measured, not an override.
             choice = CandidateChoice("bundle", latency_ms=latency)
-        elif measure is not False:
+        elif measure or (measure is None and measure_by_default()):
             limits = measure if isinstance(measure, MeasureLimits) else MeasureLimits()
             t, hashed_before = time.perf_counter(), load_ms.get("hash", 0.0)
             choice, opened = choose_here(
