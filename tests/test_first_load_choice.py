@@ -9,6 +9,7 @@ folder, so each starts with no cached choice.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -328,3 +329,15 @@ def test_edgekit_run_says_which_candidate_and_why(bundle: Path, state: Path) -> 
     assert "measuring" not in err
     plain, _ = _run_json(bundle, state, "--no-measure")
     assert plain["selection"] == {"how": "profile", "candidate": ORT}
+
+    # The human output says it too, before the frames.
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "EDGEKIT_MEASURE"} | {"EDGEKIT_STATE": str(state)}
+    r = run_cli(
+        env, "run", str(bundle), "--device", "x86_64-cpu", "--source", "synthetic:64x48@30", "--frames", "2"
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(
+        rf"candidate {sel['candidate']}: the fastest here at 30 fps, p90 [0-9.]+ ms, measured 20", r.stdout
+    )

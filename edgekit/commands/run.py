@@ -263,7 +263,9 @@ def run_command(
         seen = Seen(model.task)
         pipeline.add_observer(seen.observe)
         if not as_json:
-            console.print(f"candidate {model.selection.describe()}", highlight=False, markup=False)
+            console.print(
+                f"candidate {model.selection.describe()}", highlight=False, markup=False, soft_wrap=True
+            )
         summary = drive(pipeline, as_json=as_json, records=records)
     _report(summary, as_json, {"selection": model.selection.to_dict()}, seen=seen)
 
