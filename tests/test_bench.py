@@ -40,6 +40,8 @@ def bench_json(
         "0.2",
         "--max-duration",
         "3",
+        "--paced-queries",  # the camera rate at the budget's fps (30 at 33 ms): 10 queries ~ 0.3 s
+        "10",
         "--plot",
         str(plot),
         "--samples",
@@ -93,6 +95,23 @@ def test_bench_summary_fields(bench_json: tuple[dict[str, Any], Path]) -> None:
         assert c["eval_frames"] >= 1 and c["top1_agreement"] is not None
         if c["precision"] == "fp32":
             assert c["top1_agreement"] == 1.0, c["key"]
+
+
+def test_bench_measures_every_candidate_at_the_camera_rate_too(
+    bench_json: tuple[dict[str, Any], Path],
+) -> None:
+    report, _ = bench_json
+    fps = round(1000 / report["budget_ms"], 3)  # no --fps: one frame per budget
+    assert report["camera_rate_fps"] == fps and report["ranked_by"].startswith("camera rate")
+    ok = [c for c in report["candidates"] if c["ok"]]
+    for c in ok:
+        paced = c["camera_rate"]
+        assert paced["fps"] == fps and paced["queries"] == 10 == len(c["paced_latencies_ms"])
+        assert paced["p50_ms"] <= paced["p90_ms"] <= paced["p99_ms"]
+        assert paced["wakeup_ms"] == pytest.approx(paced["p50_ms"] - c["summary"]["p50_ms"], abs=2e-4)
+    # The fastest is the fastest at the rate the device runs, among what passed the gate.
+    gated = [c for c in ok if c["passed_gate"]]
+    assert report["fastest"] == min(gated, key=lambda c: c["camera_rate"]["p90_ms"])["key"]
 
 
 def test_bench_plot_is_written(bench_json: tuple[dict[str, Any], Path]) -> None:
