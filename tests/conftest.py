@@ -103,6 +103,10 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     # The trust store of this run (edgekit.bundle.trust): the `keys` fixture puts the session's
     # builder key in it, so bundles signed with it load like on a machine that trusts its builder.
     os.environ["EDGEKIT_TRUST"] = str(tmp_path_factory.mktemp("trusted-keys"))
+    # Loads keep the profile's order unless a test asks for the first-load measurement
+    # (tests/test_first_load_choice.py does): which candidate a test runs must not depend on
+    # this machine's speed.
+    os.environ["EDGEKIT_MEASURE"] = "0"
 
 
 @pytest.fixture(scope="session")
