@@ -10,7 +10,6 @@ from edgekit.runtime.pacing import (
     back_to_back_latencies,
     camera_rate,
     fps_for_budget,
-    paced_latencies,
     paced_run,
 )
 
@@ -96,7 +95,11 @@ def test_warmup_overruns_are_not_counted() -> None:
 
 def test_paced_latencies_and_back_to_back() -> None:
     t = FakeTime([3.0, 1.5, 2.5, 1.0])
-    assert paced_latencies(t.run, 30.0, 3, warmup=1, sleep=t.sleep, clock=t.clock) == [1.5, 2.5, 1.0]
+    assert list(paced_run(t.run, 30.0, 3, warmup=1, sleep=t.sleep, clock=t.clock).latencies_ms) == [
+        1.5,
+        2.5,
+        1.0,
+    ]
     b = FakeTime([3.0, 1.0, 2.0])
     assert back_to_back_latencies(b.run, 2, warmup=1, clock=b.clock) == [1.0, 2.0]
     # Back to back: each query right after the last, no sleep at all.

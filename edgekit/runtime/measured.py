@@ -210,7 +210,7 @@ def _measure_one(
 ) -> tuple[float, int]:
     """Paced p90 (ms) of ``session`` on ``x`` and the number of queries it took."""
     from edgekit._core.stats import percentile
-    from edgekit.runtime.pacing import back_to_back_latencies, paced_latencies
+    from edgekit.runtime.pacing import back_to_back_latencies, paced_run
 
     def run() -> None:
         session.run(*x)
@@ -220,7 +220,9 @@ def _measure_one(
     guess = sorted(back_to_back_latencies(run, max(1, limits.warmup), warmup=1))
     slot_s = max(1.0 / fps, guess[len(guess) // 2] / 1e3)
     queries = max(limits.min_queries, min(limits.queries, int(share_s / slot_s)))
-    paced = sorted(paced_latencies(run, fps, queries, warmup=1))  # one paced warm-up: an idle gap first
+    paced = sorted(
+        paced_run(run, fps, queries, warmup=1).latencies_ms
+    )  # one paced warm-up: an idle gap first
     return percentile(paced, 90.0), queries
 
 

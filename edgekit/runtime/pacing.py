@@ -97,19 +97,6 @@ def paced_run(
     return PacedRun(fps, tuple(lat), overruns, (clock() - start) / 1e9)
 
 
-def paced_latencies(
-    run: Callable[[], object],
-    fps: float,
-    queries: int,
-    *,
-    warmup: int = 3,
-    sleep: Sleep = time.sleep,
-    clock: Clock = time.perf_counter_ns,
-) -> list[float]:
-    """``paced_run``'s latencies alone (ms per measured query, in the order issued)."""
-    return list(paced_run(run, fps, queries, warmup=warmup, sleep=sleep, clock=clock).latencies_ms)
-
-
 def back_to_back_latencies(
     run: Callable[[], object], queries: int, warmup: int = 3, *, clock: Clock = time.perf_counter_ns
 ) -> list[float]:
