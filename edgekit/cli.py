@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -123,6 +123,49 @@ def doctor(as_json: JsonOpt = False) -> None:
                 escape(c["reason"]),
             )
         console.print(order)
+    _print_latency_os(report["latency_os"])
+
+
+def _print_latency_os(lat: dict[str, Any]) -> None:
+    """The short form of ``latency_os``: clock and idle policy in a line each, then the advice."""
+    console.print("[bold]What the OS does to latency[/]")
+    governors = sorted({f["governor"] or "-" for f in lat["cpufreq"]})
+    console.print(
+        "[dim]cpufreq  [/]"
+        + escape(f"governor {', '.join(governors)}" if governors else lat["cpufreq_note"] or "-"),
+        highlight=False,
+    )
+    idle = lat["cpuidle"]
+    if idle:
+        states = ", ".join(
+            f"{s['name']} {s['latency_us']} µs" + (" (disabled)" if s["disabled"] else "")
+            for s in idle["states"]
+        )
+        console.print(
+            "[dim]cpuidle  [/]"
+            + escape(f"{idle['driver'] or '-'}/{idle['governor'] or '-'}: {states or 'no states'}")
+            + (" [yellow](CPUs differ)[/]" if idle["cpus_differ"] else ""),
+            highlight=False,
+        )
+    else:
+        console.print("[dim]cpuidle  [/]none", highlight=False)
+    if lat["cmdline"]:
+        flags = " ".join(f"{k}={v}" if v else k for k, v in lat["cmdline"].items())
+        console.print("[dim]cmdline  [/]" + escape(flags), highlight=False)
+    jetson = lat["jetson"]
+    if jetson:
+        console.print(
+            "[dim]jetson   [/]"
+            + escape(f"{jetson['nv_tegra_release'] or '-'}, power mode {jetson['power_mode'] or '?'}"),
+            highlight=False,
+        )
+    for a in lat["advice"]:
+        console.print(f"- {escape(a['finding'])}", highlight=False)
+        if a["set"]:
+            console.print(f"  [green]set:[/] {escape(a['set'])}", highlight=False)
+        console.print(f"  [dim]why: {escape(a['why'])}[/]", highlight=False)
+    if not lat["advice"]:
+        console.print("nothing to set: clocks and idle states do not add to latency between frames")
 
 
 @devices_app.command("list")

@@ -10,6 +10,7 @@ from edgekit.backends import registry
 from edgekit.errors import EdgekitError
 from edgekit.runtime.cpu import this_cpu
 from edgekit.runtime.host import detect, rank_profiles
+from edgekit.runtime.latency_os import read_latency_os
 from edgekit.runtime.precision import compute_precision
 from edgekit.runtime.profiles import all_profiles
 from edgekit.runtime.selection import backend_availability
@@ -17,7 +18,8 @@ from edgekit.runtime.selection import backend_availability
 
 def doctor_report() -> dict[str, Any]:
     """What ``edgekit doctor`` reports, as plain data: the host, its CPU, the profile it matches,
-    every backend (available, version, why not) and that profile's candidates in order."""
+    every backend (available, version, why not), that profile's candidates in order, and what the
+    OS does to latency between frames (``latency_os``: clock and idle-state policy, advice)."""
     host = detect()
     cpu = this_cpu()
     backends: dict[str, Any] = {}
@@ -66,4 +68,8 @@ def doctor_report() -> dict[str, Any]:
         "also_matches": [p.name for p in ranked[1:]],
         "backends": backends,
         "candidates": candidates,
+        # The profile's budget is its frame period: the idle gap the cores sleep through between frames.
+        "latency_os": (
+            read_latency_os(frame_ms=profile.budget_ms) if profile else read_latency_os()
+        ).to_dict(),
     }
