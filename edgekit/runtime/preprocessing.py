@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.manifest import Manifest
+    from edgekit.runtime.area_resize import AreaResizer
 
 RESIZE_MODES = ("squash", "center-crop", "letterbox")
 # How a shrinking resize filters.  "area": OpenCV's INTER_AREA (the exact area average; 1.6 ms
@@ -273,6 +274,12 @@ class Preprocessor:
     nothing (0.11 ms a 224x224 frame here, against 0.24 ms for one interleaved LUT and a
     transposing copy).  Every buffer is allocated once and reused for every frame: the
     returned array is the input buffer, so use it before the next call.
+
+    The resize itself, for ``interpolation="area"`` shrinks, is ``area_resize.AreaResizer``
+    when numba is installed (``edgekit[fast]``): the same bytes as ``fit()``'s ``cv2.resize``
+    (each resizer proves it against ``cv2.resize`` on this machine when it is built for a frame
+    size, else ``fit()`` runs), 2.2x faster for 640x480 -> 224x224 center-crop here (0.34 ms
+    against 0.73 ms, one core: most of this class's time per frame).
     """
 
     def __init__(self, spec: PreprocessSpec, input: TensorSpec, image_color: str = "BGR") -> None:
@@ -329,12 +336,19 @@ class Preprocessor:
         probe = np.zeros(self._targets[0].shape, np.uint8)
         got = cv2.LUT(probe, self._luts[0], dst=self._targets[0])
         self._in_place = got.__array_interface__["data"][0] == self._targets[0].__array_interface__["data"][0]
+        # The fast resize: compiled here (once a process, ~1 s), never on a frame; built per frame
+        # size on the first frame of that size (tables and its check against cv2.resize, ~ms).
+        self._area = spec.interpolation == "area" and _area_kernel_ready()
+        self._area_hw: tuple[int, int] | None = None
+        self._area_resizer: AreaResizer | None = None
+        self._area_src = (0, 0, 0, 0)
+        self._area_dst = self._resized
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         import cv2
         import numpy as np
 
-        v = fit(image, self.spec, self._resized)
+        v = self._fit(image)
         if self.layout == "NCHW":
             sources = cv2.split(v, self._planes)
         else:
@@ -344,3 +358,46 @@ class Preprocessor:
             if not self._in_place:
                 np.copyto(target, got)
         return self._out
+
+    def _fit(self, image: np.ndarray) -> np.ndarray:
+        """``fit(image, spec)``: by the fast resizer where there is one for this frame size, else by ``fit``."""
+        import numpy as np
+
+        if self._area and image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3:
+            hw = (int(image.shape[0]), int(image.shape[1]))
+            if hw != self._area_hw:
+                self._area_hw = hw
+                self._area_resizer = self._build_area(hw)
+            if self._area_resizer is not None:
+                x, y, w, h = self._area_src
+                self._area_resizer(image[y : y + h, x : x + w], self._area_dst)
+                return self._resized
+        return fit(image, self.spec, self._resized)
+
+    def _build_area(self, frame_hw: tuple[int, int]) -> AreaResizer | None:
+        """The resizer for frames of this size (where ``fit`` would run OpenCV's generic area path), or None."""
+        from edgekit.runtime import area_resize
+
+        (sx, sy, sw, sh), (dx, dy, dw, dh) = placement(self.spec, *frame_hw)
+        # Upscales, same sizes and integer ratios are not the generic area path: fit() stays.
+        if not area_resize.opencv_takes_generic_area((sh, sw), (dh, dw)):
+            return None
+        resizer = area_resize.area_resizer((sh, sw), (dh, dw))
+        if resizer is None:
+            return None
+        if self.spec.resize == "letterbox":
+            # fit() pads a fresh canvas; here the bars are painted once and only the inside is rewritten.
+            self._resized.fill(self.spec.letterbox_fill)
+        self._area_src = (sx, sy, sw, sh)
+        self._area_dst = self._resized[dy : dy + dh, dx : dx + dw]
+        return resizer
+
+
+def _area_kernel_ready() -> bool:
+    """Whether the fast INTER_AREA kernel compiles here (numba installed); why not is logged once."""
+    from edgekit.runtime import area_resize
+
+    reason = area_resize.available()
+    if reason is not None:
+        area_resize.log_once(reason)
+    return reason is None
