@@ -31,7 +31,7 @@ PYTHON=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 # torch==2.13.0 (pinned in the build extra) is a CPU build; an unpinned torch pulls CUDA.
-.venv/bin/python -m pip install -q -e ".[all,dev]"
+.venv/bin/python -m pip install -q -e ".[all,dev,fast]"
 # The PyTorch -> LiteRT converter is a second step: through ai-edge-litert[model-utils] it pins
 # xdsl==0.28.0, whose stale typing-extensions<4.13 pin would break `import tvm` if pip resolved
 # them together.  Install it, then put typing-extensions/pydantic back (checked: both work).
