@@ -95,7 +95,22 @@ def test_equals_cv2_on_crops_and_into_views(src_hw: tuple[int, int], dst_hw: tup
     inner = canvas[2:-2, 3:-3]  # a view, like the letterbox's inside
     AreaResizer(src_hw, dst_hw)(crop, inner)
     assert np.array_equal(inner, cv2.resize(crop, dst_hw[::-1], interpolation=cv2.INTER_AREA))
-    assert not canvas[:2].any() and not canvas[:, :3].any()  # nothing written outside ``out``
+    inner[...] = 0
+    # Nothing written outside ``out`` (its last pixel's spare byte would land in the next one).
+    assert not canvas.any()
+
+
+@needs_exact
+def test_odd_strides_are_copied_not_misread() -> None:
+    frame = np.random.default_rng(8).integers(0, 256, (480, 640, 3), np.uint8)
+    crop = frame[:, 80:560, ::-1]  # channel-reversed view: pixels are not contiguous bytes
+    out = np.zeros((224, 224, 3), np.uint8)[..., ::-1]
+    AreaResizer((480, 480), (224, 224))(crop, out)
+    assert np.array_equal(
+        out, cv2.resize(np.ascontiguousarray(crop), (224, 224), interpolation=cv2.INTER_AREA)
+    )
+    with pytest.raises(ValueError, match="got"):
+        AreaResizer((480, 480), (224, 224))(crop[1:], out)
 
 
 @pytest.mark.parametrize(
