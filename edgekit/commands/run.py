@@ -216,6 +216,14 @@ def run_command(
             "--no-measure: the device profile's order. Default: measure, unless EDGEKIT_MEASURE=0.",
         ),
     ] = None,
+    warm: Annotated[
+        str,
+        typer.Option(
+            "--warm",
+            help="Keep the model warm between a camera's frames: one untimed pass just before each "
+            "frame is due (auto: while it takes under a fifth of the frame period; on; off).",
+        ),
+    ] = "auto",
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle (or find objects in them), each within the frame budget;
@@ -236,6 +244,7 @@ def run_command(
             frames=frames,
             duration_s=duration,
             top=top,
+            warm=warm,
         ) as pipeline,
     ):
         if mqtt is not None:

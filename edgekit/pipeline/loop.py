@@ -21,58 +21,36 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from edgekit._core.redact import redact_source
 from edgekit.errors import PipelineError
 from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
+from edgekit.pipeline.levels import Level, degrade_chain
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.sources import Source, open_source
 from edgekit.pipeline.stats import RunStats, Summary
+from edgekit.pipeline.warm import Warmer
 from edgekit.runtime.matching import artifact_for
 from edgekit.runtime.postprocess import top_k
 
 if TYPE_CHECKING:
-    from edgekit.backends.base import Session, TensorSpec
     from edgekit.runtime.detection import Detection
     from edgekit.runtime.model import Model
     from edgekit.runtime.postprocess import Label
-    from edgekit.runtime.preprocessing import Preprocessor
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_MS = 33.3
-# A degrade target must be at least this much faster than the level above it to be worth a switch.
-DEGRADE_MIN_GAIN = 0.9
 
 ResultCallback = Callable[[FrameResult], None]
 RecordObserver = Callable[[FrameRecord], None]
-
-
-@dataclass
-class _Level:
-    """One way to label a frame: a session and the preprocessing made for its input."""
-
-    name: str
-    session: Session
-    prep: Preprocessor
-    speed_ms: float = math.nan
-    owned: bool = False  # opened by the pipeline (degrade alternatives), closed with it
-
-    @cached_property
-    def outputs(self) -> tuple[TensorSpec, ...]:
-        return tuple(self.session.outputs)
-
-    @cached_property
-    def output_names(self) -> tuple[str, ...]:
-        # Per level: another artifact of the same model (a LiteRT one) may name and order its outputs differently.
-        return tuple(o.name for o in self.session.outputs)
 
 
 def _ns_to_ms(ns: int) -> float:
@@ -88,6 +66,8 @@ class Pipeline:
     (``fps`` overrides it; folders default to 30).  ``frames`` / ``duration_s`` stop the run;
     without them it runs until the source ends or ``stop()``.  ``opencv_threads`` sets
     OpenCV's (process-wide) thread count, 1 by default; ``None`` leaves it as it is.
+    ``warm`` keeps the model warm between a camera's frames (``auto``, ``on``, ``off``; see
+    ``edgekit.pipeline.warm``): one untimed pass shortly before each frame is due.
     """
 
     def __init__(
@@ -106,6 +86,7 @@ class Pipeline:
         degrade_after: int = 30,
         window: int = 300,
         opencv_threads: int | None = 1,
+        warm: str = "auto",
     ) -> None:
         budget = float(budget_ms) if budget_ms is not None else float(model.manifest.device.budget_ms)
         if not budget > 0 or math.isinf(budget):
@@ -125,6 +106,9 @@ class Pipeline:
         self.top = top
         self.on_result = on_result
         self._observers: list[RecordObserver] = []
+        if warm not in ("auto", "on", "off"):
+            raise PipelineError(f"warm must be auto, on or off, got {warm!r}", "e.g. --warm auto")
+        self.warm = warm
         if opencv_threads is not None:
             # OpenCV's thread pool splits frame-sized work across cores: 480x480 -> 224x224 was
             # no faster on two threads than on one, and a busy core stalls the split.  One
@@ -152,7 +136,7 @@ class Pipeline:
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
-        self._levels = [_Level(model.candidate, model.session, model.preprocessor())]
+        self._levels = [Level(model.candidate, model.session, model.preprocessor())]
         self._level = 0
         self._controller: DegradeController | None = None
         if self.policy is Policy.DEGRADE:
@@ -164,46 +148,11 @@ class Pipeline:
 
     # -- degrade -------------------------------------------------------------------------
 
-    def _measure(self, level: _Level, runs: int = 15) -> float:
-        import numpy as np
-
-        frame = np.zeros((480, 640, 3), np.uint8)
-        times = []
-        for i in range(runs + 3):
-            x = level.prep(frame)
-            t0 = time.perf_counter_ns()
-            level.session.run(x)
-            if i >= 3:  # the first runs warm caches and thread pools
-                times.append(_ns_to_ms(time.perf_counter_ns() - t0))
-        return float(np.median(times))
-
     def _prepare_degrade(self, after: int) -> None:
-        primary = self._levels[0]
-        primary.speed_ms = self._measure(primary)
-        found = []
-        for session in self.model.load_alternatives():
-            level = _Level(session.candidate, session, self.model.preprocessor(session), owned=True)
-            level.speed_ms = self._measure(level)
-            found.append(level)
-        measured = ", ".join(f"{lv.name} {lv.speed_ms:.1f} ms" for lv in [primary, *found])
-        # Each step down must be clearly faster than the one above it; slower ones are closed.
-        chain = [primary]
-        for level in sorted(found, key=lambda lv: -lv.speed_ms):
-            if level.speed_ms < DEGRADE_MIN_GAIN * chain[-1].speed_ms:
-                chain.append(level)
-            else:
-                level.session.close()
-        if len(chain) == 1:
-            log.warning(
-                "degrade: no artifact of this bundle is faster here than %s (measured: %s); "
-                "frames are dropped as with drop-oldest",
-                primary.name,
-                measured,
-            )
-        else:
-            log.info("degrade chain: %s (measured: %s)", " -> ".join(lv.name for lv in chain), measured)
-        self._levels = chain
-        self._controller = DegradeController(self.budget_ms, [lv.speed_ms for lv in chain], after=after)
+        self._levels = degrade_chain(self._levels[0], self.model)
+        self._controller = DegradeController(
+            self.budget_ms, [lv.speed_ms for lv in self._levels], after=after
+        )
 
     @property
     def degrade_chain(self) -> tuple[tuple[str, float], ...]:
@@ -235,6 +184,13 @@ class Pipeline:
         handed = 0
         last_shape: tuple[int, ...] | None = None
         self._warm_up()
+        # Only frames that come at a rate leave the model idle between them: a file read as
+        # fast as it goes keeps it busy anyway.
+        paced = self.source.info.live or self.pace_fps is not None
+        warmer = Warmer(self.warm if paced else "off")
+        work: deque[int] = deque(maxlen=16)  # the loop's own recent time per frame, ns
+        last_image = None
+        self._warmer = warmer
         self._started_ns = time.perf_counter_ns()
         end_ns = self._started_ns + int(self.duration_s * 1e9) if self.duration_s else None
         capture.start()
@@ -248,7 +204,15 @@ class Pipeline:
                     self.ended_by = "duration"
                     break
                 wait = 0.25 if end_ns is None else min(0.25, (end_ns - now) / 1e9)
-                frame = slot.take(timeout=wait)
+                frame = None
+                warm_at = warmer.next_pass_at(int(statistics.median(work)) if work else 0)
+                if warm_at is not None and last_image is not None:
+                    if warm_at > now:
+                        frame = slot.take(timeout=min(wait, (warm_at - now) / 1e9))
+                    if frame is None and not slot.finished and time.perf_counter_ns() >= warm_at:
+                        self._warm_pass(warmer, last_image)
+                if frame is None:
+                    frame = slot.take(timeout=wait)
                 if frame is None:
                     if slot.finished:
                         self.ended_by = "source ended"
@@ -264,7 +228,11 @@ class Pipeline:
                             "x".join(map(str, frame.image.shape[1::-1])),
                         )
                     last_shape = frame.image.shape
+                warmer.arrived(frame.captured_ns)
                 result = self._label(frame, budget_ns)
+                r = result.record
+                work.append(round((r.preprocess_ms + r.inference_ms + r.postprocess_ms) * 1e6))
+                last_image = frame.image
                 # Label and result sinks (telemetry, the preview) run on this thread: their time is the
                 # sink stage, like the loop body's, so a slow one shows in the frame's latency.
                 handed = time.perf_counter_ns()
@@ -284,6 +252,15 @@ class Pipeline:
                 self.ended_by = "stop"
             capture.stop()
             self._sync_counters(slot)
+
+    def _warm_pass(self, warmer: Warmer, image: Any) -> None:
+        # The last frame again, through preprocessing and the session; the outputs are dropped.
+        level = self._levels[self._level]
+        t0 = time.perf_counter_ns()
+        level.session.run(level.prep(image))
+        warmer.ran(t0, time.perf_counter_ns())
+        self.counters.raise_to("warm_passes", warmer.passes)
+        self.counters.raise_to("warm_late", warmer.late)
 
     def _warm_up(self) -> None:
         # The first runs of a session allocate and spin up thread pools: not a frame's cost.

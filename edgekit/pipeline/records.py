@@ -82,6 +82,8 @@ class Counters:
     unreadable: int = 0  # folder images skipped
     size_changes: int = 0  # frame size changed mid-stream (followed, logged)
     degrade_switches: int = 0
+    warm_passes: int = 0  # untimed passes that kept the model warm before a frame (pipeline.warm)
+    warm_late: int = 0  # frames that arrived while a warm pass ran (and waited for it)
 
     def add(self, name: str, n: int = 1) -> None:
         if n < 0:

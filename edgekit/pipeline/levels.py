@@ -1,0 +1,83 @@
+"""The ways a pipeline can label a frame: its model's session, and for ``degrade`` the faster ones it may switch to."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgekit.backends.base import Session, TensorSpec
+    from edgekit.runtime.model import Model
+    from edgekit.runtime.preprocessing import Preprocessor
+
+log = logging.getLogger("edgekit.pipeline.loop")
+
+# A degrade target must be at least this much faster than the level above it to be worth a switch.
+DEGRADE_MIN_GAIN = 0.9
+
+
+@dataclass
+class Level:
+    """One way to label a frame: a session and the preprocessing made for its input."""
+
+    name: str
+    session: Session
+    prep: Preprocessor
+    speed_ms: float = math.nan
+    owned: bool = False  # opened by the pipeline (degrade alternatives), closed with it
+
+    @cached_property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(self.session.outputs)
+
+    @cached_property
+    def output_names(self) -> tuple[str, ...]:
+        # Per level: another artifact of the same model (a LiteRT one) may name and order its outputs differently.
+        return tuple(o.name for o in self.session.outputs)
+
+
+def measure(level: Level, runs: int = 15) -> float:
+    """``level``'s median inference ms on a black 640x480 frame, back to back after three warm-up runs."""
+    import numpy as np
+
+    frame = np.zeros((480, 640, 3), np.uint8)
+    times = []
+    for i in range(runs + 3):
+        x = level.prep(frame)
+        t0 = time.perf_counter_ns()
+        level.session.run(x)
+        if i >= 3:  # the first runs warm caches and thread pools
+            times.append((time.perf_counter_ns() - t0) / 1e6)
+    return float(np.median(times))
+
+
+def degrade_chain(primary: Level, model: Model) -> list[Level]:
+    """``primary`` then each alternative artifact clearly faster than the level above it (the others closed)."""
+    primary.speed_ms = measure(primary)
+    found = []
+    for session in model.load_alternatives():
+        level = Level(session.candidate, session, model.preprocessor(session), owned=True)
+        level.speed_ms = measure(level)
+        found.append(level)
+    measured = ", ".join(f"{lv.name} {lv.speed_ms:.1f} ms" for lv in [primary, *found])
+    # Each step down must be clearly faster than the one above it; slower ones are closed.
+    chain = [primary]
+    for level in sorted(found, key=lambda lv: -lv.speed_ms):
+        if level.speed_ms < DEGRADE_MIN_GAIN * chain[-1].speed_ms:
+            chain.append(level)
+        else:
+            level.session.close()
+    if len(chain) == 1:
+        log.warning(
+            "degrade: no artifact of this bundle is faster here than %s (measured: %s); "
+            "frames are dropped as with drop-oldest",
+            primary.name,
+            measured,
+        )
+    else:
+        log.info("degrade chain: %s (measured: %s)", " -> ".join(lv.name for lv in chain), measured)
+    return chain

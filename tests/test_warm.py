@@ -1,0 +1,127 @@
+"""Keeping the model warm between frames: when the warm pass is planned, and what it must not change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from skimage import data
+
+import edgekit
+from edgekit.errors import PipelineError
+from edgekit.pipeline.warm import MAX_DUTY, MIN_MARGIN_NS, Warmer
+
+MS = 1_000_000
+PERIOD = 33 * MS
+
+
+def fed(warmer: Warmer, frames: int, period: int = PERIOD, jitter: list[int] | None = None) -> int:
+    """Frames arrive every ``period`` (plus ``jitter[i]``); returns the last capture time."""
+    t = 0
+    for i in range(frames):
+        t = i * period + (jitter[i] if jitter else 0)
+        warmer.arrived(t)
+    return t
+
+
+def test_no_pass_until_the_rate_is_known_then_one_just_before_the_next_frame() -> None:
+    w = Warmer("auto")
+    assert w.next_pass_at(2 * MS) is None  # nothing seen yet
+    last = fed(w, 4)
+    assert w.period_ns() == 0 and w.next_pass_at(2 * MS) is None  # three intervals are not a rate
+    last = fed(w, 6)
+    assert w.period_ns() == PERIOD
+    # Before any pass its time is guessed from the frame's work: the pass ends MIN_MARGIN before the frame.
+    assert w.next_pass_at(2 * MS) == last + PERIOD - 2 * MS - MIN_MARGIN_NS
+    w.ran(last + 20 * MS, last + 23 * MS)  # a pass takes 3 ms: that is what is planned for from now on
+    assert w.next_pass_at(2 * MS) is None  # one pass per frame interval
+    last += PERIOD
+    w.arrived(last)
+    assert w.next_pass_at(2 * MS) == last + PERIOD - 3 * MS - MIN_MARGIN_NS
+    assert (w.passes, w.late) == (1, 0)
+
+
+def test_auto_warms_only_while_the_pass_fits_in_a_fifth_of_the_period() -> None:
+    fits, costly = round(MAX_DUTY * PERIOD) - MS, round(MAX_DUTY * PERIOD) + MS
+    for mode, pass_ns, planned in (("auto", fits, True), ("auto", costly, False), ("on", costly, True)):
+        w = Warmer(mode)
+        last = fed(w, 6)
+        w.ran(last - PERIOD + MS, last - PERIOD + MS + pass_ns)  # a pass in the previous interval
+        last += PERIOD
+        w.arrived(last)
+        assert (w.next_pass_at(MS) is not None) is planned, (mode, pass_ns)
+
+
+def test_off_never_warms_and_no_room_means_no_pass() -> None:
+    w = Warmer("off")
+    fed(w, 10)
+    assert w.next_pass_at(MS) is None
+    w = Warmer("on")
+    fed(w, 10)
+    # The frame's own work fills the period: a pass would start before the frame is even done.
+    assert w.next_pass_at(PERIOD - MS) is None
+    with pytest.raises(ValueError, match="auto, on or off"):
+        Warmer("always")
+
+
+def test_a_frame_that_arrives_during_a_pass_is_late_and_widens_the_margin() -> None:
+    w = Warmer("on")
+    last = fed(w, 6)
+    before = w.next_pass_at(2 * MS)
+    assert before is not None
+    w.ran(before, before + 2 * MS)
+    w.arrived(before + MS)  # captured while the pass ran
+    assert w.late == 1
+    planned = w.next_pass_at(2 * MS)
+    assert planned is not None
+    # The next pass starts further ahead of its frame than the first did.
+    assert (before + MS + w.period_ns()) - planned > (last + PERIOD) - before
+
+
+def test_jittery_arrivals_keep_a_wider_margin() -> None:
+    steady, jittery = Warmer("on"), Warmer("on")
+    last_s = fed(steady, 9)
+    last_j = fed(jittery, 9, jitter=[0, 900_000, -900_000, 800_000, -800_000, 900_000, -900_000, 800_000, 0])
+    lead_s = last_s + steady.period_ns() - (steady.next_pass_at(MS) or 0)
+    lead_j = last_j + jittery.period_ns() - (jittery.next_pass_at(MS) or 0)
+    assert lead_j > lead_s
+
+
+# -- in the pipeline -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(x86_bundle: tuple[Path, dict[str, Any]]) -> Any:
+    with edgekit.load(x86_bundle[0], device="x86_64-cpu") as m:
+        yield m
+
+
+@pytest.mark.slow
+def test_warm_passes_run_on_a_camera_and_change_no_label(model: Any, tmp_path: Path) -> None:
+    # A folder replayed at 20 fps like a camera (block: every frame labelled, none dropped),
+    # warm on and off: the same labels for every frame; the passes are counted.
+    for i, image in enumerate((data.chelsea(), data.astronaut(), data.coffee(), data.rocket()) * 3):
+        cv2.imwrite(str(tmp_path / f"{i:02d}.png"), cv2.resize(image[..., ::-1], (640, 480)))
+    runs = {}
+    for warm in ("on", "off"):
+        with edgekit.Pipeline(model, str(tmp_path), realtime=True, fps=20, warm=warm) as p:
+            runs[warm] = [(r.record.index, r.top.id if r.top else None, r.labels) for r in p]
+            runs[warm + " counters"] = p.counters
+    assert runs["on"] == runs["off"] and len(runs["on"]) == 12
+    assert runs["off counters"].warm_passes == 0
+    # Every frame after the rate is known (five arrivals) is preceded by one pass.
+    assert runs["on counters"].warm_passes >= 12 - 6
+
+
+@pytest.mark.slow
+def test_a_file_read_as_fast_as_it_goes_is_never_warmed(model: Any, tmp_path: Path) -> None:
+    for i in range(8):
+        cv2.imwrite(str(tmp_path / f"{i}.png"), np.full((48, 64, 3), 30 * i, np.uint8))
+    with edgekit.Pipeline(model, str(tmp_path), warm="on") as p:
+        assert len(list(p)) == 8
+    assert p.counters.warm_passes == 0
+    with pytest.raises(PipelineError, match="auto, on or off"):
+        edgekit.Pipeline(model, str(tmp_path), warm="sometimes")
