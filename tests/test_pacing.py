@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import pytest
 
 from edgekit.runtime.pacing import (
+    WARM_MARGIN_NS,
+    PacedRun,
     back_to_back_latencies,
     camera_rate,
     fps_for_budget,
@@ -128,8 +130,25 @@ def test_camera_rate_summary_and_wakeup_cost() -> None:
         "p99_ms": 2.99,
         "overruns": 2,
         "wakeup_ms": 1.3,
+        "cold_p50_ms": 2.5,
+        "warm_pass_ms": None,
     }
     assert camera_rate(30.0, paced, 0).wakeup_ms is None  # nothing to compare with
+
+
+def test_with_a_warm_run_the_headline_is_the_warm_one_and_the_wakeup_the_cold_one() -> None:
+    cold = [3.0 + 0.01 * i for i in range(100)]
+    warm = PacedRun(
+        30.0, tuple(1.5 + 0.01 * i for i in range(100)), 1, 3.3, warm_passes=100, warm_pass_ms=1.4
+    )
+    s = camera_rate(30.0, cold, overruns=0, back_to_back_ms=[1.2] * 10, warm=warm)
+    assert (s.p50_ms, s.p90_ms, s.overruns) == (pytest.approx(2.0), pytest.approx(2.4), 1)
+    assert s.headline_ms == s.p90_ms
+    assert s.cold_p50_ms == pytest.approx(3.5) and s.wakeup_ms == pytest.approx(3.5 - 1.2)
+    assert s.warm_pass_ms == 1.4
+    # A warm run that ran no pass (too costly for the period) is the cold scenario: it is not used.
+    unwarmed = PacedRun(30.0, (1.0,) * 100, 0, 3.3)
+    assert camera_rate(30.0, cold, 0, warm=unwarmed).p50_ms == pytest.approx(3.5)
 
 
 def test_the_budget_gives_the_frame_rate() -> None:
@@ -145,3 +164,35 @@ def test_bad_arguments_are_refused(fps: float, queries: int, warmup: int) -> Non
     t = FakeTime([1.0] * 10)
     with pytest.raises(ValueError):
         paced_run(t.run, fps, queries, warmup=warmup, sleep=t.sleep, clock=t.clock)
+
+
+def test_a_warm_pass_ends_just_before_each_query_and_is_not_timed() -> None:
+    # Queries take 2 ms at 100 fps (10 ms slots); the warm pass is a query too (2 ms, untimed).
+    t = FakeTime([2.0] * 20)
+    warmed: list[int] = []
+
+    def warm() -> None:
+        warmed.append(t.now)
+        t.run()
+
+    run = paced_run(t.run, 100.0, 5, warmup=2, sleep=t.sleep, clock=t.clock, warm=warm)
+    assert run.latencies_ms == (2.0,) * 5 and run.overruns == 0
+    # No pass before the first query (nothing to warm yet), then one before each of the six others.
+    assert run.warm_passes == 6 and run.warm_pass_ms == 2.0
+    t0 = 5 * MS
+    queries = [x for x in t.issued if x not in warmed]
+    # The first pass's time is not known yet: it starts WARM_MARGIN before its query and runs into it
+    # (that query, a warm-up one, goes late, as a frame would wait); from then on each ends WARM_MARGIN
+    # before its query, which goes exactly at its slot.
+    late = t0 + 10 * MS - WARM_MARGIN_NS + 2 * MS
+    assert queries == [t0, late] + [t0 + i * 10 * MS for i in range(2, 7)]
+    assert warmed[0] == t0 + 10 * MS - WARM_MARGIN_NS
+    for i, at in enumerate(warmed[1:], start=2):
+        assert at == t0 + i * 10 * MS - 2 * MS - WARM_MARGIN_NS
+
+
+def test_a_warm_pass_that_costs_more_than_its_share_of_the_period_stops() -> None:
+    t = FakeTime([1.0, 5.0] + [1.0, 5.0] * 10)  # query 1 ms, pass 5 ms: over a fifth of a 10 ms slot
+    run = paced_run(t.run, 100.0, 5, warmup=1, sleep=t.sleep, clock=t.clock, warm=t.run)
+    assert run.warm_passes == 1  # measured once, then judged not worth its CPU
+    assert run.warm_pass_ms == 5.0

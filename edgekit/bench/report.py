@@ -8,6 +8,7 @@ plans the candidates and fills these in.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from edgekit._core.stats import agreement
 from edgekit.bench.stats import LatencySummary, label, min_queries, percentile
 from edgekit.runtime.detection_gate import DetectionAgreement
-from edgekit.runtime.pacing import CameraRate, camera_rate
+from edgekit.runtime.pacing import CameraRate, PacedRun, camera_rate
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,11 @@ class Result:
     fps: float = 0.0
     paced_ms: list[float] = field(default_factory=list)
     paced_overruns: int = 0
+    #: The same schedule with a warm pass before each query, as the frame loop runs it (rounds pooled).
+    paced_warm_ms: list[float] = field(default_factory=list)
+    paced_warm_overruns: int = 0
+    warm_passes: int = 0
+    warm_pass_ms: list[float] = field(default_factory=list)  # each round's median warm pass
 
     @property
     def ok(self) -> bool:
@@ -123,7 +129,13 @@ class Result:
         """The paced run summarized, its wake-up cost against this candidate's back-to-back run."""
         if self.fps <= 0 or not self.paced_ms:
             return None
-        return camera_rate(self.fps, self.paced_ms, self.paced_overruns, self.latencies_ms)
+        warm = None
+        if self.paced_warm_ms:
+            pass_ms = statistics.median(self.warm_pass_ms) if self.warm_pass_ms else math.nan
+            warm = PacedRun(
+                self.fps, tuple(self.paced_warm_ms), self.paced_warm_overruns, 0.0, self.warm_passes, pass_ms
+            )
+        return camera_rate(self.fps, self.paced_ms, self.paced_overruns, self.latencies_ms, warm=warm)
 
     @property
     def ranking_ms(self) -> float:
@@ -223,6 +235,8 @@ class Result:
             out["latencies_ms"] = [round(x, 4) for x in self.latencies_ms]
             if self.paced_ms:
                 out["paced_latencies_ms"] = [round(x, 4) for x in self.paced_ms]
+            if self.paced_warm_ms:
+                out["paced_warm_latencies_ms"] = [round(x, 4) for x in self.paced_warm_ms]
         return out
 
 

@@ -222,7 +222,7 @@ def _run_worker(
     proc.stdin.close()
     events: dict[str, Any] = {"t_spawn": t_spawn}
     # The paced run takes its schedule's time whatever the model: it adds to the worker's allowance.
-    allowed = settings.timeout_s + ((settings.paced_queries + 3) / fps if fps > 0 else 0.0)
+    allowed = settings.timeout_s + (2 * (settings.paced_queries + 3) / fps if fps > 0 else 0.0)
     deadline = t_spawn + allowed
     try:
         for line in proc.stdout:
@@ -308,6 +308,12 @@ def run(
             paced = out.get("paced") or {}
             res.paced_ms += paced.get("latencies_ms", [])
             res.paced_overruns += paced.get("overruns", 0)
+            warm = out.get("paced_warm") or {}
+            res.paced_warm_ms += warm.get("latencies_ms", [])
+            res.paced_warm_overruns += warm.get("overruns", 0)
+            res.warm_passes += warm.get("warm_passes", 0)
+            if warm.get("warm_pass_ms") is not None:
+                res.warm_pass_ms.append(warm["warm_pass_ms"])
             res.device = loaded.get("device", "")
             if progress is not None:
                 progress(cand, "done", {"queries": len(out["latencies_ms"])})

@@ -20,19 +20,19 @@ margin grows.  The cost is one more inference per frame, so ``auto`` warms only 
 warm pass fits in a fifth of the frame period (at most 20% more CPU at the camera's rate,
 and never when the device is busy anyway).
 
-The clock is a parameter: the tests drive ``Warmer`` with frame times they make.
+It reads no clock: the tests drive ``Warmer`` with frame times they make.
+``edgekit.runtime.pacing`` holds the two numbers, since ``edgekit bench`` and the first-load
+measurement time the same schedule (``paced_run(..., warm=...)``).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Callable
 
-#: A warm pass runs only while its time fits in this share of the frame period.
-MAX_DUTY = 0.2
-#: The least idle margin kept between a warm pass's end and the frame, in ns.
-MIN_MARGIN_NS = 400_000
+from edgekit.runtime.pacing import WARM_MARGIN_NS as MIN_MARGIN_NS
+from edgekit.runtime.pacing import WARM_MAX_DUTY as MAX_DUTY
+
 #: Capture intervals (and warm passes) the estimates are taken over.
 HISTORY = 16
 
@@ -44,13 +44,10 @@ class Warmer:
     (warm whenever the gap allows a pass at all) or ``"off"``.
     """
 
-    def __init__(self, mode: str = "auto", clock: Callable[[], int] | None = None) -> None:
+    def __init__(self, mode: str = "auto") -> None:
         if mode not in ("auto", "on", "off"):
             raise ValueError(f"warm mode must be auto, on or off, got {mode!r}")
-        import time
-
         self.mode = mode
-        self._clock = clock or time.perf_counter_ns
         self._arrivals: deque[int] = deque(maxlen=HISTORY + 1)
         self._passes: deque[int] = deque(maxlen=HISTORY)
         self._warmed_for: int | None = None  # the capture time of the frame the last pass warmed after

@@ -15,6 +15,10 @@ selection ranks by it.
 * ``back_to_back_latencies`` is SingleStream: the next query as soon as the last returned.
 * ``camera_rate`` summarizes a paced run; its ``wakeup_ms`` is paced p50 minus back-to-back
   p50, the price of the idle gap between frames.
+* ``paced_run(..., warm=...)`` is the same schedule as the frame loop runs it by default
+  (``edgekit.pipeline.warm``): one untimed pass ends ``WARM_MARGIN_NS`` before each query is
+  due, while a pass takes at most ``WARM_MAX_DUTY`` of the period.  Selection ranks by this
+  one, since it is what the device's loop will see.
 
 The clock and the sleep are parameters, so tests drive the schedule with a fake clock and
 never depend on this machine's speed.  Pure Python: a device's benchmark worker needs no
@@ -34,6 +38,11 @@ from edgekit._core.stats import percentile
 Clock = Callable[[], int]  # nanoseconds, monotonic
 Sleep = Callable[[float], object]  # seconds
 
+#: A warm pass ends at least this long before the frame (or query) it warms for, in ns.
+WARM_MARGIN_NS = 400_000
+#: A warm pass runs only while its time fits in this share of the frame period (its CPU cost).
+WARM_MAX_DUTY = 0.2
+
 
 def fps_for_budget(budget_ms: float) -> float:
     """The frame rate a device's latency budget stands for: one frame per budget (33.3 ms -> 30 fps)."""
@@ -51,6 +60,10 @@ class PacedRun:
     #: Measured queries that ended after the next query was due (a frame waited; it then went at once).
     overruns: int
     duration_s: float
+    #: Untimed warm passes run before the queries (``warm=``); 0 when not asked or not worth it.
+    warm_passes: int = 0
+    #: The warm pass's median time, ms (NaN without passes).
+    warm_pass_ms: float = math.nan
 
 
 def paced_run(
@@ -61,11 +74,15 @@ def paced_run(
     warmup: int = 3,
     sleep: Sleep = time.sleep,
     clock: Clock = time.perf_counter_ns,
+    warm: Callable[[], object] | None = None,
 ) -> PacedRun:
     """Call ``run`` ``warmup + queries`` times at ``fps``; time the last ``queries`` of them.
 
     The warm-up queries are paced too, on the same schedule: the first measured query then
     comes after an idle gap like every other, not straight after a burst of warm-up calls.
+    ``warm``: call it, untimed, so that it ends ``WARM_MARGIN_NS`` before each query is due
+    (planned from its own median time so far), as the frame loop does; once its median time
+    is over ``WARM_MAX_DUTY`` of the period it stops, as the loop's ``auto`` would.
     """
     if not fps > 0 or math.isinf(fps):
         raise ValueError(f"fps must be a positive, finite number, got {fps}")
@@ -77,8 +94,20 @@ def paced_run(
     overruns = 0
     t0 = clock()
     start = None
+    passes: list[int] = []
     for i in range(total):
         due = t0 + round(i * period_ns)
+        if warm is not None and i > 0:
+            typical = sorted(passes)[len(passes) // 2] if passes else 0
+            if typical <= WARM_MAX_DUTY * period_ns:
+                at = due - typical - WARM_MARGIN_NS
+                now = clock()
+                if now < at:  # room for a pass before the query (not when catching up after an overrun)
+                    while now < at:
+                        sleep((at - now) / 1e9)
+                        now = clock()
+                    warm()
+                    passes.append(clock() - now)
         now = clock()
         while now < due:  # never early: a sleep may return before its time (a signal), so look again
             sleep((due - now) / 1e9)
@@ -94,7 +123,8 @@ def paced_run(
             if end > t0 + round((i + 1) * period_ns):
                 overruns += 1
     assert start is not None  # queries >= 1
-    return PacedRun(fps, tuple(lat), overruns, (clock() - start) / 1e9)
+    typical_ms = sorted(passes)[len(passes) // 2] / 1e6 if passes else math.nan
+    return PacedRun(fps, tuple(lat), overruns, (clock() - start) / 1e9, len(passes), typical_ms)
 
 
 def back_to_back_latencies(
@@ -117,9 +147,11 @@ def back_to_back_latencies(
 class CameraRate:
     """A paced run summarized: its percentiles, its overruns, and the wake-up cost.
 
-    ``wakeup_ms`` is the paced p50 minus the back-to-back p50 of the same candidate (None
-    when there is no back-to-back run to compare with); it may come out slightly negative
-    on a candidate with nothing to wake.
+    The percentiles and overruns are those of the scenario the frame loop runs: the warm
+    run (a warm pass before each query) when there is one, else the cold one.  ``wakeup_ms``
+    is the cold paced p50 minus the back-to-back p50 of the same candidate (None when there
+    is no back-to-back run to compare with): what the idle gap costs without a warm pass; it
+    may come out slightly negative on a candidate with nothing to wake.
     """
 
     fps: float
@@ -129,6 +161,10 @@ class CameraRate:
     p99_ms: float
     overruns: int
     wakeup_ms: float | None
+    #: The cold run's p50 (no warm pass), None when only a warm run was given.
+    cold_p50_ms: float | None = None
+    #: The warm pass's median time when the percentiles are a warm run's, else None.
+    warm_pass_ms: float | None = None
 
     @property
     def headline_ms(self) -> float:
@@ -147,6 +183,8 @@ class CameraRate:
             "p99_ms": r(self.p99_ms),
             "overruns": self.overruns,
             "wakeup_ms": r(self.wakeup_ms),
+            "cold_p50_ms": r(self.cold_p50_ms),
+            "warm_pass_ms": r(self.warm_pass_ms),
         }
 
 
@@ -155,17 +193,28 @@ def camera_rate(
     paced_ms: Sequence[float],
     overruns: int,
     back_to_back_ms: Sequence[float] = (),
+    *,
+    warm: PacedRun | None = None,
 ) -> CameraRate:
-    """Summarize paced latencies (any order), with the wake-up cost against ``back_to_back_ms``."""
-    ordered = sorted(paced_ms)
-    p50 = percentile(ordered, 50.0)
-    wake = p50 - percentile(sorted(back_to_back_ms), 50.0) if back_to_back_ms and ordered else None
+    """Summarize paced latencies (any order), with the wake-up cost against ``back_to_back_ms``.
+
+    ``warm``: the same schedule with warm passes (``paced_run(..., warm=...)``); when it ran
+    any, its percentiles are the headline ones and ``paced_ms`` gives the cold p50 and the
+    wake-up cost.
+    """
+    cold = sorted(paced_ms)
+    cold_p50 = percentile(cold, 50.0) if cold else None
+    wake = cold_p50 - percentile(sorted(back_to_back_ms), 50.0) if back_to_back_ms and cold_p50 else None
+    warmed = warm is not None and warm.warm_passes > 0 and bool(warm.latencies_ms)
+    used = sorted(warm.latencies_ms) if warm is not None and warmed else cold
     return CameraRate(
         fps=fps,
-        queries=len(ordered),
-        p50_ms=p50,
-        p90_ms=percentile(ordered, 90.0),
-        p99_ms=percentile(ordered, 99.0),
-        overruns=overruns,
+        queries=len(used),
+        p50_ms=percentile(used, 50.0),
+        p90_ms=percentile(used, 90.0),
+        p99_ms=percentile(used, 99.0),
+        overruns=warm.overruns if warm is not None and warmed else overruns,
         wakeup_ms=wake,
+        cold_p50_ms=cold_p50,
+        warm_pass_ms=warm.warm_pass_ms if warm is not None and warmed else None,
     )
