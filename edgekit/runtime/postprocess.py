@@ -57,8 +57,10 @@ class TopK:
     (scale > 0, nothing collapses), outputs of that dtype are ranked on their codes without
     dequantizing the row: only the k best and the softmax denominator are looked up.
 
-    Why fewer numpy calls matter: in a frame loop this runs right after the model, with cold
-    caches, where every numpy call costs microseconds however small its array.
+    Why so few numpy calls (one argmax per class asked, one float64 ``row - top``, its exp
+    and its sum, into kept buffers): in a frame loop this runs right after the model, with
+    cold caches, where each numpy call or Python step costs microseconds however small its
+    array (``benchmarks/postprocess_speed.py``).
     """
 
     def __init__(
@@ -117,7 +119,7 @@ class TopK:
         if k >= n:
             return _top_k_plain(row, self.labels, k, logits=self.logits)
         i = int(row.argmax())  # the first of the best: the lower id wins a tie
-        top = float(row[i].item())
+        top = float(row.item(i))
         if not math.isfinite(top):  # NaN (argmax stops at the first) or +inf: as the first top_k did
             return _top_k_plain(row, self.labels, k, logits=self.logits)
         shifted, spare = self._buffers(n)
@@ -132,9 +134,18 @@ class TopK:
             ranked = _rank(row, k)
             if ranked is None:
                 return _top_k_plain(row, self.labels, k, logits=self.logits)
+        # Comprehensions, not generators, and scores by .item(i): with cold caches each
+        # Python-level step counts too.
+        names = self.labels
+        named = len(names)
         if not self.logits:
-            return self._labels(ranked, [float(v) for _, v in ranked])
-        return self._labels(ranked, [math.exp(float(v) - top) / denom for _, v in ranked])
+            return tuple([Label(i, names[i] if i < named else f"class {i}", float(v)) for i, v in ranked])
+        return tuple(
+            [
+                Label(i, names[i] if i < named else f"class {i}", math.exp(float(v) - top) / denom)
+                for i, v in ranked
+            ]
+        )
 
     def _from_codes(self, row: np.ndarray) -> tuple[Label, ...]:
         import numpy as np
@@ -148,7 +159,7 @@ class TopK:
             return _top_k_plain(table.take(row, mode="wrap"), self.labels, k, logits=self.logits)
         # Dequantizing keeps the order (strictly increasing), so ranking the codes ranks the scores.
         i = int(row.argmax())
-        top_code = int(row[i].item())
+        top_code = int(row.item(i))
         ranked_codes = [(i, top_code)]
         if k > 1:
             codes = self._codes_buffer(n)
@@ -157,15 +168,18 @@ class TopK:
             for _ in range(k - 1):
                 codes[i] = floor  # taken: below every code but the lowest
                 i = int(codes.argmax())
-                code = int(codes[i].item())
+                code = int(codes.item(i))
                 if code == floor:  # it may be one already taken: rank the row the plain way
                     ranked_codes = [(j, int(c)) for j, c in (_rank(row, k) or ())]
                     break
                 ranked_codes.append((i, code))
         scores = self._code_scores
-        ranked = [(j, scores[c % 256]) for j, c in ranked_codes]
+        names = self.labels
+        named = len(names)
         if not self.logits:
-            return self._labels(ranked, [v for _, v in ranked])
+            return tuple(
+                [Label(j, names[j] if j < named else f"class {j}", scores[c % 256]) for j, c in ranked_codes]
+            )
         exp_of = self._code_exp.get(top_code % 256)
         if exp_of is None:
             # exp(score - top) of every code, as the dequantized row's softmax computes each
@@ -175,8 +189,13 @@ class TopK:
         _, spare = self._buffers(n)
         np.take(exp_of, row, out=spare, mode="wrap")  # "wrap": an int8 code -1 is byte 255
         denom = float(np.add.reduce(spare))
-        top = ranked[0][1]
-        return self._labels(ranked, [math.exp(v - top) / denom for _, v in ranked])
+        top = scores[top_code % 256]
+        return tuple(
+            [
+                Label(j, names[j] if j < named else f"class {j}", math.exp(scores[c % 256] - top) / denom)
+                for j, c in ranked_codes
+            ]
+        )
 
     def _buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
@@ -193,13 +212,6 @@ class TopK:
         if self._codes.size != n:
             self._codes = np.empty(n, self._codes_dtype)
         return self._codes
-
-    def _labels(self, ranked: list[tuple[int, float]], probs: list[float]) -> tuple[Label, ...]:
-        names = self.labels
-        return tuple(
-            Label(i, names[i] if i < len(names) else f"class {i}", p)
-            for (i, _), p in zip(ranked, probs, strict=True)
-        )
 
 
 def _next_best(
@@ -222,7 +234,7 @@ def _next_best(
     for _ in range(k - 1):
         shifted[i] = -math.inf
         i = int(shifted.argmax())
-        v = float(row[i].item())
+        v = float(row.item(i))
         if i in taken or not math.isfinite(v) or abs(v) < tiny:
             return None
         best.append((i, v))
