@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from edgekit.backends.base import Session, TensorSpec
     from edgekit.runtime.model import Model
+    from edgekit.runtime.postprocess import TopK
     from edgekit.runtime.preprocessing import Preprocessor
 
 log = logging.getLogger("edgekit.pipeline.loop")
@@ -29,6 +30,7 @@ class Level:
     prep: Preprocessor
     speed_ms: float = math.nan
     owned: bool = False  # opened by the pipeline (degrade alternatives), closed with it
+    _top: TopK | None = field(default=None, repr=False)
 
     @cached_property
     def outputs(self) -> tuple[TensorSpec, ...]:
@@ -38,6 +40,15 @@ class Level:
     def output_names(self) -> tuple[str, ...]:
         # Per level: another artifact of the same model (a LiteRT one) may name and order its outputs differently.
         return tuple(o.name for o in self.session.outputs)
+
+    def top_k(self, model: Model, k: int) -> TopK:
+        """A classifier's top-k for this level's first output, made on the first call and kept
+        (its buffers and tables are the point: ``edgekit.runtime.tensors.output_top_k``)."""
+        if self._top is None:
+            from edgekit.runtime.tensors import output_top_k
+
+            self._top = output_top_k(self.outputs[0], model.labels, k, logits=model.logits)
+        return self._top
 
 
 def measure(level: Level, runs: int = 15) -> float:

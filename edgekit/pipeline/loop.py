@@ -38,7 +38,6 @@ from edgekit.pipeline.sources import Source, open_source
 from edgekit.pipeline.stats import RunStats, Summary
 from edgekit.pipeline.warm import Warmer
 from edgekit.runtime.matching import artifact_for
-from edgekit.runtime.postprocess import top_k
 
 if TYPE_CHECKING:
     from edgekit.runtime.detection import Detection
@@ -276,6 +275,8 @@ class Pipeline:
                 if detector is not None:  # the decoder's first call is not a frame's cost either
                     outs = [from_output(y, spec) for y, spec in zip(ys, level.outputs, strict=True)]
                     detector(outs, (480, 640), level.output_names)
+                else:  # nor is making the top-k's tables and buffers
+                    level.top_k(self.model, self.top)(ys[0])
 
     def _label(self, frame: Frame, budget_ns: int) -> FrameResult:
         from edgekit.runtime.tensors import from_output
@@ -291,12 +292,7 @@ class Pipeline:
         labels: tuple[Label, ...] = ()
         detections: tuple[Detection, ...] = ()
         if detector is None:
-            labels = top_k(
-                from_output(ys[0], specs[0]).reshape(-1),
-                self.model.labels,
-                self.top,
-                logits=self.model.logits,
-            )
+            labels = level.top_k(self.model, self.top)(ys[0])
         else:
             # Decode and NMS are the frame's cost like top-k is: timed as postprocess.
             shape = frame.image.shape
