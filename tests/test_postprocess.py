@@ -125,7 +125,13 @@ def test_nan_and_infinities_give_what_they_gave() -> None:
 
 @pytest.mark.parametrize(
     ("dtype", "scale", "zero_point"),
-    [("int8", 0.0625, -8), ("int8", 0.1, 5), ("uint8", 0.00390625, 0), ("uint8", 0.17, 131)],
+    [
+        ("int8", 0.0625, -8),
+        ("int8", 0.1, 5),
+        ("int8", 4.0, 0),
+        ("uint8", 0.00390625, 0),
+        ("uint8", 0.17, 131),
+    ],
 )
 def test_quantized_outputs_equal_dequantizing_first(dtype: str, scale: float, zero_point: int) -> None:
     spec = TensorSpec("logits", (1, 1000), dtype, Quantization(scale, zero_point))
@@ -145,12 +151,15 @@ def test_quantized_outputs_equal_dequantizing_first(dtype: str, scale: float, ze
 
 def test_quantized_outputs_whose_best_include_the_lowest_code() -> None:
     # The codes already taken are marked with the lowest code: a best one that has it is ranked plainly.
-    spec = TensorSpec("logits", (1, 8), "int8", Quantization(0.5, 0))
+    # Scale 4: exp(score - top) underflows to 0 for far codes, so the codes themselves are ranked.
     y = np.array([[-128, 7, -128, -128, 3, -128, -128, -128]], np.int8)
-    for k in (2, 3, 5, 7):
-        got = output_top_k(spec, [], k)(y)
-        assert got == _top_k_plain(from_output(y, spec).reshape(-1), [], k, logits=True)
-        assert [lab.id for lab in got] == [1, 4, 0, 2, 3, 5, 6][:k]
+    for scale in (0.5, 4.0):
+        spec = TensorSpec("logits", (1, 8), "int8", Quantization(scale, 0))
+        for k in (2, 3, 5, 7):
+            for logits in (True, False):
+                got = output_top_k(spec, [], k, logits=logits)(y)
+                assert got == _top_k_plain(from_output(y, spec).reshape(-1), [], k, logits=logits)
+                assert [lab.id for lab in got] == [1, 4, 0, 2, 3, 5, 6][:k]
 
 
 def test_quantized_outputs_whose_codes_do_not_keep_their_order() -> None:

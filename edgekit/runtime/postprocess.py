@@ -86,15 +86,19 @@ class TopK:
         self._codes_dtype: np.dtype | None = None
         self._code_scores: list[float] = []
         self._code_scores64 = np.empty(0, np.float64)
-        self._code_exp: dict[int, np.ndarray] = {}
+        self._code_exp: dict[int, tuple[np.ndarray, bool]] = {}
+        self._byte_order = np.arange(256)  # the bytes in the codes' order
+        self._floor = 0  # the lowest code
         dtype = None if codes_dtype is None else np.dtype(codes_dtype)
         if codes is not None and dtype is not None and dtype.kind in "iu" and dtype.itemsize == 1:
             table = np.asarray(codes, np.float32).reshape(-1)
             if table.size != 256:
                 raise ValueError(f"codes: one score per 8-bit code (256), got {table.size}")
-            in_code_order = table[np.argsort(np.arange(256, dtype=np.uint8).view(dtype), kind="stable")]
-            if bool(np.isfinite(table).all()) and bool((np.diff(in_code_order) > 0).all()):
+            byte_order = np.argsort(np.arange(256, dtype=np.uint8).view(dtype), kind="stable")
+            if bool(np.isfinite(table).all()) and bool((np.diff(table[byte_order]) > 0).all()):
                 self._codes_dtype = dtype
+                self._byte_order = byte_order
+                self._floor = int(np.iinfo(dtype).min)
                 self._code_scores = table.tolist()
                 self._code_scores64 = table.astype(np.float64)
 
@@ -161,10 +165,24 @@ class TopK:
         i = int(row.argmax())
         top_code = int(row.item(i))
         ranked_codes = [(i, top_code)]
-        if k > 1:
+        scores = self._code_scores
+        names = self.labels
+        named = len(names)
+        if self.logits:
+            exp_of, ordered = self._exp_table(top_code % 256)
+            _, spare = self._buffers(n)
+            np.take(exp_of, row, out=spare, mode="wrap")  # "wrap": an int8 code -1 is byte 255
+            denom = float(np.add.reduce(spare))
+            if ordered:
+                # exp(score - top) strictly increases with the code too: rank on it, no copy.
+                for _ in range(k - 1):
+                    spare[i] = -1.0  # taken: below every exp
+                    i = int(spare.argmax())
+                    ranked_codes.append((i, int(row.item(i))))
+        if len(ranked_codes) < k:  # ranked on a copy of the codes instead
             codes = self._codes_buffer(n)
             np.copyto(codes, row)
-            floor = int(np.iinfo(codes.dtype).min)
+            floor = self._floor
             for _ in range(k - 1):
                 codes[i] = floor  # taken: below every code but the lowest
                 i = int(codes.argmax())
@@ -173,22 +191,10 @@ class TopK:
                     ranked_codes = [(j, int(c)) for j, c in (_rank(row, k) or ())]
                     break
                 ranked_codes.append((i, code))
-        scores = self._code_scores
-        names = self.labels
-        named = len(names)
         if not self.logits:
             return tuple(
                 [Label(j, names[j] if j < named else f"class {j}", scores[c % 256]) for j, c in ranked_codes]
             )
-        exp_of = self._code_exp.get(top_code % 256)
-        if exp_of is None:
-            # exp(score - top) of every code, as the dequantized row's softmax computes each
-            # element (float64 subtract, numpy's exp: element by element the same values).
-            exp_of = np.exp(self._code_scores64 - self._code_scores64[top_code % 256])
-            self._code_exp[top_code % 256] = exp_of
-        _, spare = self._buffers(n)
-        np.take(exp_of, row, out=spare, mode="wrap")  # "wrap": an int8 code -1 is byte 255
-        denom = float(np.add.reduce(spare))
         top = scores[top_code % 256]
         return tuple(
             [
@@ -196,6 +202,20 @@ class TopK:
                 for j, c in ranked_codes
             ]
         )
+
+    def _exp_table(self, top_byte: int) -> tuple[np.ndarray, bool]:
+        """exp(score - top) of every code (by byte) for the best code ``top_byte``, and whether it
+        strictly increases with the code (not when far codes underflow to 0); made once per best code."""
+        import numpy as np
+
+        made = self._code_exp.get(top_byte)
+        if made is None:
+            # As the dequantized row's softmax computes each element: a float64 subtract, then
+            # numpy's exp, which gives an element the same value wherever it sits in an array.
+            exp_of = np.exp(self._code_scores64 - self._code_scores64[top_byte])
+            made = (exp_of, bool((np.diff(exp_of[self._byte_order]) > 0).all()))
+            self._code_exp[top_byte] = made
+        return made
 
     def _buffers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
