@@ -60,7 +60,8 @@ class TopK:
     Why so few numpy calls (one argmax per class asked, one float64 ``row - top``, its exp
     and its sum, into kept buffers): in a frame loop this runs right after the model, with
     cold caches, where each numpy call or Python step costs microseconds however small its
-    array (``benchmarks/postprocess_speed.py``).
+    array (``benchmarks/postprocess_speed.py``).  The buffers make one object one thread's:
+    call it from one thread at a time (a pipeline's loop); it keeps nothing of an output.
     """
 
     def __init__(
