@@ -144,7 +144,8 @@ def measure(args: Any) -> dict[str, Any]:
 
     print("1/4 edgekit bench at the camera rate ...", flush=True)
     bench = cli(env, "bench", str(bundle), "--allow-unsigned")
-    cands = {c["key"]: c for c in bench["candidates"] if c["ok"]}
+    # One thread count each by default (the profile's): keyed by the artifact, as `edgekit run` names it.
+    cands = {c["artifact"]: c for c in bench["candidates"] if c["ok"]}
     gated = {k: c for k, c in cands.items() if c.get("passed_gate")}
     paced = {k: c["camera_rate"]["p50_ms"] for k, c in gated.items()}
     fastest = min(paced, key=lambda k: paced[k])
