@@ -44,8 +44,14 @@ def cli(env: dict[str, str], *args: str, pythonpath: Path | None = None) -> dict
     """``edgekit ARGS --json`` in a fresh process (``pythonpath``: another checkout's code); its JSON."""
     run_env = {**env, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
     code = "import sys; from edgekit.cli import main; sys.exit(main())"
+    # Run from that checkout: ``python -c`` puts the working folder first on sys.path, ahead of
+    # PYTHONPATH and of the editable install that points at this one.
     r = subprocess.run(
-        [sys.executable, "-c", code, *args, "--json"], env=run_env, capture_output=True, text=True
+        [sys.executable, "-c", code, *args, "--json"],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        cwd=pythonpath or ROOT,
     )
     if r.returncode != 0:
         raise SystemExit(f"edgekit {' '.join(args)} failed:\n{r.stderr[-3000:]}")
@@ -83,41 +89,38 @@ def profile(
     run_env = {**env, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
     code = "import sys; from edgekit.cli import main; sys.exit(main())"
     spy = Path(sys.executable).with_name("py-spy")
-    cmd = [str(spy), "record", "--native", "--rate", "1000", "--format", "raw", "-o", str(out), "--"]
+    # 250 Hz: --native stops the process for each sample, and at 1000 Hz it slowed the loop down.
+    cmd = [str(spy), "record", "--native", "--rate", "250", "--format", "raw", "-o", str(out), "--"]
     cmd += [sys.executable, "-c", code, "run", str(bundle), "--source", SOURCE, "--frames", str(frames)]
     cmd += ["--allow-unsigned", "--json"]
-    subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=True)
-    stages = {"preprocess": ("prep", "__call__"), "inference": ("run",), "postprocess": ()}
-    shares: dict[str, Counter[str]] = {s: Counter() for s in stages}
+    subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=True, cwd=pythonpath or ROOT)
+    shares: dict[str, Counter[str]] = {}
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames_ = stack.split(";")
-        if not any("_label" in f for f in frames_):
-            continue
-        below = frames_[[i for i, f in enumerate(frames_) if "_label" in f][-1] + 1 :]
+        at = [i for i, f in enumerate(frames_) if f.startswith("Pipeline._label ")]
+        below = frames_[at[-1] + 1 :] if at else []
         if not below:
             continue
+        # The stage is what _label called; within it, the deepest Python function and the library
+        # the sample was in (native frames are often bare addresses, their library is not).
         stage = _stage_of(below[0])
-        shares[stage][_short(below[-1])] += int(count)
+        python = [f.split(" (")[0] for f in below if ".py:" in f]
+        library = below[-1].rpartition("(")[2].rstrip(")").rsplit("/", 1)[-1]
+        shares.setdefault(stage, Counter())[f"{python[-1] if python else '-'} in {library}"] += int(count)
     return {
-        stage: {fn: n / total for fn, n in c.most_common(6)}
+        stage: {fn: n / total for fn, n in c.most_common(5)}
         for stage, c in shares.items()
         if (total := sum(c.values()))
     }
 
 
 def _stage_of(frame: str) -> str:
-    if "prep" in frame or "Preprocessor" in frame or "preprocessing" in frame:
+    if frame.startswith(("Preprocessor", "preprocess")):
         return "preprocess"
-    if " run " in frame or frame.startswith("run ") or "session" in frame or "backends" in frame:
+    if frame.startswith(("Session.run", "OpenVINOSession", "OrtSession", "LiteRTSession", "TVMSession")):
         return "inference"
     return "postprocess"
-
-
-def _short(frame: str) -> str:
-    # py-spy writes "function (file:line)"; native frames have no file.
-    name, _, where = frame.partition(" (")
-    return f"{name} ({Path(where.split(':')[0]).name})" if where else name
 
 
 def main(argv: list[str] | None = None) -> None:
