@@ -108,7 +108,8 @@ def test_bench_measures_every_candidate_at_the_camera_rate_too(
         paced = c["camera_rate"]
         assert paced["fps"] == fps and paced["queries"] == 10 == len(c["paced_latencies_ms"])
         assert paced["p50_ms"] <= paced["p90_ms"] <= paced["p99_ms"]
-        assert paced["wakeup_ms"] == pytest.approx(paced["p50_ms"] - c["summary"]["p50_ms"], abs=2e-4)
+        # The wake-up cost is the cold paced run's (no warm pass) against back to back.
+        assert paced["wakeup_ms"] == pytest.approx(paced["cold_p50_ms"] - c["summary"]["p50_ms"], abs=2e-4)
     # The fastest is the fastest at the rate the device runs, among what passed the gate.
     gated = [c for c in ok if c["passed_gate"]]
     assert report["fastest"] == min(gated, key=lambda c: c["camera_rate"]["p90_ms"])["key"]
