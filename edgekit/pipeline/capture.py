@@ -35,19 +35,22 @@ class Frame:
     captured_ns: int  # time.perf_counter_ns() when the source handed it over
     captured_at: float  # time.time() at the same moment, for people and other machines
     dropped_before: int  # frames dropped by the slot since the previous frame was taken
+    camera: str = ""  # which camera it came from (a pipeline of many; "" for a single source)
 
 
 class FrameSlot:
     """A one-frame hand-over between the capture thread and the frame loop."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, cond: threading.Condition | None = None, camera: str = "") -> None:
         self.policy = policy
+        self.camera = camera
         self.dropped = 0  # only goes up
         self._frame: Frame | None = None
         self._dropped_since_take = 0
         self._done = False
         self._error: BaseException | None = None
-        self._cond = threading.Condition()
+        # Many cameras' slots share one condition (``cameras.CameraGroup``): the loop waits on all at once.
+        self._cond = cond or threading.Condition()
 
     def put(self, frame: Frame) -> bool:
         """Offer a frame; ``False`` once the slot is closed (the capture thread then stops)."""
@@ -98,12 +101,32 @@ class FrameSlot:
         with self._cond:
             return self._done and self._frame is None
 
+    @property
+    def has_frame(self) -> bool:
+        with self._cond:
+            return self._frame is not None
+
+    def peek_captured_ns(self) -> int:
+        """The waiting frame's capture time (call with a frame waiting, under the shared condition)."""
+        with self._cond:
+            assert self._frame is not None
+            return self._frame.captured_ns
+
+    @property
+    def error(self) -> BaseException | None:
+        """What ended the source on the capture thread, if it failed."""
+        with self._cond:
+            return self._error
+
 
 class CaptureThread(threading.Thread):
     """Reads ``source`` into ``slot`` until the source ends or ``stop()``; ``pace_fps`` replays files in real time."""
 
-    def __init__(self, source: Source, slot: FrameSlot, pace_fps: float | None = None) -> None:
+    def __init__(
+        self, source: Source, slot: FrameSlot, pace_fps: float | None = None, camera: str = ""
+    ) -> None:
         super().__init__(name=f"edgekit-capture[{redact_source(source.info.uri)}]", daemon=True)
+        self.camera = camera
         self.source = source
         self.slot = slot
         self.pace_fps = pace_fps if pace_fps and pace_fps > 0 else None
@@ -126,7 +149,7 @@ class CaptureThread(threading.Thread):
                 if image is None:
                     break
                 now_ns, now = time.perf_counter_ns(), time.time()
-                if not self.slot.put(Frame(image, index, now_ns, now, 0)):
+                if not self.slot.put(Frame(image, index, now_ns, now, 0, self.camera)):
                     break
                 index += 1
         except EdgekitError as err:

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._core.redact import redact_source
 from edgekit.errors import PipelineError
-from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
+from edgekit.pipeline.cameras import CameraGroup, Sources, open_cameras
+from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.levels import Level, degrade_chain
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.sources import Source, open_source
-from edgekit.pipeline.stats import RunStats, Summary
+from edgekit.pipeline.stats import CameraStats, RunStats, Summary
 from edgekit.pipeline.warm import Warmer
 from edgekit.runtime.matching import artifact_for
 
@@ -60,7 +61,10 @@ class Pipeline:
     """Label every frame of ``source`` with ``model`` inside ``budget_ms``; iterate it or ``run()`` it.
 
     ``source`` is a source string (``"0"``, a file, a folder, a URL, ``"synthetic:640x480@30"``)
-    or an open ``Source``.  ``policy`` defaults to ``drop-oldest`` for live sources and
+    or an open ``Source``; ``sources``, a list (cameras ``cam0``, ``cam1``, ...) or a mapping of
+    names to them, makes one pipeline of many cameras: one capture thread each, one model,
+    frames taken earliest deadline first, and each record, drop and summary line per camera
+    (see ``cameras``).  ``policy`` defaults to ``drop-oldest`` for live sources and
     ``block`` for files (see ``Policy``).  ``realtime`` replays a file at its own frame rate
     (``fps`` overrides it; folders default to 30).  ``frames`` / ``duration_s`` stop the run;
     without them it runs until the source ends or ``stop()``.  ``opencv_threads`` sets
@@ -72,8 +76,9 @@ class Pipeline:
     def __init__(
         self,
         model: Model,
-        source: str | Source = "0",
+        source: str | Source | None = None,
         *,
+        sources: Sources | None = None,
         budget_ms: float | None = None,
         policy: Policy | str | None = None,
         realtime: bool = False,
@@ -116,19 +121,30 @@ class Pipeline:
 
             cv2.setNumThreads(opencv_threads)
         chosen = Policy.parse(policy) if policy is not None else None
-        self.source = source if isinstance(source, Source) else open_source(source, fps=fps)
-        info = self.source.info
-        self.policy = chosen or Policy.default_for(info.live)
-        self.pace_fps: float | None = None
-        if realtime and not info.live:
-            self.pace_fps = fps or info.fps or 30.0
+        if sources is not None and source is not None:
+            raise PipelineError("give source or sources, not both", "sources=[...] for many cameras")
+        if sources is None:  # one camera, named "" so that its records look as they always did
+            one = source if source is not None else "0"
+            self.sources = {"": one if isinstance(one, Source) else open_source(one, fps=fps)}
+        else:
+            self.sources = open_cameras(sources, fps=fps)
+        self.source = next(iter(self.sources.values()))
+        self.policy = chosen or Policy.default_for(any(s.info.live for s in self.sources.values()))
+        # Files and folders replayed in real time, each at its own rate, like cameras.
+        self._pace = {
+            name: (fps or s.info.fps or 30.0) if realtime and not s.info.live else None
+            for name, s in self.sources.items()
+        }
+        self.pace_fps: float | None = self._pace[next(iter(self.sources))]
         self.counters = Counters()
         self.stats = RunStats(window)
         self.candidates_used: dict[str, int] = {}
+        #: Per camera (many sources): frames, met, missed, and the latency sketch of each.
+        self.per_camera: dict[str, CameraStats] = {n: CameraStats() for n in self.sources} if sources else {}
         self.last_record: FrameRecord | None = None
         self._stop = threading.Event()
         self._iterated = False
-        self._slot: FrameSlot | None = None
+        self._group: CameraGroup | None = None
         self._closers: list[Callable[[], None]] = []
         self._label_sinks: list[Callable[[tuple[Label, ...]], None]] = []
         self._result_sinks: list[ResultCallback] = []
@@ -176,23 +192,22 @@ class Pipeline:
         return self._frames()
 
     def _frames(self) -> Iterator[FrameResult]:
-        slot = self._slot = FrameSlot(self.policy)
-        capture = CaptureThread(self.source, slot, self.pace_fps)
+        group = self._group = CameraGroup(self.sources, self.policy, self._pace)
         budget_ns = round(self.budget_ms * 1e6)
         pending: FrameResult | None = None
         handed = 0
-        last_shape: tuple[int, ...] | None = None
         self._warm_up()
         # Only frames that come at a rate leave the model idle between them: a file read as
-        # fast as it goes keeps it busy anyway.
-        paced = self.source.info.live or self.pace_fps is not None
+        # fast as it goes keeps it busy anyway.  With many cameras the gaps are not one
+        # camera's period: no warm pass (their frames keep the model busy in turn).
+        paced = (self.source.info.live or self.pace_fps is not None) and len(self.sources) == 1
         warmer = Warmer(self.warm if paced else "off")
         work: deque[int] = deque(maxlen=16)  # the loop's own recent time per frame, ns
         last_image = None
         self._warmer = warmer
         self._started_ns = time.perf_counter_ns()
         end_ns = self._started_ns + int(self.duration_s * 1e9) if self.duration_s else None
-        capture.start()
+        group.start()
         try:
             while not self._stop.is_set():
                 if self.max_frames is not None and self.counters.frames >= self.max_frames:
@@ -207,26 +222,18 @@ class Pipeline:
                 warm_at = warmer.next_pass_at(int(statistics.median(work)) if work else 0)
                 if warm_at is not None and last_image is not None:
                     if warm_at > now:
-                        frame = slot.take(timeout=min(wait, (warm_at - now) / 1e9))
-                    if frame is None and not slot.finished and time.perf_counter_ns() >= warm_at:
+                        frame = group.take(timeout=min(wait, (warm_at - now) / 1e9))
+                    if frame is None and not group.finished and time.perf_counter_ns() >= warm_at:
                         self._warm_pass(warmer, last_image)
                 if frame is None:
-                    frame = slot.take(timeout=wait)
+                    frame = group.take(timeout=wait)
                 if frame is None:
-                    if slot.finished:
-                        self.ended_by = "source ended"
+                    if group.finished:
+                        self.ended_by = "source ended" if len(self.sources) == 1 else "sources ended"
                         break
                     continue  # no frame yet: check the stop conditions again
-                if frame.image.shape != last_shape:
-                    if last_shape is not None:
-                        self.counters.add("size_changes")
-                        log.warning(
-                            "frame %d: size changed from %s to %s; preprocessing follows it",
-                            frame.index,
-                            "x".join(map(str, last_shape[1::-1])),
-                            "x".join(map(str, frame.image.shape[1::-1])),
-                        )
-                    last_shape = frame.image.shape
+                if group.cameras[frame.camera].follow_size(frame):
+                    self.counters.add("size_changes")
                 warmer.arrived(frame.captured_ns)
                 result = self._label(frame, budget_ns)
                 r = result.record
@@ -249,8 +256,8 @@ class Pipeline:
             self._ended_ns = time.perf_counter_ns()
             if self._stop.is_set() and not self.ended_by:
                 self.ended_by = "stop"
-            capture.stop()
-            self._sync_counters(slot)
+            group.stop()
+            self._sync_counters()
 
     def _warm_pass(self, warmer: Warmer, image: Any) -> None:
         # The last frame again, through preprocessing and the session; the outputs are dropped.
@@ -316,6 +323,7 @@ class Pipeline:
             met=t3 <= frame.captured_ns + budget_ns,
             dropped_before=frame.dropped_before,
             candidate=level.name,
+            camera=frame.camera,
             # The same tuples as the result's (immutable): a record costs two references, not a copy.
             labels=labels,
             detections=detections,
@@ -337,8 +345,10 @@ class Pipeline:
         c.add("met" if record.met else "missed")
         self.candidates_used[record.candidate] = self.candidates_used.get(record.candidate, 0) + 1
         self.stats.add(record)
+        if self.per_camera:
+            self.per_camera[record.camera].add(record)
         self.last_record = record
-        self._sync_counters(self._slot)
+        self._sync_counters()
         if self._controller is not None:
             new = self._controller.observe(record.latency_ms)
             if new is not None:
@@ -355,14 +365,21 @@ class Pipeline:
         for observe in self._observers:
             observe(record)
 
-    def _sync_counters(self, slot: FrameSlot | None = None) -> None:
-        c, s = self.counters, self.source.counters
-        if slot is not None:
-            c.raise_to("dropped", slot.dropped)
-        c.raise_to("source_outages", s.outages)
-        c.raise_to("source_reopens", s.reopens)
-        c.raise_to("converted", s.converted)
-        c.raise_to("unreadable", s.unreadable)
+    def _sync_counters(self) -> None:
+        c, group = self.counters, self._group
+        if group is not None:
+            c.raise_to("dropped", group.dropped)
+            for name, cam in group.cameras.items():
+                if name in self.per_camera:
+                    self.per_camera[name].dropped = cam.slot.dropped
+                    self.per_camera[name].ended = cam.ended
+        for key, attr in (
+            ("source_outages", "outages"),
+            ("source_reopens", "reopens"),
+            ("converted", "converted"),
+            ("unreadable", "unreadable"),
+        ):
+            c.raise_to(key, sum(getattr(s.counters, attr) for s in self.sources.values()))
 
     # -- driving it ----------------------------------------------------------------------
 
@@ -385,18 +402,21 @@ class Pipeline:
         kind = (
             info.kind + (f", {info.fps:g} fps" if info.fps else "") + (", realtime" if self.pace_fps else "")
         )
+        if len(self.sources) > 1:
+            kind = f"{len(self.sources)} cameras"
         return Summary.of(
             self.stats,
             self.counters,
             duration,
             model=self.model.name,
             candidate=self._levels[0].name,
-            source=redact_source(info.uri),
+            source=", ".join(redact_source(s.info.uri) for s in self.sources.values()),
             source_kind=kind,
             policy=self.policy.value,
             budget_ms=self.budget_ms,
             candidates_used=dict(self.candidates_used),
             ended_by=self.ended_by,
+            cameras={n: cs.to_dict() for n, cs in self.per_camera.items()},
         )
 
     def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:
@@ -447,7 +467,8 @@ class Pipeline:
             except Exception:  # a reporter must not keep the camera and the sessions open
                 log.exception("%r did not stop cleanly", close)
         self._closers.clear()
-        self.source.close()
+        for source in self.sources.values():
+            source.close()
         for level in self._levels:
             if level.owned:
                 level.session.close()

@@ -37,6 +37,7 @@ class FrameRecord:
     # What the model saw: a classifier's top labels, or a detector's detections (frame pixels).
     labels: tuple[Label, ...] = ()
     detections: tuple[Detection, ...] = ()
+    camera: str = ""  # the camera it came from, in a pipeline of many ("" for one source)
 
     def stage_ms(self) -> dict[str, float]:
         return {s: getattr(self, f"{s}_ms") for s in STAGES}
@@ -46,12 +47,14 @@ class FrameRecord:
         and ``detections`` ({class_id, name, score, box}), each empty when the task has none."""
         # By hand, not dataclasses.asdict: its deep copy cost more than the rest of the row.
         out = {f: getattr(self, f) for f in _SCALARS}
+        if self.camera:
+            out["camera"] = self.camera
         out["labels"] = [{"id": lab.id, "name": lab.name, "score": lab.score} for lab in self.labels]
         out["detections"] = [d.to_dict() for d in self.detections]
         return out
 
 
-_SCALARS = tuple(f.name for f in fields(FrameRecord) if f.name not in ("labels", "detections"))
+_SCALARS = tuple(f.name for f in fields(FrameRecord) if f.name not in ("labels", "detections", "camera"))
 
 
 @dataclass(frozen=True, slots=True)

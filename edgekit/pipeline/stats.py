@@ -49,6 +49,37 @@ class RunStats:
         return out
 
 
+@dataclass
+class CameraStats:
+    """One camera's share of a many-camera run: its frames, met and missed, drops, latency, how it ended."""
+
+    frames: int = 0
+    met: int = 0
+    missed: int = 0
+    dropped: int = 0
+    ended: str = ""
+    latency: LatencySketch = field(default_factory=LatencySketch)
+
+    def add(self, record: FrameRecord) -> None:
+        self.frames += 1
+        self.met += record.met
+        self.missed += not record.met
+        self.latency.add(record.latency_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(x: float) -> float | None:
+            return None if math.isnan(x) else round(x, 4)
+
+        return {
+            "frames": self.frames,
+            "met": self.met,
+            "missed": self.missed,
+            "dropped": self.dropped,
+            "ended": self.ended or None,
+            "latency_ms": {f"p{p:g}": r(self.latency.quantile(p / 100)) for p in (50, 90, 99)},
+        }
+
+
 @dataclass(frozen=True)
 class Summary:
     """The end-of-run report (``to_dict`` for ``--json``, ``render`` for people)."""
@@ -65,6 +96,8 @@ class Summary:
     stages: dict[str, dict[str, float]]
     candidates_used: dict[str, int] = field(default_factory=dict)
     ended_by: str = ""
+    #: Per camera, for a pipeline of many (``CameraStats.to_dict``); empty for one source.
+    cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stats: RunStats, counters: Counters, duration_s: float, **meta: Any) -> Summary:
@@ -116,6 +149,7 @@ class Summary:
             "latency_ms": clean(self.latency),
             "stages_ms": {s: clean(v) for s, v in self.stages.items()},
             "sketch_relative_accuracy": 0.01,
+            **({"cameras": self.cameras} if self.cameras else {}),
         }
 
     def render(self) -> str:
@@ -145,6 +179,13 @@ class Summary:
         if c["degrade_switches"]:
             used = ", ".join(f"{k} x{v}" for k, v in self.candidates_used.items())
             lines.append(f"Degrade switches : {c['degrade_switches']} ({used})")
+        for name, cam in self.cameras.items():
+            p99 = cam["latency_ms"]["p99"]
+            lines.append(
+                f"Camera {name:<10}: {cam['frames']} frames, {cam['missed']} missed, {cam['dropped']} dropped, "
+                f"p99 {'-' if p99 is None else f'{p99:.2f}'} ms"
+                + (f" ({cam['ended']})" if cam["ended"] else "")
+            )
         for key, label in (
             ("converted", "Frames converted"),
             ("size_changes", "Size changes"),

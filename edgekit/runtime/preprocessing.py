@@ -341,6 +341,7 @@ class Preprocessor:
         self._area = spec.interpolation == "area" and _area_kernel_ready()
         self._area_hw: tuple[int, int] | None = None
         self._area_resizer: AreaResizer | None = None
+        self._resizers: dict[tuple[int, int], AreaResizer | None] = {}
         self._area_src = (0, 0, 0, 0)
         self._area_dst = self._resized
 
@@ -382,7 +383,12 @@ class Preprocessor:
         # Upscales, same sizes and integer ratios are not the generic area path: fit() stays.
         if not area_resize.opencv_takes_generic_area((sh, sw), (dh, dw)):
             return None
-        resizer = area_resize.area_resizer((sh, sw), (dh, dw))
+        # Kept per size: a pipeline of many cameras alternates between their frame sizes, and a
+        # resizer proves itself against cv2 when built (milliseconds).  Not shared between
+        # Preprocessors: it holds scratch buffers, and another pipeline may run on another thread.
+        if (sh, sw) not in self._resizers:
+            self._resizers[(sh, sw)] = area_resize.area_resizer((sh, sw), (dh, dw))
+        resizer = self._resizers[(sh, sw)]
         if resizer is None:
             return None
         if self.spec.resize == "letterbox":

@@ -1,0 +1,164 @@
+"""Many cameras, one pipeline: earliest deadline first, per-camera accounts, one camera's end is not the others'."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from mjpeg_server import MjpegCamera
+from skimage import data
+
+import edgekit
+from edgekit.errors import PipelineError, SourceError
+from edgekit.pipeline.cameras import CameraGroup, open_cameras
+from edgekit.pipeline.capture import Frame
+from edgekit.pipeline.policy import Policy
+from edgekit.pipeline.sources import open_source
+
+from conftest import edgekit as run_cli
+
+
+def frame(camera: str, captured_ns: int, index: int = 0) -> Frame:
+    return Frame(np.zeros((4, 4, 3), np.uint8), index, captured_ns, 0.0, 0, camera)
+
+
+def group_of(*names: str) -> CameraGroup:
+    # Threads are made but never started: the tests put frames into the slots themselves.
+    return CameraGroup({n: open_source("synthetic:8x8@0") for n in names}, Policy.DROP_OLDEST, {})
+
+
+def test_the_oldest_waiting_frame_goes_first_whatever_camera_sent_more() -> None:
+    g = group_of("fast", "slow")
+    fast, slow = g.cameras["fast"].slot, g.cameras["slow"].slot
+    slow.put(frame("slow", 100))
+    for t in (110, 120, 130):  # the fast camera sends three frames: the slot keeps its newest
+        fast.put(frame("fast", t))
+    taken = [g.take(0) for _ in range(2)]
+    assert [(f.camera, f.captured_ns) for f in taken if f] == [("slow", 100), ("fast", 130)]
+    assert g.take(0) is None  # nothing waits: a zero timeout returns at once
+    assert (g.cameras["fast"].slot.dropped, g.dropped) == (2, 2)  # drops are per camera, and summed
+
+
+def test_a_camera_that_fails_ends_alone_and_one_alone_raises() -> None:
+    g = group_of("a", "b")
+    g.cameras["b"].slot.finish(SourceError("the stream went away", ""))
+    g.cameras["a"].slot.put(frame("a", 5))
+    got = g.take(0.1)
+    assert got is not None and got.camera == "a"
+    assert g.take(0) is None and g.cameras["b"].ended.startswith("failed: the stream went away")
+    assert not g.finished  # camera a has not ended
+    g.cameras["a"].slot.finish()
+    assert g.take(0.1) is None and g.finished and g.cameras["a"].ended == "source ended"
+
+    one = group_of("")
+    one.cameras[""].slot.finish(SourceError("gone", ""))
+    with pytest.raises(SourceError, match="gone"):
+        one.take(0.1)
+
+
+def test_camera_names_and_bad_arguments() -> None:
+    opened = open_cameras(["synthetic:8x8@0", "synthetic:8x8@0"])
+    assert list(opened) == ["cam0", "cam1"]
+    for s in opened.values():
+        s.close()
+    assert list(open_cameras({"door": "synthetic:8x8@0"})) == ["door"]
+    with pytest.raises(PipelineError, match="empty"):
+        open_cameras([])
+    with pytest.raises(PipelineError, match="1-64 characters"):
+        open_cameras({"": "synthetic:8x8@0"})
+
+
+# -- with the reference model ---------------------------------------------------------------------
+
+CAT_CLASSES = {281, 282, 283, 284, 285}
+
+
+@pytest.fixture(scope="module")
+def model(x86_bundle: tuple[Path, dict[str, Any]]) -> Any:
+    with edgekit.load(x86_bundle[0], device="x86_64-cpu") as m:
+        yield m
+
+
+def folder(path: Path, images: list[np.ndarray], size: tuple[int, int]) -> Path:
+    path.mkdir()
+    for i, image in enumerate(images):
+        cv2.imwrite(str(path / f"{i:02d}.png"), cv2.resize(image[..., ::-1], size))
+    return path
+
+
+@pytest.mark.slow
+def test_each_cameras_labels_are_what_it_gets_alone(model: Any, tmp_path: Path) -> None:
+    # Two folders of different sizes replayed at 15 fps like cameras (block: no frame dropped).
+    a = folder(tmp_path / "a", [data.chelsea(), data.astronaut(), data.coffee()] * 3, (640, 480))
+    b = folder(tmp_path / "b", [data.rocket(), data.chelsea()] * 3, (320, 240))
+    alone = {}
+    for name, path in (("door", a), ("yard", b)):
+        with edgekit.Pipeline(model, str(path)) as p:
+            alone[name] = [(r.record.index, r.labels) for r in p]
+    with edgekit.Pipeline(model, sources={"door": str(a), "yard": str(b)}, realtime=True, fps=15) as p:
+        results = list(p)
+        summary = p.summary()
+    together = {
+        name: [(r.record.index, r.labels) for r in results if r.record.camera == name] for name in alone
+    }
+    assert together == alone  # every frame of each camera, in order, labelled as it was alone
+    d = summary.to_dict()
+    assert d["frames"] == 9 + 6 and d["source_kind"] == "2 cameras" and d["ended_by"] == "sources ended"
+    assert {n: (c["frames"], c["missed"] + c["met"], c["ended"]) for n, c in d["cameras"].items()} == {
+        "door": (9, 9, "source ended"),
+        "yard": (6, 6, "source ended"),
+    }
+    assert "Camera door" in summary.render() and "Camera yard" in summary.render()
+    assert {r.record.to_dict()["camera"] for r in results} == {"door", "yard"}
+
+
+@pytest.mark.slow
+def test_a_network_camera_that_goes_away_is_reopened_and_the_other_keeps_sending(model: Any) -> None:
+    net = MjpegCamera([cv2.resize(data.chelsea()[..., ::-1], (320, 240))], fps=20)
+    net.start()
+    gone: list[float] = []
+    try:
+        with edgekit.Pipeline(
+            model, sources={"net": net.url, "synth": "synthetic:320x240@20"}, duration_s=4
+        ) as p:
+            for result in p:
+                rec = result.record
+                if rec.camera == "net" and not gone and p.per_camera["net"].frames == 10:
+                    net.stop()
+                    gone.append(time.perf_counter_ns())
+                    threading.Timer(1.0, net.start).start()
+            records = [r for r in p.stats.recent]
+        d = p.summary().to_dict()
+    finally:
+        net.stop()
+    assert gone and d["counters"]["source_outages"] >= 1 and d["counters"]["source_reopens"] >= 1
+    # The synthetic camera went on while the network one was away (the second after it left).
+    during = [r for r in records if r.camera == "synth" and gone[0] < r.captured_ns < gone[0] + 0.9e9]
+    assert len(during) >= 5
+    assert d["cameras"]["net"]["frames"] > 10  # and the network camera came back
+
+
+@pytest.mark.slow
+def test_cli_run_with_two_sources(
+    x86_bundle: tuple[Path, dict[str, Any]], cache_env: dict[str, str], tmp_path: Path
+) -> None:
+    a = folder(tmp_path / "a", [data.chelsea()] * 3, (320, 240))
+    b = folder(tmp_path / "b", [data.chelsea()] * 2, (320, 240))
+    records = tmp_path / "records.jsonl"
+    r = run_cli(
+        cache_env,
+        *("run", str(x86_bundle[0]), "--device", "x86_64-cpu", "--source", str(a), "--source", str(b)),
+        *("--records", str(records), "--json"),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert {n: c["frames"] for n, c in doc["cameras"].items()} == {"cam0": 3, "cam1": 2}
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert sorted(row["camera"] for row in rows) == ["cam0"] * 3 + ["cam1"] * 2
+    assert all(row["labels"][0]["id"] in CAT_CLASSES for row in rows)
