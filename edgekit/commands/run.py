@@ -125,15 +125,19 @@ def _load(
 def run_command(
     bundle: Annotated[Path, typer.Argument(help="A bundle directory or .tar.gz (edgekit build).")],
     source: Annotated[
-        str,
+        list[str] | None,
         typer.Option(
             "--source",
             "-s",
-            envvar="EDGEKIT_SOURCE",  # a source with a password: keep it off the command line
+            # Not typer's envvar: it would split a list option's value on spaces, and a GStreamer
+            # pipeline has them.  $EDGEKIT_SOURCE (a source with a password: keep it off the
+            # command line) is read whole when no --source is given.
             help="0 or /dev/video0 (camera), a video file, an image folder, an http(s)/rtsp URL, "
-            "a GStreamer pipeline, or synthetic:640x480@30.",
+            "a GStreamer pipeline, or synthetic:640x480@30. Repeat it for many cameras: one model, "
+            "records and summary per camera (cam0, cam1, ...). Default: $EDGEKIT_SOURCE, else 0.",
+            show_default=False,
         ),
-    ] = "0",
+    ] = None,
     budget: BudgetOpt = None,
     policy: PolicyOpt = None,
     duration: DurationOpt = None,
@@ -231,12 +235,15 @@ def run_command(
     from edgekit.pipeline import Pipeline, Seen
 
     _quiet_opencv()
-    _warn_if_source_secret_on_command_line(source)
+    sources = source or [os.environ.get("EDGEKIT_SOURCE") or "0"]
+    for one in sources:
+        _warn_if_source_secret_on_command_line(one)
     with (
         _load(bundle, device, key, allow_unsigned, measure) as model,
         Pipeline(
             model,
-            source,
+            sources[0] if len(sources) == 1 else None,
+            sources=sources if len(sources) > 1 else None,
             budget_ms=budget,
             policy=policy,
             realtime=realtime,
