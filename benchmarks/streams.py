@@ -1,0 +1,127 @@
+"""How many cameras this device holds: N synthetic streams through one pipeline, and N processes side by side.
+
+    .venv/bin/python -m benchmarks.streams [BUNDLE] [--fps 30] [--seconds 10] [--max 12] [--processes] [--json]
+
+For N = 1, 2, 3, ...: one ``edgekit.Pipeline`` with N ``synthetic:640x480@FPS`` sources
+for ``--seconds`` (drop-oldest, the bundle's budget).  N is *held* when every camera's p99
+is within the budget and no frame was dropped.  It stops after the first N that is not
+held (or at ``--max``) and reports the largest held N.  With ``--processes`` it then runs
+the same N as N ``edgekit run`` processes side by side (one camera each, each its own copy
+of the model): their p99s and drops, the way a device is used without a multi-camera
+pipeline.  No batching yet: one frame per inference, taken earliest deadline first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import edgekit
+from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr
+
+
+def one_pipeline(model: Any, n: int, fps: float, seconds: float) -> dict[str, Any]:
+    sources = [f"synthetic:640x480@{fps:g}"] * n
+    with edgekit.Pipeline(model, sources=sources, duration_s=seconds, policy="drop-oldest") as p:
+        for _ in p:
+            pass
+        d = p.summary().to_dict()
+    budget = d["budget_ms"]
+    cams = d["cameras"]
+    p99s = {name: c["latency_ms"]["p99"] for name, c in cams.items()}
+    drops = sum(c["dropped"] for c in cams.values())
+    held = drops == 0 and all(v is not None and v <= budget for v in p99s.values())
+    return {
+        "n": n,
+        "held": held,
+        "p99_ms": p99s,
+        "dropped": drops,
+        "frames": d["frames"],
+        "budget_ms": budget,
+    }
+
+
+def processes(bundle: str, n: int, fps: float, seconds: float, env: dict[str, str]) -> dict[str, Any]:
+    code = "import sys; from edgekit.cli import main; sys.exit(main())"
+    args = ["run", bundle, "--source", f"synthetic:640x480@{fps:g}", "--duration", str(seconds)]
+    # The same candidate as the pipeline: the choice its load kept (same $EDGEKIT_STATE).
+    args += ["--allow-unsigned", "--warm", "off", "--json"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    docs = [json.loads(p.communicate()[0]) for p in procs]
+    budget = docs[0]["budget_ms"]
+    p99s = [d["latency_ms"]["p99"] for d in docs]
+    drops = sum(d["counters"]["dropped"] for d in docs)
+    held = drops == 0 and all(v is not None and v <= budget for v in p99s)
+    return {"n": n, "held": held, "p99_ms": p99s, "dropped": drops, "frames": sum(d["frames"] for d in docs)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, bundle=True, json_flag=True)
+    ap.add_argument("--fps", type=float, default=30.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--max", type=int, default=12)
+    ap.add_argument("--processes", action="store_true")
+    args = parse(ap, argv)
+    with progress_on_stderr(args.json):
+        doc = measure(args)
+    if args.json:
+        print_json(doc, indent=1)
+
+
+def measure(args: Any) -> dict[str, Any]:
+    bundle = bundle_of(args)
+    rows: list[dict[str, Any]] = []
+    started = time.time()
+    with edgekit.load(bundle, device=args.device, allow_unsigned=True) as model:
+        candidate = model.candidate
+        for n in range(1, args.max + 1):
+            row = one_pipeline(model, n, args.fps, args.seconds)
+            rows.append(row)
+            worst = max((v for v in row["p99_ms"].values() if v is not None), default=float("nan"))
+            print(
+                f"one pipeline, {n} cameras: worst p99 {worst:.2f} ms, dropped {row['dropped']}: "
+                f"{'held' if row['held'] else 'NOT held'}",
+                flush=True,
+            )
+            if not row["held"]:
+                break
+    most = max((r["n"] for r in rows if r["held"]), default=0)
+    side_by_side: list[dict[str, Any]] = []
+    if args.processes:
+        env = {**os.environ}
+        for n in sorted({max(1, most), most + 1}):
+            row = processes(str(bundle), n, args.fps, args.seconds, env)
+            side_by_side.append(row)
+            print(
+                f"{n} processes side by side: p99 {', '.join(f'{v:.2f}' for v in row['p99_ms'])} ms, "
+                f"dropped {row['dropped']}: {'held' if row['held'] else 'NOT held'}",
+                flush=True,
+            )
+    print(f"most cameras held by one pipeline ({candidate}, unbatched): {most}", flush=True)
+    return {
+        "bundle": str(bundle),
+        "candidate": candidate,
+        "fps": args.fps,
+        "seconds": args.seconds,
+        "one_pipeline": rows,
+        "most_held": most,
+        "processes": side_by_side,
+        "wall_s": time.time() - started,
+    }
+
+
+if __name__ == "__main__":
+    main()
