@@ -203,8 +203,7 @@ class Pipeline:
         paced = (self.source.info.live or self.pace_fps is not None) and len(self.sources) == 1
         warmer = Warmer(self.warm if paced else "off")
         work: deque[int] = deque(maxlen=16)  # the loop's own recent time per frame, ns
-        last_image = None
-        self._warmer = warmer
+        last_image: Any = None  # the last frame, for the warm pass
         self._started_ns = time.perf_counter_ns()
         end_ns = self._started_ns + int(self.duration_s * 1e9) if self.duration_s else None
         group.start()
@@ -219,8 +218,10 @@ class Pipeline:
                     break
                 wait = 0.25 if end_ns is None else min(0.25, (end_ns - now) / 1e9)
                 frame = None
-                warm_at = warmer.next_pass_at(int(statistics.median(work)) if work else 0)
-                if warm_at is not None and last_image is not None:
+                warm_at = None
+                if warmer.mode != "off" and last_image is not None:  # no median per frame for nothing
+                    warm_at = warmer.next_pass_at(int(statistics.median(work)) if work else 0)
+                if warm_at is not None:
                     if warm_at > now:
                         frame = group.take(timeout=min(wait, (warm_at - now) / 1e9))
                     if frame is None and not group.finished and time.perf_counter_ns() >= warm_at:
@@ -237,8 +238,9 @@ class Pipeline:
                 warmer.arrived(frame.captured_ns)
                 result = self._label(frame, budget_ns)
                 r = result.record
-                work.append(round((r.preprocess_ms + r.inference_ms + r.postprocess_ms) * 1e6))
-                last_image = frame.image
+                if warmer.mode != "off":
+                    work.append(round((r.preprocess_ms + r.inference_ms + r.postprocess_ms) * 1e6))
+                    last_image = frame.image
                 # Label and result sinks (telemetry, the preview) run on this thread: their time is the
                 # sink stage, like the loop body's, so a slow one shows in the frame's latency.
                 handed = time.perf_counter_ns()

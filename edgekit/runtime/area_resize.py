@@ -343,10 +343,9 @@ class AreaResizer:
         ):
             raise ValueError(f"AreaResizer for {self.src_hw} -> {self.dst_hw} got {src.shape} -> {out.shape}")
         rows = _pixel_rows(out)
+        src_rows = _pixel_rows(src)  # once: a view made per frame costs tens of µs on a cold cache
         self._kernel(
-            _pixel_rows(src)
-            if _pixel_rows(src) is not None
-            else np.ascontiguousarray(src).reshape(self.src_hw[0], -1),
+            src_rows if src_rows is not None else np.ascontiguousarray(src).reshape(self.src_hw[0], -1),
             self._offs,
             self._cnt,
             self._wv,
