@@ -30,11 +30,15 @@ from edgekit.protocol.control_messages import (
     Result,
 )
 from edgekit.protocol.telemetry_messages import (
+    MAX_CAMERA_NAME,
+    MAX_CAMERAS,
     MAX_CLASS_NAME,
     MAX_DETECTION_CLASSES,
     MAX_LABEL_DETECTIONS,
+    OTHER_CAMERA,
     OTHER_CLASS,
     BoxDetection,
+    CameraWindow,
     DetectionCount,
     Gauges,
     Label,
@@ -81,13 +85,17 @@ def first_error(err: ValidationError) -> str:
 
 __all__ = [
     "KINDS",
+    "MAX_CAMERAS",
+    "MAX_CAMERA_NAME",
     "MAX_CLASS_NAME",
     "MAX_DETECTION_CLASSES",
     "MAX_LABEL_DETECTIONS",
+    "OTHER_CAMERA",
     "OTHER_CLASS",
     "ActiveSlot",
     "AgentStatus",
     "BoxDetection",
+    "CameraWindow",
     "Command",
     "DeployId",
     "DetectionCount",

@@ -39,6 +39,11 @@ MAX_CLASS_NAME = 64
 OTHER_CLASS = "other"
 # A labels message lists at most this many of the newest frame's detections (best first).
 MAX_LABEL_DETECTIONS = 100
+# A window's per-camera figures: at most this many cameras (a sender folds the rest into
+# OTHER_CAMERA), each name as long as a pipeline allows.
+MAX_CAMERAS = 64
+MAX_CAMERA_NAME = 64
+OTHER_CAMERA = "other"
 
 
 class WireMessage(BaseModel):
@@ -143,11 +148,25 @@ class DetectionCount(WireMessage):
         return self
 
 
+#: A camera's name in a pipeline of many, as a window or a labels message carries it.
+CameraName = Annotated[str, Field(min_length=1, max_length=MAX_CAMERA_NAME)]
+
+
+class CameraWindow(WireMessage):
+    """One camera of a many-camera pipeline over one window: its frames, misses, drops and latency."""
+
+    frames: Count
+    missed: Count = Field(description="its frames over the latency budget")
+    dropped: Count = Field(description="frames its slot dropped before the window's frames")
+    latency_ms: Sketch = Field(description="end-to-end latency of its frames")
+
+
 class Window(WireMessage):
     """One reporting window: its wall-clock span, frames and missed deadlines, the latency sketches.
 
     A detector's window also counts what it found per class (``detections``); a classifier's
-    has no such field.
+    has no such field.  A pipeline of many cameras also reports each camera (``cameras``); a
+    single-source pipeline's window has no such field.
     """
 
     start: float = Field(description="seconds since the epoch")
@@ -166,12 +185,21 @@ class Window(WireMessage):
         description=f"a detector's per-class counts (at most {MAX_DETECTION_CLASSES} classes, "
         f"the rest as {OTHER_CLASS!r}); absent for a classifier",
     )
+    cameras: dict[CameraName, CameraWindow] | None = Field(
+        default=None,
+        max_length=MAX_CAMERAS,
+        description=f"a many-camera pipeline's per-camera figures (at most {MAX_CAMERAS} cameras, "
+        f"the rest as {OTHER_CAMERA!r}); absent for a single source",
+    )
 
     @model_validator(mode="after")
-    def _detections_within_frames(self) -> Window:
+    def _parts_within_frames(self) -> Window:
         for name, count in (self.detections or {}).items():
             if count.frames > self.frames:
                 raise ValueError(f"detections of {name[:40]!r} in more frames than the window has")
+        # Every frame comes from one camera: together they cannot have more than the window.
+        if self.cameras and sum(c.frames for c in self.cameras.values()) > self.frames:
+            raise ValueError("the cameras have more frames than the window has")
         return self
 
 
@@ -286,7 +314,8 @@ class Labels(WireMessage):
     """What the model said lately (``edgekit/v1/<fleet>/<device>/labels``, QoS 0, optional).
 
     A classifier sends its top ``labels``; a detector sends ``labels: []`` (so a receiver from
-    before detection still accepts it) and the frame's ``detections``, best first.
+    before detection still accepts it) and the frame's ``detections``, best first.  A pipeline
+    of many cameras says which camera the frame came from (``camera``).
     """
 
     schema_: Literal["edgekit/v1/labels"] = Field(alias="schema")
@@ -295,6 +324,9 @@ class Labels(WireMessage):
     labels: list[Label]
     detections: list[BoxDetection] | None = Field(
         default=None, max_length=MAX_LABEL_DETECTIONS, description="a detector's objects, best first"
+    )
+    camera: CameraName | None = Field(
+        default=None, description="the camera of the frame, in a pipeline of many; absent for a single source"
     )
 
 
