@@ -167,6 +167,42 @@ class Session(ABC):
     @abstractmethod
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]: ...
 
+    @property
+    def batchable(self) -> bool:
+        """Whether ``batched(n)`` can make a session of this artifact that takes n frames at once."""
+        return False  # a backend whose artifacts may have a free batch dimension says when they do
+
+    def batched(self, n: int) -> Session:
+        """A new session of the same model, loaded with the same options, whose inputs and outputs have
+        first dimension ``n`` (n >= 1).  ModelLoadError (message, hint) when the model's batch is fixed.
+
+        The model is not read from its file again (it was checked against its signed hash when this
+        session loaded it); closing the new session leaves this one open.
+        """
+        where = f"{self.backend} ({self.artifact.name})"
+        if not self.batchable:
+            batch = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else None
+            raise ModelLoadError(
+                f"{where}: the model's batch is fixed"
+                + (f" at {batch}" if batch is not None else "")
+                + f", it cannot run {n} frames at once",
+                "run one frame at a time, or rebuild the artifact with a free batch dimension "
+                "(edgekit build exports dim 0 as 'batch' for ONNX Runtime and OpenVINO)",
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ModelLoadError(f"{where}: batch {n!r} is not a whole number >= 1", "ask for n >= 1 frames")
+        if self.closed:
+            raise ModelLoadError(f"{where}: session is closed", "batch from an open session")
+        session = self._batched(n)
+        # What selection recorded about this session holds for the same model at another batch.
+        session.candidate = self.candidate
+        session.fallbacks = self.fallbacks
+        return session
+
+    def _batched(self, n: int) -> Session:
+        """The session for ``batched(n)``, once the base class has checked ``n``; batchable backends override it."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Release the runtime's resources; the session can't run afterwards."""
         self.closed = True

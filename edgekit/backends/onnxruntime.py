@@ -8,6 +8,7 @@ is reported unavailable, so selection falls back instead of silently running on 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from edgekit.backends.base import (
     known_options,
     load_failed,
 )
+from edgekit.backends.onnx_batch import batch_dim_params
 from edgekit.errors import RunError
 
 if TYPE_CHECKING:
@@ -83,58 +85,101 @@ class OnnxRuntimeBackend:
         return Availability(True, "", ort.__version__, have)
 
     def load(self, artifact: Path, options: Options | None = None) -> Session:
-        import onnxruntime as ort
-
         opts = known_options(NAME, options, OPTIONS)
         artifact = check_artifact(NAME, artifact, self.suffixes)
-        so = ort.SessionOptions()
-        # Logs below ERROR are noise on a device; errors are turned into EdgekitErrors below.
-        so.log_severity_level = 3
-        if "intra_op_threads" in opts:
-            so.intra_op_num_threads = int(opts["intra_op_threads"])
-        if "inter_op_threads" in opts:
-            so.inter_op_num_threads = int(opts["inter_op_threads"])
-        # ORT's worker threads spin-wait after every parallel section by default.  A camera
-        # pipeline is idle between frames and shares its cores (capture, the app, another
-        # process): there the spinning thread steals the time its partner needs.  Measured with
-        # a CPU hog on one of two cores: p99 53 ms spinning vs 30 ms not; quiet, spinning saves
-        # ~0.3 ms of 13.  Off unless the profile says ``spin = true``.
-        spin = bool(opts.get("spin", False))
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
-        # ORT can run fp32 GEMMs in bf16 on Arm cores that have it ("fast math"); it is off by
-        # default, and said here so that no build of ORT that flips the default runs fp32 in bf16.
-        so.add_session_config_entry("mlas.enable_gemm_fastmath_arm64_bfloat16", "0")
-        level = opts.get("optimization", "all")
-        so.graph_optimization_level = {
-            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-        }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        if "optimized_model_path" in opts:
-            so.optimized_model_filepath = str(opts["optimized_model_path"])
-        providers = _providers(opts)
-        try:
-            sess = ort.InferenceSession(
-                str(artifact),
-                sess_options=so,
-                providers=[name for name, _ in providers],
-                provider_options=[popts for _, popts in providers],
-            )
-        except Exception as err:
-            raise load_failed(
-                NAME, artifact, err, "an ONNX model (opset >= 7) readable by onnxruntime"
-            ) from err
-        return OnnxRuntimeSession(artifact, sess)
+        model = artifact.read_bytes()
+        free = batch_dim_params(model)
+        if free is None:
+            # A fixed batch loads as it always has, from the path (external data resolves beside it).
+            return _open(artifact, str(artifact), opts, None)
+        # A free batch is pinned to 1, so that a plain session runs as fast as a static one; the
+        # bytes are kept, so that batched(n) makes its sessions without reading the file again.
+        return _open(artifact, model, opts, _FreeBatch(model, free, 1))
+
+
+@dataclass(frozen=True)
+class _FreeBatch:
+    """What a session of a free-batch model keeps to make its batched twins: the file's bytes, the
+    dim_param names of its batch dimension, and the batch this session is pinned to."""
+
+    model: bytes
+    names: tuple[str, ...]
+    n: int
+
+
+def _session_options(opts: Options, batch: _FreeBatch | None) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    # Logs below ERROR are noise on a device; errors are turned into EdgekitErrors below.
+    so.log_severity_level = 3
+    if "intra_op_threads" in opts:
+        so.intra_op_num_threads = int(opts["intra_op_threads"])
+    if "inter_op_threads" in opts:
+        so.inter_op_num_threads = int(opts["inter_op_threads"])
+    # ORT's worker threads spin-wait after every parallel section by default.  A camera
+    # pipeline is idle between frames and shares its cores (capture, the app, another
+    # process): there the spinning thread steals the time its partner needs.  Measured with
+    # a CPU hog on one of two cores: p99 53 ms spinning vs 30 ms not; quiet, spinning saves
+    # ~0.3 ms of 13.  Off unless the profile says ``spin = true``.
+    spin = bool(opts.get("spin", False))
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
+    # ORT can run fp32 GEMMs in bf16 on Arm cores that have it ("fast math"); it is off by
+    # default, and said here so that no build of ORT that flips the default runs fp32 in bf16.
+    so.add_session_config_entry("mlas.enable_gemm_fastmath_arm64_bfloat16", "0")
+    level = opts.get("optimization", "all")
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    # The optimized graph is written by the pinned session only: a batched twin would overwrite
+    # it with its own batch.
+    if "optimized_model_path" in opts and (batch is None or batch.n == 1):
+        so.optimized_model_filepath = str(opts["optimized_model_path"])
+    if batch is not None:
+        # Every dimension named like the batch becomes n: shapes are then static, as in a
+        # fixed-batch file, and ORT plans its memory and kernels once.
+        for name in batch.names:
+            so.add_free_dimension_override_by_name(name, batch.n)
+    return so
+
+
+def _open(artifact: Path, model: str | bytes, opts: Options, batch: _FreeBatch | None) -> OnnxRuntimeSession:
+    """An ORT session of ``model`` (the file's path, or its bytes read once at load) with ``opts``."""
+    import onnxruntime as ort
+
+    so = _session_options(opts, batch)
+    if isinstance(model, bytes):
+        # Made from bytes, a model with external data still finds it beside the file.
+        so.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(artifact.parent)
+        )
+    providers = _providers(opts)
+    try:
+        sess = ort.InferenceSession(
+            model,
+            sess_options=so,
+            providers=[name for name, _ in providers],
+            provider_options=[popts for _, popts in providers],
+        )
+    except Exception as err:
+        raise load_failed(NAME, artifact, err, "an ONNX model (opset >= 7) readable by onnxruntime") from err
+    return OnnxRuntimeSession(artifact, sess, opts, batch)
 
 
 class OnnxRuntimeSession(Session):
     backend = NAME
 
-    def __init__(self, artifact: Path, sess: Any) -> None:
+    def __init__(
+        self, artifact: Path, sess: Any, opts: Options | None = None, batch: _FreeBatch | None = None
+    ) -> None:
         def spec(arg: Any) -> TensorSpec:
             shape = tuple(d if isinstance(d, int) else None for d in arg.shape)
+            if batch is not None:  # pinned: report the batch it runs, whatever ORT says of dim 0
+                shape = (batch.n, *shape[1:])
             return TensorSpec(arg.name, shape, _DTYPES.get(arg.type, arg.type))
 
         super().__init__(
@@ -147,6 +192,16 @@ class OnnxRuntimeSession(Session):
         #: Every provider the session really uses, in priority order.
         self.providers: tuple[str, ...] = tuple(sess.get_providers())
         self._names = [i.name for i in self.inputs]
+        self._opts = dict(opts or {})
+        self._batch = batch
+
+    @property
+    def batchable(self) -> bool:
+        return self._batch is not None
+
+    def _batched(self, n: int) -> Session:
+        assert self._batch is not None  # Session.batched asked batchable first
+        return _open(self.artifact, self._batch.model, self._opts, replace(self._batch, n=n))
 
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,10 +120,49 @@ class OpenVINOBackend:
             # The NPU and GPU plugins compile for seconds; the cache makes the second start fast.
             core.set_property({"CACHE_DIR": str(opts["cache_dir"])})
         try:
-            compiled = core.compile_model(core.read_model(str(artifact)), device, config)
+            model = core.read_model(str(artifact))
+            if not _free_batch(model):
+                return OpenVINOSession(artifact, core.compile_model(model, device, config), device)
+            # A free batch is pinned to 1, so that a plain session runs as fast as a static one;
+            # the model read here is kept, so that batched(n) compiles its twins without the file.
+            batch = _FreeBatch(core, model, device, config)
+            return OpenVINOSession(artifact, batch.compile(1), device, batch)
         except Exception as err:
             raise load_failed(NAME, artifact, err, "an OpenVINO IR (.xml + .bin) or an ONNX model") from err
-        return OpenVINOSession(artifact, compiled, device)
+
+
+def _free_batch(model: Any) -> bool:
+    """Whether dim 0 of every input and output of ``model`` is free (``?``) in the file."""
+    ports = [*model.inputs, *model.outputs]
+    for port in ports:
+        shape = port.get_partial_shape()
+        if shape.rank.is_dynamic or shape.rank.get_length() == 0 or not shape[0].is_dynamic:
+            return False
+    return bool(ports)
+
+
+@dataclass(frozen=True)
+class _FreeBatch:
+    """What a session of a free-batch model keeps to compile its batched twins: the OpenVINO core
+    (its cache and properties), the model as read from the file, the device asked for and the config."""
+
+    core: Any
+    model: Any
+    device: str
+    config: dict[str, Any]
+
+    def compile(self, n: int) -> Any:
+        """The model compiled with every input's dim 0 set to ``n`` (the kept model is left free)."""
+        import openvino as ov
+
+        model = self.model.clone()
+        model.reshape(
+            {
+                i: ov.PartialShape([ov.Dimension(n), *list(port.get_partial_shape())[1:]])
+                for i, port in enumerate(model.inputs)
+            }
+        )
+        return self.core.compile_model(model, self.device, self.config)
 
 
 def _spec(port: Any) -> TensorSpec:
@@ -134,7 +174,8 @@ def _spec(port: Any) -> TensorSpec:
 class OpenVINOSession(Session):
     backend = NAME
 
-    def __init__(self, artifact: Path, compiled: Any, device: str) -> None:
+    def __init__(self, artifact: Path, compiled: Any, device: str, batch: _FreeBatch | None = None) -> None:
+        self._batch = batch
         super().__init__(
             artifact, [_spec(p) for p in compiled.inputs], [_spec(p) for p in compiled.outputs], device
         )
@@ -145,6 +186,18 @@ class OpenVINOSession(Session):
             self.device = ",".join(compiled.get_property("EXECUTION_DEVICES"))
         with contextlib.suppress(Exception):  # e.g. "f32", "bf16": what the plugin settled on
             self.compute_precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+
+    @property
+    def batchable(self) -> bool:
+        return self._batch is not None
+
+    def _batched(self, n: int) -> Session:
+        assert self._batch is not None  # Session.batched asked batchable first
+        try:
+            compiled = self._batch.compile(n)
+        except Exception as err:
+            raise load_failed(NAME, self.artifact, err, f"a model that runs at batch {n}") from err
+        return OpenVINOSession(self.artifact, compiled, self._batch.device, self._batch)
 
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
