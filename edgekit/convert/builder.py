@@ -85,7 +85,10 @@ class _Build:
 
         req, spec = self.req, self.req.card.preprocess
         if req.onnx is not None:
-            source_hash, params = sha256_file(req.onnx), {"shape": spec.input_shape}
+            source_hash, params = (
+                sha256_file(req.onnx),
+                {"shape": spec.input_shape, "batch": onnx_export.BATCH_DIM},
+            )
 
             def produce(d: Path) -> list[Artifact]:
                 out = onnx_export.fold(req.onnx, d / f"{self.stem}-fp32.onnx", spec.input_shape)  # type: ignore[arg-type]
@@ -112,7 +115,7 @@ class _Build:
                 raw.unlink()
                 return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
 
-            params = {"shape": spec.input_shape}
+            params = {"shape": spec.input_shape, "batch": onnx_export.BATCH_DIM}
         self.source_hash = source_hash
         return self.step("fp32-onnx", step_key("fp32-onnx", [source_hash], params), produce)[0].path
 

@@ -8,12 +8,11 @@ uses (``edgekit.backends.tensorrt`` builds the engine then and caches it).
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import atomic_path, write_atomic
+from edgekit._core.io import write_atomic
 from edgekit.convert.artifact import Artifact
 
 CONFIG_SUFFIX = ".trt.json"
@@ -35,13 +34,13 @@ def tensorrt_artifact(
         "options": build_options,
         "note": "the engine is built on the device at first load and cached by ONNX hash, TensorRT version and GPU",
     }
-    for src, dest, write in ((fp32_onnx, onnx_out, None), (None, config, json.dumps(doc, indent=2))):
-        if write is None:
-            assert src is not None
-            with atomic_path(dest) as tmp:
-                shutil.copyfile(src, tmp)
-        else:
-            write_atomic(dest, write.encode("utf-8"))
+    # The engine is built for one frame (no optimization profiles yet): the free batch pinned to 1.
+    import onnx
+
+    from edgekit.convert.onnx_export import pin_batch
+
+    write_atomic(onnx_out, pin_batch(onnx.load(str(fp32_onnx))).SerializeToString())
+    write_atomic(config, json.dumps(doc, indent=2).encode("utf-8"))
     return Artifact(
         path=onnx_out,
         backend="tensorrt",

@@ -120,6 +120,7 @@ def compile_onnx(
     from edgekit._core.io import sha256_file
     from edgekit.convert import tvm_database as tdb
     from edgekit.convert import tvm_tuning as tt
+    from edgekit.convert.onnx_export import pin_batch
 
     if tune_trials < 0:
         raise BuildError(
@@ -133,7 +134,8 @@ def compile_onnx(
     if tune_trials:
         tt.check_can_tune(target)
     cc = _compiler(target)
-    model = onnx.load(str(onnx_path))
+    # A free batch (the build's fp32 graph) is compiled for one frame: TVM's code is for one shape.
+    model = pin_batch(onnx.load(str(onnx_path)))
     for spec in _io(model)["inputs"]:
         if None in spec["shape"]:
             raise BuildError(
