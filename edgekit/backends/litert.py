@@ -5,6 +5,11 @@ import (frozen since 2023, but it is what some boards still ship).  A model comp
 ``edgetpu_compiler`` (``*_edgetpu.tflite``) needs the Edge TPU delegate
 (``libedgetpu.so.1``) and a Coral device (``usb``, ``usb:N``, ``pci:N``); without them it
 is refused with a message saying what to install, the way pycoral does it.
+
+Batch: fixed (``batchable`` is False, ``batched`` refuses).  The build writes a batch-1
+flatbuffer, and an Edge TPU model is compiled for its shapes; resizing a CPU interpreter's input
+would need the model kept in memory and every op re-checked at the new batch, for no artifact
+edgekit makes.
 """
 
 from __future__ import annotations

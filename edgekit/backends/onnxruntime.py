@@ -3,6 +3,10 @@
 CPU always; the TensorRT, CUDA and OpenVINO execution providers (with their options)
 when the installed build has them.  A candidate that asks for providers this build lacks
 is reported unavailable, so selection falls back instead of silently running on CPU.
+
+Batch: a file whose inputs' and outputs' dim 0 is a free ``dim_param`` (what edgekit build
+exports) loads pinned to batch 1, and ``batched(n)`` makes a session pinned to n from the bytes
+read at load.  A file with a fixed batch loads from its path as it always has.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Reads OpenVINO IR (``.xml`` + ``.bin``) and ONNX directly.  Device strings are
 OpenVINO's own: ``CPU``, ``GPU``, ``NPU``, ``AUTO`` or ``AUTO:NPU,CPU``.  The default
 performance hint is LATENCY: a camera pipeline runs one frame at a time.
+
+Batch: a model whose inputs' and outputs' dim 0 is dynamic (``?``) is reshaped to 1 before
+it is compiled, and ``batched(n)`` compiles a reshaped clone of the ``ov.Model`` read at load.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ it as ``<stem>.io.json`` (the Relax executable does not keep them), written by
 :func:`edgekit.convert.tvm.compile_onnx`.  Before loading, the ELF header is read so that a
 library built for another CPU is refused with a clear message instead of a dlopen error
 that claims the file does not exist.
+
+Batch: fixed (``batchable`` is False, ``batched`` refuses): the library is compiled and tuned
+for the static shapes of its ``.io.json``.
 """
 
 from __future__ import annotations
