@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
-from edgekit.fleet.sums import ClassSum, add_detections
+from edgekit.fleet.cameras import CameraTally, add_cameras, merge_cameras
+from edgekit.fleet.sums import Bucket, ClassSum, add_detections
 from edgekit.protocol.stages import STAGES
 
 
@@ -29,6 +30,13 @@ class Tally:
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
     #: A detector's per-class counts (bounded: ``sums.MAX_CLASSES``); ``None`` until a window has them.
     detections: dict[str, ClassSum] | None = None
+    #: A many-camera device's figures per camera; ``None`` for a single-source device.
+    cameras: dict[str, CameraTally] | None = None
+
+    @classmethod
+    def of(cls, b: Bucket) -> Tally:
+        """A store's bucket as a tally (its sketches are the bucket's own: merge it, do not keep it)."""
+        return cls(b.frames, b.missed, b.latency, dict(b.stages), b.detections, b.cameras)
 
     def add(self, window: dict[str, Any]) -> None:
         """Fold in one window as the collector accepted it (its sketches were checked there)."""
@@ -41,6 +49,7 @@ class Tally:
         counts = window.get("detections")
         if counts is not None:
             self.detections = add_detections(self.detections if self.detections is not None else {}, counts)
+        self.cameras = add_cameras(self.cameras, window.get("cameras"))
 
     def merge(self, other: Tally) -> None:
         self.frames += other.frames
@@ -52,6 +61,7 @@ class Tally:
             self.detections = add_detections(
                 self.detections if self.detections is not None else {}, other.detections
             )
+        self.cameras = merge_cameras(self.cameras, other.cameras)
 
 
 def quantile(sketch: LatencySketch, q: float) -> float | None:

@@ -76,6 +76,10 @@ STAGE_BUCKETS: tuple[float, ...] = (
     1.0,
 )
 
+# The quantiles of each camera's latency summary: a camera gets a few series, not a histogram's two dozen
+# (a device may run 64 cameras); the device's own histogram still sums across a fleet.
+CAMERA_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
+
 # The birth fields that become labels of edgekit_device_info.
 INFO_LABELS: tuple[str, ...] = ("profile", "model", "version", "backend", "precision", "edgekit")
 # Birth fields are free text from the network: a model name of 200 kB must not become a label.
@@ -147,6 +151,13 @@ class _Family:
         self.add(labels, sketch.sum / 1000 if sketch.count else 0.0, "_sum")
         self.add(labels, sketch.count, "_count")
 
+    def summary(self, labels: Labels, sketch: LatencySketch, quantiles: Sequence[float]) -> None:
+        # A quantile of no values is NaN, as the format has it for an empty summary.
+        for q in quantiles:
+            self.add((*labels, ("quantile", _number(q))), sketch.quantile(q) / 1000)
+        self.add(labels, sketch.sum / 1000 if sketch.count else 0.0, "_sum")
+        self.add(labels, sketch.count, "_count")
+
     def lines(self) -> list[str]:
         help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
         out = [f"# HELP {self.name} {help_text}", f"# TYPE {self.name} {self.kind}"]
@@ -201,6 +212,26 @@ def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None 
                 "counter",
                 "Frames with at least one detection of the class since the server started.",
             ),
+            (
+                "edgekit_camera_frames_total",
+                "counter",
+                "Frames of each camera of a many-camera device since the server started.",
+            ),
+            (
+                "edgekit_camera_missed_total",
+                "counter",
+                "Frames of each camera over budget since the server started.",
+            ),
+            (
+                "edgekit_camera_dropped_total",
+                "counter",
+                "Frames each camera's slot dropped (never inferred) since the server started.",
+            ),
+            (
+                "edgekit_camera_latency_seconds",
+                "summary",
+                "Frame latency of each camera, capture to sink, from its merged sketch since the server started.",
+            ),
             ("edgekit_frame_latency_seconds", "histogram", "Frame latency, capture to sink."),
             ("edgekit_stage_latency_seconds", "histogram", "Latency of each stage of a frame."),
         )
@@ -223,6 +254,13 @@ def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None 
         for name, count in sorted((d.detections or {}).items()):
             f["edgekit_detections_total"].add((*who, ("class", name)), count.objects)
             f["edgekit_detection_frames_total"].add((*who, ("class", name)), count.frames)
+        # Camera names come from devices: bounded in number by the view, escaped and cut by escape_label.
+        for name, camera in sorted((d.cameras or {}).items()):
+            at: Labels = (*who, ("camera", name))
+            f["edgekit_camera_frames_total"].add(at, camera.frames)
+            f["edgekit_camera_missed_total"].add(at, camera.missed)
+            f["edgekit_camera_dropped_total"].add(at, camera.dropped)
+            f["edgekit_camera_latency_seconds"].summary(at, camera.latency, CAMERA_QUANTILES)
         f["edgekit_frame_latency_seconds"].histogram(who, d.latency, FRAME_BUCKETS)
         for stage, sketch in sorted(d.stages.items()):
             f["edgekit_stage_latency_seconds"].histogram((*who, ("stage", stage)), sketch, STAGE_BUCKETS)

@@ -69,6 +69,13 @@ SCHEMA = (
         stop {real} NOT NULL, name TEXT NOT NULL, frames {int} NOT NULL, objects {int} NOT NULL,
         max_score {real} NOT NULL, PRIMARY KEY (fleet, device, span, t0, name))""",
     "CREATE INDEX IF NOT EXISTS rollup_detections_by_time ON rollup_detections (fleet, stop)",
+    # A many-camera device's per-camera figures of a rollup (a raw window keeps its own in its payload).
+    # A table of its own, like ``rollup_detections``: a store made before cameras gains it as it opens.
+    """CREATE TABLE IF NOT EXISTS rollup_cameras (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, span {real} NOT NULL, t0 {real} NOT NULL,
+        stop {real} NOT NULL, name TEXT NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
+        dropped {int} NOT NULL, latency TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0, name))""",
+    "CREATE INDEX IF NOT EXISTS rollup_cameras_by_time ON rollup_cameras (fleet, stop)",
     # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
     # may still fill a gap below it, and that late window is new.
     """CREATE TABLE IF NOT EXISTS compacted (

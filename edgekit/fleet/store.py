@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgekit._core.sketch import LatencySketch
+from edgekit.fleet import camera_rollups
 from edgekit.fleet.sql import (
     INSERT_WINDOW,
     SCHEMA,
@@ -302,6 +303,7 @@ class FleetStore:
                 "SELECT fleet, device, stop, name, frames, objects, max_score FROM rollup_detections" + where,
                 args,
             )
+            rolled_cameras = self._query(camera_rollups.SELECT + where, args)
         sums: dict[tuple[str, str, float], WindowSum] = {}
 
         def at(f: str, d: str, stop: float) -> WindowSum:
@@ -314,7 +316,13 @@ class FleetStore:
         for f, d, stop, frames, missed, payload in raw:
             w = loads(payload)["window"]
             at(f, d, stop).add(
-                stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=w.get("detections")
+                stop,
+                frames,
+                missed,
+                w["latency_ms"],
+                w["stages_ms"],
+                detections=w.get("detections"),
+                cameras=w.get("cameras"),
             )
         for f, d, stop, frames, missed, latency, stages in rolled:
             at(f, d, stop).add(stop, frames, missed, loads(latency), loads(stages))
@@ -324,6 +332,7 @@ class FleetStore:
                 total.detections if total.detections is not None else {},
                 {str(name): ClassSum(int(frames), int(objects), float(max_score))},
             )
+        camera_rollups.add_rows(at, rolled_cameras)
         return [sums[k].bucket(*k) for k in sorted(sums)]
 
     # -- retention --------------------------------------------------------------------------------
@@ -357,6 +366,7 @@ class FleetStore:
         with self._lock, self._transaction():
             counts["rollups_deleted"] = self._execute("DELETE FROM rollups WHERE stop < ?", (horizon,))
             self._execute("DELETE FROM rollup_detections WHERE stop < ?", (horizon,))
+            self._execute("DELETE FROM rollup_cameras WHERE stop < ?", (horizon,))
             # A seq range stays while any of its windows is kept; a replay older than that is let in as
             # new raw, and the next compaction rolls it into a rollup that is dropped at once.
             self._execute("DELETE FROM compacted WHERE stop < ?", (horizon,))
@@ -382,7 +392,10 @@ class FleetStore:
             if r is None:
                 r = rollups[(f, d, t0)] = WindowSum()
             w = loads(payload)["window"]
-            r.add(stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=w.get("detections"))
+            cameras, detections = w.get("cameras"), w.get("detections")
+            r.add(
+                stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=detections, cameras=cameras
+            )
             seqs.setdefault((f, d, epoch), []).append((int(seq), float(stop)))
         by_device: dict[tuple[str, str], list[float]] = {}
         for f, d, t0 in rollups:
@@ -405,6 +418,7 @@ class FleetStore:
                 if r is not None:
                     earlier = {str(name): ClassSum(int(frames), int(objects), float(max_score))}
                     r.detections = add_detections(r.detections if r.detections is not None else {}, earlier)
+            camera_rollups.merge_earlier(self._query, f, d, span, t0s, rollups)
         self._execute_many(
             UPSERT_ROLLUP,
             [
@@ -438,6 +452,7 @@ class FleetStore:
                 for name, c in (r.detections or {}).items()
             ],
         )
+        camera_rollups.write(self._execute_many, span, rollups)
         for key, new in seqs.items():
             self._remember_compacted(key, new)
         return len(rows), len(rollups)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
+from edgekit.fleet.cameras import CameraTally, add_cameras
 
 _fast_loads: Callable[[str], Any]
 try:
@@ -90,6 +91,8 @@ class Bucket:
     stages: dict[str, LatencySketch]
     #: A detector's per-class counts; ``None`` when no window of the step had any (a classifier).
     detections: dict[str, ClassSum] | None = None
+    #: A many-camera device's figures per camera; ``None`` when no window of the step had any.
+    cameras: dict[str, CameraTally] | None = None
 
 
 class SketchSum:
@@ -143,7 +146,7 @@ class SketchSum:
 class WindowSum:
     """Windows (or rollups) of one device and time step being added up."""
 
-    __slots__ = ("detections", "frames", "latency", "missed", "stages", "stop", "windows")
+    __slots__ = ("cameras", "detections", "frames", "latency", "missed", "stages", "stop", "windows")
 
     def __init__(self) -> None:
         self.frames = self.missed = self.windows = 0
@@ -151,6 +154,7 @@ class WindowSum:
         self.latency = SketchSum()
         self.stages: dict[str, SketchSum] = {}
         self.detections: dict[str, ClassSum] | None = None
+        self.cameras: dict[str, CameraTally] | None = None
 
     def add(
         self,
@@ -161,6 +165,7 @@ class WindowSum:
         stages: dict[str, Any],
         windows: int = 1,
         detections: dict[str, Any] | None = None,
+        cameras: dict[str, Any] | None = None,
     ) -> None:
         self.frames += int(frames)
         self.missed += int(missed)
@@ -176,11 +181,20 @@ class WindowSum:
             self.detections = add_detections(
                 self.detections if self.detections is not None else {}, detections
             )
+        self.cameras = add_cameras(self.cameras, cameras)
 
     def bucket(self, fleet: str, device: str, t0: float) -> Bucket:
         stages = {name: s.sketch() for name, s in self.stages.items()}
         return Bucket(
-            fleet, device, t0, self.frames, self.missed, self.latency.sketch(), stages, self.detections
+            fleet,
+            device,
+            t0,
+            self.frames,
+            self.missed,
+            self.latency.sketch(),
+            stages,
+            self.detections,
+            self.cameras,
         )
 
 

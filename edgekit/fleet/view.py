@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
+from edgekit.fleet.cameras import CameraTally, camera_table, cameras_copy
 from edgekit.fleet.charts import Tally, chart_series, quantile, rate
 from edgekit.fleet.detections import class_table, totals_copy
 from edgekit.fleet.sums import ClassSum
@@ -62,6 +63,8 @@ class DeviceTotals:
     gaps: int = 0
     #: A detector's per-class counts since the server started; ``None`` for a classifier.
     detections: dict[str, ClassSum] | None = None
+    #: A many-camera device's figures per camera since the server started; ``None`` for a single source.
+    cameras: dict[str, CameraTally] | None = None
 
 
 @dataclass
@@ -168,7 +171,7 @@ class FleetView:
             if known is None:
                 continue
             live = known.buckets.setdefault(int(b.t0), Tally())
-            live.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages), b.detections))
+            live.merge(Tally.of(b))
         self._changed = True
 
     # -- the tick (server thread) ----------------------------------------------------------
@@ -250,7 +253,7 @@ class FleetView:
             key = f"{b.fleet}/{b.device}"
             if key in wanted:
                 slot = out[int(b.t0 // step) * step].setdefault(key, Tally())
-                slot.merge(Tally(b.frames, b.missed, b.latency, dict(b.stages), b.detections))
+                slot.merge(Tally.of(b))
         return out
 
     def snapshot(self, window_s: int = 300) -> dict[str, Any]:
@@ -276,6 +279,7 @@ class FleetView:
             series = self._series([d], window_s, now)  # read once (past an hour, from the store)
             snap = self._build([d], window_s, now, series)
             detections = class_table(d.key, series)
+            cameras = camera_table(by[d.key].cameras for by in series.values() if d.key in by)
         gaps: list[tuple[int, int]] = []
         if self.store is not None:
             try:
@@ -292,6 +296,7 @@ class FleetView:
             "gaps": [list(g) for g in gaps],
             "alerts": snap["alerts"],
             "detections": detections,
+            "cameras": cameras,
             "window_s": window_s,
             "now": now,
         }
@@ -454,7 +459,7 @@ class FleetView:
                     gaps=d.gaps,
                 )
                 t.frames, t.missed = d.totals.frames, d.totals.missed
-                t.detections = totals_copy(d.totals.detections)
+                t.detections, t.cameras = totals_copy(d.totals.detections), cameras_copy(d.totals.cameras)
                 t.latency.merge(d.totals.latency)
                 for s, sk in d.totals.stages.items():
                     t.stages[s].merge(sk)

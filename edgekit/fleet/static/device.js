@@ -4,6 +4,7 @@
 import { renderAlerts } from "./alerts.js";
 import { fetchDevicePage } from "./api.js";
 import { drawLatency, drawStages } from "./charts.js";
+import { renderCameras } from "./cameras.js";
 import { renderDetections } from "./detections.js";
 import { $, clear, el } from "./dom.js";
 import { fmtAgo, fmtClock, fmtDuration, fmtFps, fmtInt, fmtMs, fmtPct, isNum, latClass, missClass } from "./format.js";
@@ -21,10 +22,11 @@ export function showDevice(fleet, device) {
   $("dev-badge").textContent = "";
   $("dev-badge").removeAttribute("data-state");
   $("dev-sub").textContent = "loading…";
-  ["dev-kpis", "dev-birth", "dev-alerts", "dev-gaps", "dev-stage-bars", "dev-detections-body"].forEach(function (id) {
+  ["dev-kpis", "dev-birth", "dev-alerts", "dev-gaps", "dev-stage-bars", "dev-detections-body", "dev-cameras-body"].forEach(function (id) {
     clear($(id));
   });
   $("dev-detections").hidden = true;
+  $("dev-cameras").hidden = true;
   $("dev-missing").hidden = true;
   fetchDevice();
   if (deviceTimer) clearInterval(deviceTimer);
@@ -108,6 +110,7 @@ export function renderDevicePage(page) {
   drawStages("dev-stages", $("dev-chart-stages"), page.stages, page.stage_names);
   renderStageBars($("dev-stage-bars"), page.stages, page.stage_names);
   renderDetections($("dev-detections"), $("dev-detections-body"), page.detections);
+  renderCameras($("dev-cameras"), $("dev-cameras-body"), page.cameras);
 
   var bdl = $("dev-birth");
   clear(bdl);
