@@ -2,13 +2,14 @@
 
     .venv/bin/python -m benchmarks.streams [BUNDLE] [--fps 30] [--seconds 10] [--max 12] [--processes] [--json]
 
-For N = 1, 2, 3, ...: one ``edgekit.Pipeline`` with N ``synthetic:640x480@FPS`` sources
-for ``--seconds`` (drop-oldest, the bundle's budget).  N is *held* when every camera's p99
-is within the budget and no frame was dropped.  It stops after the first N that is not
-held (or at ``--max``) and reports the largest held N.  With ``--processes`` it then runs
-the same N as N ``edgekit run`` processes side by side (one camera each, each its own copy
-of the model): their p99s and drops, the way a device is used without a multi-camera
-pipeline.  No batching yet: one frame per inference, taken earliest deadline first.
+The one-pipeline part is ``edgekit bench BUNDLE --streams MAX`` (``edgekit.bench.streams``):
+for N = 1, 2, 3, ...: one ``edgekit.Pipeline`` with N ``synthetic:640x480@FPS`` sources for
+``--seconds`` (drop-oldest, the bundle's budget), batched (``batch="auto"``) and unbatched
+(``batch="off"``).  N is *held* when every camera's p99 is within the budget and no frame was
+dropped; each series stops after its first N not held (or at ``--max``).  With
+``--processes`` this benchmark then runs the unbatched answer (and one more) as N ``edgekit
+run`` processes side by side (one camera each, each its own copy of the model): their p99s
+and drops, the way a device is used without a multi-camera pipeline.
 """
 
 from __future__ import annotations
@@ -22,27 +23,7 @@ from typing import Any
 
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr
-
-
-def one_pipeline(model: Any, n: int, fps: float, seconds: float) -> dict[str, Any]:
-    sources = [f"synthetic:640x480@{fps:g}"] * n
-    with edgekit.Pipeline(model, sources=sources, duration_s=seconds, policy="drop-oldest") as p:
-        for _ in p:
-            pass
-        d = p.summary().to_dict()
-    budget = d["budget_ms"]
-    cams = d["cameras"]
-    p99s = {name: c["latency_ms"]["p99"] for name, c in cams.items()}
-    drops = sum(c["dropped"] for c in cams.values())
-    held = drops == 0 and all(v is not None and v <= budget for v in p99s.values())
-    return {
-        "n": n,
-        "held": held,
-        "p99_ms": p99s,
-        "dropped": drops,
-        "frames": d["frames"],
-        "budget_ms": budget,
-    }
+from edgekit.bench.streams import held, measure_streams, step_line
 
 
 def processes(bundle: str, n: int, fps: float, seconds: float, env: dict[str, str]) -> dict[str, Any]:
@@ -64,8 +45,9 @@ def processes(bundle: str, n: int, fps: float, seconds: float, env: dict[str, st
     budget = docs[0]["budget_ms"]
     p99s = [d["latency_ms"]["p99"] for d in docs]
     drops = sum(d["counters"]["dropped"] for d in docs)
-    held = drops == 0 and all(v is not None and v <= budget for v in p99s)
-    return {"n": n, "held": held, "p99_ms": p99s, "dropped": drops, "frames": sum(d["frames"] for d in docs)}
+    # The same rule as the one pipeline's: every p99 within the budget, nothing dropped.
+    ok = held({f"proc{i}": v for i, v in enumerate(p99s)}, drops, budget)
+    return {"n": n, "held": ok, "p99_ms": p99s, "dropped": drops, "frames": sum(d["frames"] for d in docs)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,22 +65,17 @@ def main(argv: list[str] | None = None) -> None:
 
 def measure(args: Any) -> dict[str, Any]:
     bundle = bundle_of(args)
-    rows: list[dict[str, Any]] = []
     started = time.time()
     with edgekit.load(bundle, device=args.device, allow_unsigned=True) as model:
-        candidate = model.candidate
-        for n in range(1, args.max + 1):
-            row = one_pipeline(model, n, args.fps, args.seconds)
-            rows.append(row)
-            worst = max((v for v in row["p99_ms"].values() if v is not None), default=float("nan"))
-            print(
-                f"one pipeline, {n} cameras: worst p99 {worst:.2f} ms, dropped {row['dropped']}: "
-                f"{'held' if row['held'] else 'NOT held'}",
-                flush=True,
-            )
-            if not row["held"]:
-                break
-    most = max((r["n"] for r in rows if r["held"]), default=0)
+        report = measure_streams(
+            model,
+            args.max,
+            fps=args.fps,
+            seconds=args.seconds,
+            progress=lambda s: print(step_line(s), flush=True),
+        )
+    one = report.to_dict()
+    most = report.most_held("unbatched")
     side_by_side: list[dict[str, Any]] = []
     if args.processes:
         env = {**os.environ}
@@ -110,14 +87,19 @@ def measure(args: Any) -> dict[str, Any]:
                 f"dropped {row['dropped']}: {'held' if row['held'] else 'NOT held'}",
                 flush=True,
             )
-    print(f"most cameras held by one pipeline ({candidate}, unbatched): {most}", flush=True)
+    print(
+        f"most cameras held by one pipeline ({report.candidate}): batched {report.most_held('batched')}, "
+        f"unbatched {most}",
+        flush=True,
+    )
     return {
         "bundle": str(bundle),
-        "candidate": candidate,
+        "candidate": report.candidate,
         "fps": args.fps,
         "seconds": args.seconds,
-        "one_pipeline": rows,
-        "most_held": most,
+        "one_pipeline": one["steps"],
+        "most_held": one["most_held"],
+        "capped": one["capped"],
         "processes": side_by_side,
         "wall_s": time.time() - started,
     }

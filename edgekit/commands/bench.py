@@ -1,4 +1,7 @@
-"""``edgekit bench``: every candidate of a bundle that runs here, measured SingleStream and at the camera rate, side by side."""
+"""``edgekit bench``: every candidate of a bundle that runs here, measured SingleStream and at the camera rate, side by side.
+
+``--streams N``: instead, how many cameras one pipeline holds (``edgekit.bench.streams``).
+"""
 
 from __future__ import annotations
 
@@ -62,7 +65,7 @@ def bench_command(
         typer.Option(
             "--fps",
             help="Camera rate of the paced scenario (default: the bundle's budget, 1000/budget_ms; "
-            "0: back to back only).",
+            "0: back to back only). With --streams: each camera's rate (default 30).",
         ),
     ] = None,
     paced_queries: Annotated[
@@ -96,6 +99,17 @@ def bench_command(
         bool,
         typer.Option("--allow-unsigned", help="Bench a bundle no trusted key signed (its native code runs)."),
     ] = False,
+    streams: Annotated[
+        int | None,
+        typer.Option(
+            "--streams",
+            help="Instead: the most synthetic 640x480 cameras at --fps one pipeline holds (every camera's "
+            "p99 within the budget, no drops), for 1..N cameras, batched and unbatched.",
+        ),
+    ] = None,
+    seconds: Annotated[
+        float, typer.Option("--seconds", help="With --streams: seconds each number of cameras runs.")
+    ] = 10.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure every (backend, precision, threads) candidate of BUNDLE that can run here, MLPerf-LoadGen style.
@@ -107,7 +121,21 @@ def bench_command(
     idle between frames as on the device: once cold, and once as the frame loop runs them, with a
     warm pass just before each query. The wake-up cost is cold paced p50 minus back-to-back p50.
     --write-selection ranks by the scenario the device will run: the paced p90 (warm).
+
+    --streams N: how many cameras one pipeline holds instead, for 1..N synthetic 640x480 cameras
+    at --fps (30) for --seconds each, batched and unbatched; each series stops at its first
+    number not held (a camera's p99 over the budget, or a dropped frame).
     """
+    if streams is not None:
+        if write_selection or plot is not None:
+            from edgekit.bench.runner import BenchError
+
+            raise BenchError(
+                "--streams measures one pipeline, not the candidates: not with --write-selection or --plot",
+                "run edgekit bench without --streams for those",
+            )
+        _streams(bundle, streams, 30.0 if fps is None else fps, seconds, key, allow_unsigned, as_json)
+        return
     from edgekit.bench.recording import selection_from
     from edgekit.bench.recording import write_selection as write_sel
     from edgekit.bench.report import Settings
@@ -223,3 +251,52 @@ def _with_progress(root: Path, cands: Any, skipped: Any, settings: Any, run: Any
                 bar.update(tasks[cand.key], description=f"{cand.key:28} [red]failed[/]", completed=total)
 
         return run(root, cands, skipped, settings, progress)
+
+
+def _streams(
+    bundle: Path,
+    streams: int,
+    fps: float,
+    seconds: float,
+    key: list[Path] | None,
+    allow_unsigned: bool,
+    as_json: bool,
+) -> None:
+    import edgekit
+    from edgekit.bench.streams import StreamStep, check_settings, measure_streams, step_line
+
+    def say(line: str) -> None:
+        # stderr, so that --json's stdout stays one document; markup off: paths and keys hold brackets.
+        err_console.print(line, highlight=False, markup=False)
+
+    def step_done(step: StreamStep) -> None:
+        say(step_line(step))
+
+    check_settings(streams, fps, seconds)  # before the (slow) load
+    with edgekit.load(bundle, trusted_keys=key, allow_unsigned=allow_unsigned, progress=say) as model:
+        say(f"{model.candidate}: 1..{streams} cameras at {fps:g} fps, {seconds:g} s each")
+        report = measure_streams(model, streams, fps=fps, seconds=seconds, progress=step_done)
+    data = report.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    from rich.table import Table
+
+    t = Table(
+        title=f"{data['candidate']}: cameras one pipeline holds at {fps:g} fps, {data['budget_ms']:g} ms"
+    )
+    for col in ("cameras", "series", "worst p99 ms", "dropped", "mean batch", "held"):
+        t.add_column(col, justify="left" if col == "series" else "right")
+    for s in data["steps"]:
+        t.add_row(
+            str(s["n"]),
+            s["series"],
+            "-" if s["worst_p99_ms"] is None else f"{s['worst_p99_ms']:.2f}",
+            str(s["dropped"]),
+            "-" if s["batch_mean"] is None else f"{s['batch_mean']:.2f}",
+            "yes" if s["held"] else "[red]no[/]",
+        )
+    console.print(t)
+    for name in ("batched", "unbatched"):
+        more = " (or more: every number asked held)" if data["capped"][name] else ""
+        console.print(f"most cameras held, {name}: [bold]{data['most_held'][name]}[/]{more}")

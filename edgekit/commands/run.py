@@ -1,4 +1,8 @@
-"""``edgekit run BUNDLE --source SRC``: the pipeline from the command line."""
+"""``edgekit run BUNDLE --source SRC``: the pipeline from the command line.
+
+``--config run.toml`` reads the cameras and settings from a run file (``edgekit.commands.run_config``,
+which documents its keys); the options given on the command line win over it.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from edgekit.commands.common import (
     err_console,
     print_json,
 )
+from edgekit.commands.run_config import RunConfig, load_run_config
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -42,6 +47,18 @@ DurationOpt = Annotated[float | None, typer.Option("--duration", help="Stop afte
 DeviceOpt = Annotated[
     str, typer.Option("--device", "-d", help="Device profile, or auto to detect this host.")
 ]
+
+
+#: Each key of a run file and the run_command parameter it sets (the rest have the same name).
+_PARAM_OF = {"sources": "source", "budget_ms": "budget", "duration_s": "duration"}
+
+RUN_FILE_HELP = (
+    "Read the cameras and settings from this TOML run file. Keys (all optional): sources "
+    '(a list, ["0", "rtsp://..."] -> cam0, cam1, ..., or a \\[sources] table of name = source), '
+    "budget_ms, policy, fps, realtime, batch, warm, duration_s, frames, top; e.g. "
+    'sources = ["0", "/dev/video2"] and budget_ms = 33 on two lines. Options given on the command '
+    "line win; --source replaces the file's sources."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -123,6 +140,7 @@ def _load(
 
 
 def run_command(
+    ctx: typer.Context,
     bundle: Annotated[Path, typer.Argument(help="A bundle directory or .tar.gz (edgekit build).")],
     source: Annotated[
         list[str] | None,
@@ -134,7 +152,8 @@ def run_command(
             # command line) is read whole when no --source is given.
             help="0 or /dev/video0 (camera), a video file, an image folder, an http(s)/rtsp URL, "
             "a GStreamer pipeline, or synthetic:640x480@30. Repeat it for many cameras: one model, "
-            "records and summary per camera (cam0, cam1, ...). Default: $EDGEKIT_SOURCE, else 0.",
+            "records and summary per camera (cam0, cam1, ...). Replaces a run file's sources. "
+            "Default: the run file's, else $EDGEKIT_SOURCE, else 0.",
             show_default=False,
         ),
     ] = None,
@@ -143,7 +162,10 @@ def run_command(
     duration: DurationOpt = None,
     frames: FramesOpt = None,
     realtime: Annotated[
-        bool, typer.Option("--realtime", help="Replay a file or folder at its frame rate, like a camera.")
+        bool,
+        typer.Option(
+            "--realtime/--no-realtime", help="Replay a file or folder at its frame rate, like a camera."
+        ),
     ] = False,
     fps: Annotated[
         float | None, typer.Option("--fps", help="Frame rate of a folder (or override a file's).")
@@ -228,30 +250,65 @@ def run_command(
             "frame is due (auto: while it takes under a fifth of the frame period; on; off).",
         ),
     ] = "auto",
+    batch: Annotated[
+        str,
+        typer.Option(
+            "--batch",
+            help="Infer the frames of several cameras that wait together as one batch: auto (when the "
+            "model allows it, up to min(cameras, 8)), off (one frame per inference), or N (at most N).",
+        ),
+    ] = "auto",
+    config: Annotated[Path | None, typer.Option("--config", "-c", help=RUN_FILE_HELP)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle (or find objects in them), each within the frame budget;
-    end with a LoadGen-style summary and what the model saw."""
+    end with a LoadGen-style summary and what the model saw.
+
+    A run file (--config run.toml) keeps the cameras and settings of a run, e.g.
+    sources = ["rtsp://door.local/stream", "/dev/video0"], budget_ms = 33, batch = "auto",
+    one key per line (see --config for every key).
+    """
     from edgekit.pipeline import Pipeline, Seen
 
     _quiet_opencv()
-    sources = source or [os.environ.get("EDGEKIT_SOURCE") or "0"]
-    for one in sources:
+    for one in source or []:
         _warn_if_source_secret_on_command_line(one)
+    # The command line's value where it was given there, else the run file's, else the default.
+    given = _given_on_command_line(ctx)
+    run_file = load_run_config(config) if config is not None else None
+    opts = _merged(
+        run_file,
+        given,
+        {
+            "source": source,
+            "budget": budget,
+            "policy": policy,
+            "fps": fps,
+            "realtime": realtime,
+            "batch": batch,
+            "warm": warm,
+            "duration": duration,
+            "frames": frames,
+            "top": top,
+        },
+    )
+    sources: list[str] | dict[str, str] = opts["source"] or [os.environ.get("EDGEKIT_SOURCE") or "0"]
+    one_source = sources[0] if isinstance(sources, list) and len(sources) == 1 else None
     with (
         _load(bundle, device, key, allow_unsigned, measure) as model,
         Pipeline(
             model,
-            sources[0] if len(sources) == 1 else None,
-            sources=sources if len(sources) > 1 else None,
-            budget_ms=budget,
-            policy=policy,
-            realtime=realtime,
-            fps=fps,
-            frames=frames,
-            duration_s=duration,
-            top=top,
-            warm=warm,
+            one_source,
+            sources=sources if one_source is None else None,
+            budget_ms=opts["budget"],
+            policy=opts["policy"],
+            realtime=opts["realtime"],
+            fps=opts["fps"],
+            frames=opts["frames"],
+            duration_s=opts["duration"],
+            top=opts["top"],
+            warm=opts["warm"],
+            batch=opts["batch"],  # "4" from the command line: the Pipeline reads it
         ) as pipeline,
     ):
         if mqtt is not None:
@@ -284,6 +341,24 @@ def run_command(
             )
         summary = drive(pipeline, as_json=as_json, records=records)
     _report(summary, as_json, {"selection": model.selection.to_dict()}, seen=seen)
+
+
+def _given_on_command_line(ctx: typer.Context) -> set[str]:
+    # By the enum's name: typer carries its own copy of click, whose ParameterSource is not click's.
+    given = {"COMMANDLINE", "ENVIRONMENT"}
+    return {name for name in ctx.params if getattr(ctx.get_parameter_source(name), "name", None) in given}
+
+
+def _merged(run_file: RunConfig | None, given: set[str], cli: dict[str, Any]) -> dict[str, Any]:
+    """``cli`` with each value the command line did not give taken from the run file, where it has one."""
+    if run_file is None:
+        return cli
+    merged = dict(cli)
+    for key, value in run_file.values.items():
+        param = _PARAM_OF.get(key, key)
+        if param not in given:
+            merged[param] = run_file.sources if key == "sources" else value
+    return merged
 
 
 def _warn_if_source_secret_on_command_line(source: str) -> None:

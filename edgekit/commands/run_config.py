@@ -1,0 +1,170 @@
+"""The run file of ``edgekit run BUNDLE --config run.toml``: the cameras and settings of a run, kept in one place.
+
+A small TOML file; every key is optional::
+
+    # run.toml
+    sources = ["rtsp://cam-door.local/stream", "/dev/video0"]   # named cam0, cam1, ...
+    budget_ms = 33            # the frame budget (default: the bundle's device budget)
+    policy = "drop-oldest"    # drop-oldest, block or degrade
+    batch = "auto"            # auto, off, or at most N frames per inference
+    warm = "auto"             # auto, on or off
+    fps = 30                  # a folder's frame rate (or override a file's)
+    realtime = false          # replay files and folders at their frame rate
+    duration_s = 600          # stop after S seconds
+    frames = 10000            # stop after N frames
+    top = 5                   # labels per frame (a classifier's)
+
+or the cameras by name, as a table::
+
+    [sources]
+    door = "rtsp://cam-door.local/stream"
+    yard = "/dev/video0"
+
+Options given on the command line win over the file; ``--source`` on the command line replaces
+the file's sources (all of them).  Paths in sources are read from the working directory, as on
+the command line.  A source with a password belongs in this file (readable by its owner only),
+not on the command line where ``ps`` shows it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from edgekit.errors import EdgekitError
+
+#: A run file is a few lines; anything larger is not one (a video or a model given by mistake).
+MAX_BYTES = 64 * 1024
+
+
+class RunConfigError(EdgekitError):
+    """A run file (``edgekit run --config``) is missing, not TOML, or has a key it should not."""
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_batch(v: Any) -> bool:
+    return isinstance(v, str) or _is_int(v)
+
+
+def _is_sources(v: Any) -> bool:
+    if isinstance(v, list):
+        return bool(v) and all(isinstance(s, str) and s for s in v)
+    if isinstance(v, dict):
+        return bool(v) and all(isinstance(s, str) and s for s in v.values())
+    return False
+
+
+#: Each key of the file: what its value must be (the check, and the words for the error).
+KEYS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "sources": (
+        _is_sources,
+        "a list of source strings or a table of camera name = source string",
+        'sources = ["0", "synthetic:640x480@30"] or [sources] door = "0"',
+    ),
+    "budget_ms": (_is_number, "a number of milliseconds", "budget_ms = 33"),
+    "policy": (_is_str, "a string: drop-oldest, block or degrade", 'policy = "drop-oldest"'),
+    "fps": (_is_number, "a number of frames per second", "fps = 30"),
+    "realtime": (_is_bool, "true or false", "realtime = true"),
+    "batch": (_is_batch, 'a string ("auto" or "off") or a whole number', 'batch = "auto" or batch = 4'),
+    "warm": (_is_str, "a string: auto, on or off", 'warm = "auto"'),
+    "duration_s": (_is_number, "a number of seconds", "duration_s = 60"),
+    "frames": (_is_int, "a whole number", "frames = 1000"),
+    "top": (_is_int, "a whole number", "top = 5"),
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What a run file sets: ``values`` holds only the keys it has (their names as in the file)."""
+
+    path: Path
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sources(self) -> list[str] | dict[str, str] | None:
+        s = self.values.get("sources")
+        return None if s is None else (dict(s) if isinstance(s, dict) else list(s))
+
+
+def load_run_config(path: Path) -> RunConfig:
+    """Read and check the run file at ``path`` (raises ``RunConfigError`` saying which key and file)."""
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise RunConfigError(f"the run file {path} is not a file", "give a TOML file: --config run.toml")
+        if size > MAX_BYTES:
+            raise RunConfigError(
+                f"the run file {path} is {size} bytes; a run file is at most {MAX_BYTES}",
+                "check that --config names the TOML run file (not a video or a bundle)",
+            )
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise RunConfigError(
+            f"no run file at {path}", "check the path given to --config (see edgekit run --help)"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise RunConfigError(
+            f"the run file {path} is not UTF-8 text ({err.reason} at byte {err.start})",
+            "a run file is TOML text: see edgekit run --help",
+        ) from None
+    except OSError as err:
+        raise RunConfigError(
+            f"cannot read the run file {path}: {err.strerror}", "check its permissions"
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise RunConfigError(
+            f"the run file {path} is not valid TOML: {err}",
+            'keys are written key = value, strings in quotes: e.g. policy = "drop-oldest"',
+        ) from None
+    return RunConfig(path, check(data, path))
+
+
+def check(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """The keys of a parsed run file, each of the right type (else ``RunConfigError``)."""
+    unknown = [k for k in data if k not in KEYS]
+    if unknown:
+        raise RunConfigError(
+            f"unknown key {unknown[0]!r} in the run file {path}",
+            f"the keys of a run file are {', '.join(KEYS)} (see edgekit run --help)",
+        )
+    for key, value in data.items():
+        ok, what, example = KEYS[key]
+        if not ok(value):
+            raise RunConfigError(
+                f"{key} in the run file {path} must be {what}, got {_shown(value)}",
+                f"for example {example}",
+            )
+    return dict(data)
+
+
+def _shown(value: Any) -> str:
+    kind = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list"}
+    if isinstance(value, dict):
+        return "a table"
+    text = repr(value)
+    return f"{kind.get(type(value), type(value).__name__)} ({text[:60]})"
