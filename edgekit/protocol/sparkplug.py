@@ -7,6 +7,7 @@ pipeline on it the *device* ``pipeline``::
     spBv1.0/<fleet>/NDEATH/<device-id>            the MQTT Will: bdSeq of the session that died
     spBv1.0/<fleet>/DBIRTH/<device-id>/pipeline   every metric DDATA will carry, with the model facts
     spBv1.0/<fleet>/DDATA/<device-id>/pipeline    each window: counters, percentiles, sketches, gauges
+                                                  (and per camera, of many: frames, misses, drops, percentiles)
     spBv1.0/<fleet>/NCMD/<device-id>              commands; ``Node Control/Rebirth = true`` is honoured
 
 ``seq`` runs 0..255 over every message of the node after NBIRTH (which has 0); ``bdSeq``
@@ -202,6 +203,16 @@ def window_metrics(payload: dict[str, Any]) -> dict[str, Any]:
         out[f"detections/{name}/frames"] = int(count["frames"])
         out[f"detections/{name}/objects"] = int(count["objects"])
         out[f"detections/{name}/max_score"] = float(count["max_score"])
+    # A many-camera pipeline's per-camera figures, ``cameras/<name>/{frames,missed,dropped}`` and
+    # ``cameras/<name>/latency_ms/p50|p90|p99`` (percentiles only: the fleet merges the window's
+    # sketches, not these).  A single source's DDATA has none.
+    for name, cam in (window.get("cameras") or {}).items():
+        out[f"cameras/{name}/frames"] = int(cam["frames"])
+        out[f"cameras/{name}/missed"] = int(cam["missed"])
+        out[f"cameras/{name}/dropped"] = int(cam["dropped"])
+        s = LatencySketch.from_dict(cam["latency_ms"])
+        for q in (50, 90, 99):
+            out[f"cameras/{name}/latency_ms/p{q}"] = float(s.quantile(q / 100))
     out["telemetry/seq"] = int(payload["seq"])
     out["telemetry/epoch"] = str(payload.get("epoch", ""))
     return out

@@ -1,4 +1,4 @@
-"""The labels topic's payload: a frame's top labels, and a detector's detections, as JSON.
+"""The labels topic's payload: a frame's top labels, and a detector's detections, as JSON (with its camera, of many).
 
 A detector's list is bounded (``MAX_LABEL_DETECTIONS``) and each entry rounded and clamped so
 that what the frame loop produced always passes the ``Labels`` schema the fleet checks.
@@ -10,7 +10,13 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from edgekit.protocol.messages import MAX_CLASS_NAME, MAX_LABEL_DETECTIONS, Labels, checked
+from edgekit.protocol.messages import (
+    MAX_CAMERA_NAME,
+    MAX_CLASS_NAME,
+    MAX_LABEL_DETECTIONS,
+    Labels,
+    checked,
+)
 from edgekit.protocol.topics import SCHEMA_LABELS
 
 if TYPE_CHECKING:
@@ -19,9 +25,16 @@ if TYPE_CHECKING:
 
 
 def labels_payload(
-    device: str, at: float, labels: Sequence[Label], detections: Sequence[Detection] | None
+    device: str,
+    at: float,
+    labels: Sequence[Label],
+    detections: Sequence[Detection] | None,
+    camera: str = "",
 ) -> bytes:
-    """The labels message of ``device`` for the frame at ``at``; ``detections`` is ``None`` for a classifier."""
+    """The labels message of ``device`` for the frame at ``at``; ``detections`` is ``None`` for a classifier.
+
+    ``camera`` names the frame's camera in a pipeline of many; a single source's (``""``) message has no such field.
+    """
     body: dict[str, Any] = {
         "schema": SCHEMA_LABELS,
         "device": device,
@@ -30,6 +43,8 @@ def labels_payload(
     }
     if detections is not None:
         body["detections"] = [detection_entry(d) for d in detections[:MAX_LABEL_DETECTIONS]]
+    if camera:
+        body["camera"] = camera[:MAX_CAMERA_NAME]
     return json.dumps(checked(Labels, body), separators=(",", ":")).encode()
 
 

@@ -161,8 +161,9 @@ class TelemetryPublisher:
         self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._inflight: dict[int, int] = {}  # paho mid -> spool id (this thread only)
         self._sent_upto = 0
-        # The newest (time, labels, detections or None for a classifier), swapped in by the frame loop.
-        self._labels: tuple[float, tuple[Label, ...], tuple[Detection, ...] | None] | None = None
+        # The newest (time, labels, detections or None for a classifier, camera or ""), swapped in by
+        # the frame loop.
+        self._labels: tuple[float, tuple[Label, ...], tuple[Detection, ...] | None, str] | None = None
         self._labels_sent = 0.0
         self._thread = threading.Thread(target=self._run, name=f"edgekit-telemetry[{device_id}]", daemon=True)
         self._client = self._make_client()
@@ -213,7 +214,8 @@ class TelemetryPublisher:
         now = time.time()
         # Declare every gauge DDATA may carry (NaN until measured) without reading them here.
         gauges: dict[str, Any] = dict.fromkeys(KNOWN_GAUGES, math.nan) | self._last_gauges
-        empty = self._payload(Window(start=now, end=now), seq=max(self.last_seq, 0), gauges=gauges)
+        # And every camera seen so far (all of them when report() named them up front).
+        empty = self._payload(self.window.blank(now), seq=max(self.last_seq, 0), gauges=gauges)
         template = sp.window_metrics(empty) | self._late_metrics
         facts: dict[str, Any] = {}
         for key, value in self.birth.items():
@@ -320,12 +322,16 @@ class TelemetryPublisher:
     def offer_labels(self, labels: tuple[Label, ...]) -> None:
         """The newest labels (from the frame loop: a reference swap); sent at most every labels interval."""
         if self.labels_interval_s is not None:
-            self._labels = (time.time(), labels, None)
+            self._labels = (time.time(), labels, None, "")
 
     def offer_result(self, result: FrameResult, detector: bool = False) -> None:
-        """A frame's result (from the frame loop: a reference swap): a detector's detections, or labels."""
+        """A frame's result (from the frame loop: a reference swap): a detector's detections, or labels.
+
+        Of many cameras, the message is the newest frame's, whichever camera it came from, and says which.
+        """
         if self.labels_interval_s is not None:
-            self._labels = (time.time(), result.labels, result.detections if detector else None)
+            detections = result.detections if detector else None
+            self._labels = (time.time(), result.labels, detections, result.record.camera)
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.interval_s
@@ -456,12 +462,13 @@ class TelemetryPublisher:
     def _send_labels(self) -> None:
         if self._labels is None or self.labels_interval_s is None:
             return
-        at, labels, detections = self._labels
+        at, labels, detections, camera = self._labels
         # Never the same labels twice: a QoS 0 publish acks at once and wakes this thread again.
         if at == self._labels_sent or at - self._labels_sent < self.labels_interval_s:
             return
         self._labels_sent = at
-        self._client.publish(self.labels_topic, labels_payload(self.device_id, at, labels, detections), qos=0)
+        payload = labels_payload(self.device_id, at, labels, detections, camera)
+        self._client.publish(self.labels_topic, payload, qos=0)
 
     def stop(self, timeout: float = 3.0) -> None:
         """Send the last window, wait up to ``timeout`` s for acks, say offline, disconnect."""

@@ -44,7 +44,10 @@ def report(
         mqtt, ca_file=ca_file, cert_file=cert_file, key_file=key_file, protocol=protocol
     )
     detector = pipeline.model.manifest.model.task == "detection"
-    window = MetricsWindow(detections=detector)  # a classifier's windows stay as they were
+    # A classifier's windows stay as they were; a pipeline of many cameras names them up front, so
+    # every window (and a Sparkplug birth) lists each, and a single source's (none) has no cameras.
+    cameras = list(pipeline.per_camera)
+    window = MetricsWindow(detections=detector, cameras=cameras)
     pipeline.add_observer(window.observe)
     publisher = TelemetryPublisher(
         broker,

@@ -9,19 +9,38 @@ frames with at least one detection, the detections, and the best score.  The cla
 come from the model's labels, but a window never holds more than ``MAX_DETECTION_CLASSES``
 of them (later ones are counted as ``other``) nor a name longer than ``MAX_CLASS_NAME``:
 what the fleet accepts.
+
+A pipeline of many cameras tags each record with its camera; the window then also keeps,
+per camera, its frames, misses, drops (``dropped_before`` of its frames) and a latency
+sketch.  Once seen, a camera is listed in every later window (with 0 frames while it sends
+none), so a stalled camera shows.  At most ``MAX_CAMERAS`` are listed: the first
+``MAX_CAMERAS - 1`` by name, every later one counted together as ``other`` (one warning),
+so the cameras' frames still add up to the window's.  A single source's records have no
+camera, and its windows no ``cameras``: its messages stay what they were.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.pipeline.records import FrameRecord
-from edgekit.protocol.messages import MAX_CLASS_NAME, MAX_DETECTION_CLASSES, OTHER_CLASS
+from edgekit.protocol.messages import (
+    MAX_CAMERA_NAME,
+    MAX_CAMERAS,
+    MAX_CLASS_NAME,
+    MAX_DETECTION_CLASSES,
+    OTHER_CAMERA,
+    OTHER_CLASS,
+)
 from edgekit.protocol.stages import STAGES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +64,24 @@ def class_key(name: str, known: dict[str, ClassCount]) -> str:
 
 
 @dataclass
+class CameraCount:
+    """One camera over one window: its frames, misses, the frames its slot dropped, its latency sketch."""
+
+    frames: int = 0
+    missed: int = 0
+    dropped: int = 0
+    latency: LatencySketch = field(default_factory=LatencySketch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "frames": self.frames,
+            "missed": self.missed,
+            "dropped": self.dropped,
+            "latency_ms": self.latency.to_dict(),
+        }
+
+
+@dataclass
 class Window:
     """One reporting window: its wall-clock span, the latency and per-stage sketches, frames and misses."""
 
@@ -56,6 +93,8 @@ class Window:
     missed: int = 0
     #: Per class, a detector's counts; ``None`` for a classifier (its message has no such field).
     detections: dict[str, ClassCount] | None = None
+    #: Per camera, a many-camera pipeline's counts; ``None`` for a single source (no such field).
+    cameras: dict[str, CameraCount] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         span = self.end - self.start
@@ -70,19 +109,53 @@ class Window:
         }
         if self.detections is not None:
             out["detections"] = {name: c.to_dict() for name, c in self.detections.items()}
+        if self.cameras is not None:
+            out["cameras"] = {name: c.to_dict() for name, c in self.cameras.items()}
         return out
 
 
 class MetricsWindow:
     """The pipeline observer that fills windows; thread-safe between the loop and the publisher."""
 
-    def __init__(self, detections: bool = False) -> None:
+    def __init__(self, detections: bool = False, cameras: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self.detections = detections  # a detector's windows count its detections per class
+        # Camera -> the name it is counted under (itself, or "other" past the bound), kept across
+        # windows; ``cameras`` names them up front, so the first window (and a birth) lists them all.
+        self._camera_keys: dict[str, str] = {}
+        self._camera_slots: dict[str, None] = {}  # the names a window lists, in first-seen order
+        self._folded = False  # a camera was counted as "other" (warned once)
+        for name in cameras:
+            self._camera_key(name)
         self._window = self._new(time.time())
 
     def _new(self, start: float) -> Window:
-        return Window(start=start, detections={} if self.detections else None)
+        cameras = {key: CameraCount() for key in self._camera_slots} if self._camera_slots else None
+        return Window(start=start, detections={} if self.detections else None, cameras=cameras)
+
+    def _camera_key(self, camera: str) -> str:
+        """The name ``camera`` is counted under, decided once: itself, or ``other`` once the window is full."""
+        key = camera[:MAX_CAMERA_NAME]
+        if key not in self._camera_slots and len(self._camera_slots) >= MAX_CAMERAS - 1:
+            if not self._folded:
+                self._folded = True
+                log.warning(
+                    "telemetry: more than %d cameras; %r and any later ones are reported together as %r",
+                    MAX_CAMERAS - 1,
+                    camera,
+                    OTHER_CAMERA,
+                )
+            key = OTHER_CAMERA  # one place is kept for "other"
+        self._camera_slots[key] = None
+        self._camera_keys[camera] = key
+        return key
+
+    def blank(self, at: float) -> Window:
+        """A window without frames that lists the cameras seen so far (what a Sparkplug birth declares)."""
+        with self._lock:
+            w = self._new(at)
+        w.end = at
+        return w
 
     def observe(self, record: FrameRecord) -> None:
         with self._lock:
@@ -93,6 +166,8 @@ class MetricsWindow:
             w.frames += 1
             if not record.met:
                 w.missed += 1
+            if record.camera:
+                self._observe_camera(w, record)
             counts = w.detections
             if counts is None or not record.detections:
                 return
@@ -110,6 +185,23 @@ class MetricsWindow:
                 if key not in seen:
                     seen.add(key)
                     c.frames += 1
+
+    def _observe_camera(self, w: Window, record: FrameRecord) -> None:
+        # Under the lock.  Two dict look-ups on the usual path; the slow path runs once per camera.
+        key = self._camera_keys.get(record.camera)
+        if key is None:
+            key = self._camera_key(record.camera)
+        cams = w.cameras
+        if cams is None:
+            cams = w.cameras = {}
+        c = cams.get(key)
+        if c is None:
+            c = cams[key] = CameraCount()
+        c.frames += 1
+        c.latency.add(record.latency_ms)
+        if not record.met:
+            c.missed += 1
+        c.dropped += record.dropped_before
 
     def take(self) -> Window:
         """The window so far (closed now); a new one starts."""
