@@ -194,3 +194,8 @@ def test_cli_options_win_over_the_run_file(
     assert doc["frames"] == 5 and 1 <= doc["batch"]["max"] <= 2
     r = run_cli(cache_env, *base, "--batch", "many")
     assert r.returncode == 2 and "batch" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    # A value of the right type that the Pipeline refuses: its error, and the hint names the file.
+    odd = write(tmp_path, f'warm = "sometimes"\nsources = ["{a}"]\n', "odd.toml")
+    r = run_cli(cache_env, "run", str(x86_bundle[0]), "--device", "x86_64-cpu", "--config", str(odd))
+    assert r.returncode == 2 and "warm" in r.stderr and str(odd) in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

@@ -268,7 +268,7 @@ def run_command(
     sources = ["rtsp://door.local/stream", "/dev/video0"], budget_ms = 33, batch = "auto",
     one key per line (see --config for every key).
     """
-    from edgekit.pipeline import Pipeline, Seen
+    from edgekit.pipeline import Seen
 
     _quiet_opencv()
     for one in source or []:
@@ -293,23 +293,9 @@ def run_command(
         },
     )
     sources: list[str] | dict[str, str] = opts["source"] or [os.environ.get("EDGEKIT_SOURCE") or "0"]
-    one_source = sources[0] if isinstance(sources, list) and len(sources) == 1 else None
     with (
         _load(bundle, device, key, allow_unsigned, measure) as model,
-        Pipeline(
-            model,
-            one_source,
-            sources=sources if one_source is None else None,
-            budget_ms=opts["budget"],
-            policy=opts["policy"],
-            realtime=opts["realtime"],
-            fps=opts["fps"],
-            frames=opts["frames"],
-            duration_s=opts["duration"],
-            top=opts["top"],
-            warm=opts["warm"],
-            batch=opts["batch"],  # "4" from the command line: the Pipeline reads it
-        ) as pipeline,
+        _open_pipeline(model, sources, opts, run_file) as pipeline,
     ):
         if mqtt is not None:
             from edgekit.telemetry import report
@@ -341,6 +327,36 @@ def run_command(
             )
         summary = drive(pipeline, as_json=as_json, records=records)
     _report(summary, as_json, {"selection": model.selection.to_dict()}, seen=seen)
+
+
+def _open_pipeline(
+    model: Model, sources: list[str] | dict[str, str], opts: dict[str, Any], run_file: RunConfig | None
+) -> Pipeline:
+    from edgekit.pipeline import Pipeline
+
+    one_source = sources[0] if isinstance(sources, list) and len(sources) == 1 else None
+    try:
+        return Pipeline(
+            model,
+            one_source,
+            sources=sources if one_source is None else None,
+            budget_ms=opts["budget"],
+            policy=opts["policy"],
+            realtime=opts["realtime"],
+            fps=opts["fps"],
+            frames=opts["frames"],
+            duration_s=opts["duration"],
+            top=opts["top"],
+            warm=opts["warm"],
+            batch=opts["batch"],  # "4" from the command line: the Pipeline reads it
+        )
+    except PipelineError as err:
+        if run_file is None:
+            raise
+        # The run file's types were checked as it was read; its values are the Pipeline's to judge.
+        raise PipelineError(
+            err.message, f"{err.hint} (on the command line, or in the run file {run_file.path})"
+        ) from err
 
 
 def _given_on_command_line(ctx: typer.Context) -> set[str]:
