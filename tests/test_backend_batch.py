@@ -255,3 +255,20 @@ def test_batchable_only_when_every_input_and_output_is_free(free: Free, tmp_path
     path.write_bytes(model.SerializeToString())
     with load("onnxruntime", path, ORT) as session:
         assert not session.batchable
+
+
+def test_a_free_batch_model_with_external_data_loads_from_its_bytes(free: Free, tmp_path: Path) -> None:
+    import onnx
+
+    # Made from bytes, the session finds the weights beside the file, as a session made from the path does.
+    onnx.save_model(
+        onnx.load(str(free.fp32)),
+        str(tmp_path / "m.onnx"),
+        save_as_external_data=True,
+        location="m.weights",
+        size_threshold=0,
+    )
+    x = frames(2)
+    with load("onnxruntime", tmp_path / "m.onnx", ORT) as one, one.batched(2) as many:
+        singles = np.concatenate([one.run(x[i : i + 1])[0] for i in range(2)])
+        np.testing.assert_allclose(many.run(x)[0], singles, rtol=0, atol=1e-5)

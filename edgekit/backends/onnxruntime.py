@@ -170,7 +170,12 @@ def _open(artifact: Path, model: str | bytes, opts: Options, batch: _FreeBatch |
             provider_options=[popts for _, popts in providers],
         )
     except Exception as err:
-        raise load_failed(NAME, artifact, err, "an ONNX model (opset >= 7) readable by onnxruntime") from err
+        expected = (
+            f"a model that runs at batch {batch.n}"
+            if batch is not None and batch.n != 1
+            else "an ONNX model (opset >= 7) readable by onnxruntime"
+        )
+        raise load_failed(NAME, artifact, err, expected) from err
     return OnnxRuntimeSession(artifact, sess, opts, batch)
 
 
