@@ -16,8 +16,10 @@ from skimage import data
 
 import edgekit
 from edgekit.errors import PipelineError, SourceError
+from edgekit.pipeline.batching import Batcher, parse_batch
 from edgekit.pipeline.cameras import CameraGroup, open_cameras
 from edgekit.pipeline.capture import Frame
+from edgekit.pipeline.levels import Level
 from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.sources import open_source
 
@@ -162,3 +164,90 @@ def test_cli_run_with_two_sources(
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert sorted(row["camera"] for row in rows) == ["cam0"] * 3 + ["cam1"] * 2
     assert all(row["labels"][0]["id"] in CAT_CLASSES for row in rows)
+
+
+# -- batching -------------------------------------------------------------------------------------
+
+
+def test_parse_batch() -> None:
+    assert [parse_batch(b) for b in ("auto", "off", 3, "2")] == [None, 1, 3, 2]
+    for bad in (0, -1, "x", "2.5", 2.5, True, ""):
+        with pytest.raises(PipelineError, match="batch must be"):
+            parse_batch(bad)  # type: ignore[arg-type]
+
+
+def planner(max_batch: int = 4, budget_ms: float = 33.0) -> Batcher:
+    # A fixed-batch session makes a batcher of one; the test then gives it the sizes and times
+    # a batch-capable one would have measured: inference 2 ms + 1.5 ms a frame, 0.5 ms prep+post.
+    level = Level("stand-in", open_fixed_session(), None)  # type: ignore[arg-type]
+    b = Batcher(level, cameras=1, budget_ms=budget_ms, most=None)
+    b.max = max_batch
+    b.infer_ns = {k: 2e6 + 1.5e6 * (k - 1) for k in range(1, max_batch + 1)}
+    b.frame_ns = 0.5e6
+    return b
+
+
+class _Fixed:
+    batchable = False
+
+
+def open_fixed_session() -> Any:
+    return _Fixed()
+
+
+MS = 1_000_000
+
+
+def test_a_batch_waits_only_for_a_frame_due_within_the_window_and_the_deadline() -> None:
+    b = planner()
+    t = 1_000 * MS
+    for cam, offset in (("a", 0), ("b", MS)):  # b delivers 1 ms after a, both every 33 ms
+        for i in range(3):
+            b.arrivals.saw(frame(cam, t - (3 - i) * 33 * MS + offset, i))
+    a = frame("a", t)
+    assert (
+        b.may_wait([a], opened_ns=t, now=t) == t + MS + 500_000
+    )  # b is due in 1 ms: wait for it, a little past
+    assert b.may_wait([a], opened_ns=t, now=t + 2 * MS) is None  # b is overdue: not coming soon
+    assert b.may_wait([a, frame("b", t + MS)], opened_ns=t, now=t + MS) is None  # no other camera to wait for
+    # b is due within the window, but a has waited 28 ms: a batch of two (2 + 1.5 ms inference,
+    # 2 x 0.5 ms prep+post, 1 ms margin) would end past a's deadline.
+    old = frame("a", t - 28 * MS)
+    assert b.may_wait([old], opened_ns=t, now=t) is None
+    assert (
+        b.may_wait([frame("a", t - 20 * MS)], opened_ns=t, now=t) == t + MS + 500_000
+    )  # 13 ms left: it fits
+    full = planner(max_batch=1)
+    full.arrivals = b.arrivals
+    assert full.may_wait([a], opened_ns=t, now=t) is None
+    assert planner().may_wait([a], opened_ns=t, now=t) is None  # nothing predicted yet
+    late = planner()
+    for i in range(3):  # c delivers 10 ms after a: beyond the 3.3 ms window
+        late.arrivals.saw(frame("c", t - (3 - i) * 33 * MS + 10 * MS, i))
+    assert late.may_wait([a], opened_ns=t, now=t) is None
+
+
+@pytest.mark.slow
+def test_batched_frames_are_labelled_as_each_camera_alone(model: Any, tmp_path: Path) -> None:
+    # Three folders read as fast as they go (block: every slot always holds a frame), batches of up to 3.
+    images = [data.chelsea(), data.astronaut(), data.coffee(), data.rocket()]
+    paths = {
+        name: folder(tmp_path / name, images[i:] + images[:i], size)
+        for i, (name, size) in enumerate((("door", (640, 480)), ("yard", (320, 240)), ("gate", (480, 360))))
+    }
+    alone = {}
+    for name, path in paths.items():
+        with edgekit.Pipeline(model, str(path)) as p:
+            alone[name] = [(r.record.index, r.labels) for r in p]
+    with edgekit.Pipeline(model, sources={n: str(p) for n, p in paths.items()}, batch=3) as p:
+        results = list(p)
+        summary = p.summary().to_dict()
+    together = {n: [(r.record.index, r.labels) for r in results if r.record.camera == n] for n in alone}
+    assert together == alone
+    assert model.session.batchable and summary["batch"]["max"] == 3
+    batched = [r.record for r in results if r.record.batch > 1]
+    assert batched and summary["batch"]["mean"] > 1
+    for rec in batched:  # a batched frame's stages still add up to its latency
+        assert rec.to_dict()["batch"] == rec.batch
+        total = sum(rec.stage_ms().values())
+        assert total == pytest.approx(rec.latency_ms, abs=0.01)

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._core.redact import redact_source
 from edgekit.errors import PipelineError
+from edgekit.pipeline.batching import Batcher, parse_batch
 from edgekit.pipeline.cameras import CameraGroup, Sources, open_cameras
 from edgekit.pipeline.capture import Frame
+from edgekit.pipeline.labelling import result_of
 from edgekit.pipeline.levels import Level, degrade_chain
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
@@ -41,7 +43,6 @@ from edgekit.pipeline.warm import Warmer
 from edgekit.runtime.matching import artifact_for
 
 if TYPE_CHECKING:
-    from edgekit.runtime.detection import Detection
     from edgekit.runtime.model import Model
     from edgekit.runtime.postprocess import Label
 
@@ -71,6 +72,9 @@ class Pipeline:
     OpenCV's (process-wide) thread count, 1 by default; ``None`` leaves it as it is.
     ``warm`` keeps the model warm between a camera's frames (``auto``, ``on``, ``off``; see
     ``edgekit.pipeline.warm``): one untimed pass shortly before each frame is due.
+    ``batch`` infers frames of many cameras that wait together as one batch where the artifact
+    allows it (``auto``: as many as fit the budget, at most 8; ``off``; or the most frames a
+    batch may hold; see ``edgekit.pipeline.batching``).
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class Pipeline:
         window: int = 300,
         opencv_threads: int | None = 1,
         warm: str = "auto",
+        batch: str | int = "auto",
     ) -> None:
         budget = float(budget_ms) if budget_ms is not None else float(model.manifest.device.budget_ms)
         if not budget > 0 or math.isinf(budget):
@@ -113,6 +118,8 @@ class Pipeline:
         if warm not in ("auto", "on", "off"):
             raise PipelineError(f"warm must be auto, on or off, got {warm!r}", "e.g. --warm auto")
         self.warm = warm
+        self._batch_most = parse_batch(batch)
+        self._batcher: Batcher | None = None
         if opencv_threads is not None:
             # OpenCV's thread pool splits frame-sized work across cores: 480x480 -> 224x224 was
             # no faster on two threads than on one, and a busy core stalls the split.  One
@@ -194,9 +201,10 @@ class Pipeline:
     def _frames(self) -> Iterator[FrameResult]:
         group = self._group = CameraGroup(self.sources, self.policy, self._pace)
         budget_ns = round(self.budget_ms * 1e6)
-        pending: FrameResult | None = None
-        handed = 0
+        pending: list[FrameResult] = []  # labelled, not yet handed over and finished
         self._warm_up()
+        if len(self.sources) > 1 and self._batch_most != 1 and self._batcher is None:
+            self._batcher = Batcher(self._levels[0], len(self.sources), self.budget_ms, self._batch_most)
         # Only frames that come at a rate leave the model idle between them: a file read as
         # fast as it goes keeps it busy anyway.  With many cameras the gaps are not one
         # camera's period: no warm pass (their frames keep the model busy in turn).
@@ -233,28 +241,36 @@ class Pipeline:
                         self.ended_by = "source ended" if len(self.sources) == 1 else "sources ended"
                         break
                     continue  # no frame yet: check the stop conditions again
-                if group.cameras[frame.camera].follow_size(frame):
-                    self.counters.add("size_changes")
+                batch = [frame]
+                if self._batcher is not None and self._level == 0:  # a degraded level goes one at a time
+                    batch = self._batcher.gather(group, frame)
+                for f in batch:
+                    if group.cameras[f.camera].follow_size(f):
+                        self.counters.add("size_changes")
                 warmer.arrived(frame.captured_ns)
-                result = self._label(frame, budget_ns)
-                r = result.record
+                if len(batch) == 1:
+                    pending = [self._label(frame, budget_ns)]
+                else:
+                    assert self._batcher is not None
+                    pending = self._label_batch(batch, self._batcher, budget_ns)
                 if warmer.mode != "off":
+                    r = pending[0].record
                     work.append(round((r.preprocess_ms + r.inference_ms + r.postprocess_ms) * 1e6))
                     last_image = frame.image
-                # Label and result sinks (telemetry, the preview) run on this thread: their time is the
-                # sink stage, like the loop body's, so a slow one shows in the frame's latency.
-                handed = time.perf_counter_ns()
-                for offer in self._label_sinks:
-                    offer(result.labels)
-                for hand in self._result_sinks:
-                    hand(result)
-                pending = result
-                yield result
-                pending = None
-                self._finish(result.record, time.perf_counter_ns() - handed)
+                while pending:
+                    result = pending[0]
+                    # Label and result sinks (telemetry, the preview) run on this thread: their time is the
+                    # sink stage, like the loop body's, so a slow one shows in the frame's latency.
+                    for offer in self._label_sinks:
+                        offer(result.labels)
+                    for hand in self._result_sinks:
+                        hand(result)
+                    yield result
+                    self._finish(pending.pop(0).record, time.perf_counter_ns())
         finally:
-            if pending is not None:  # the consumer broke out of its loop: this frame still counts
-                self._finish(pending.record, time.perf_counter_ns() - handed)
+            # The consumer broke out of its loop: the frame it had, and the rest of its batch, still count.
+            for result in pending:
+                self._finish(result.record, time.perf_counter_ns())
             self._ended_ns = time.perf_counter_ns()
             if self._stop.is_set() and not self.ended_by:
                 self.ended_by = "stop"
@@ -288,57 +304,43 @@ class Pipeline:
                     level.top_k(self.model, self.top)(ys[0])
 
     def _label(self, frame: Frame, budget_ns: int) -> FrameResult:
-        from edgekit.runtime.tensors import from_output
-
         level = self._levels[self._level]
-        specs = level.outputs
-        detector = self.model.detector
         t0 = time.perf_counter_ns()
         x = level.prep(frame.image)
         t1 = time.perf_counter_ns()
         ys = level.session.run(x)
         t2 = time.perf_counter_ns()
-        labels: tuple[Label, ...] = ()
-        detections: tuple[Detection, ...] = ()
-        if detector is None:
-            labels = level.top_k(self.model, self.top)(ys[0])
-        else:
-            # Decode and NMS are the frame's cost like top-k is: timed as postprocess.
-            shape = frame.image.shape
-            detections = detector(
-                [from_output(y, spec) for y, spec in zip(ys, specs, strict=True)],
-                (shape[0], shape[1]),
-                level.output_names,
-            )
-        t3 = time.perf_counter_ns()
-        record = FrameRecord(
-            index=frame.index,
-            captured_at=frame.captured_at,
-            captured_ns=frame.captured_ns,
-            deadline_ns=frame.captured_ns + budget_ns,
-            capture_wait_ms=_ns_to_ms(t0 - frame.captured_ns),
-            preprocess_ms=_ns_to_ms(t1 - t0),
-            inference_ms=_ns_to_ms(t2 - t1),
-            postprocess_ms=_ns_to_ms(t3 - t2),
-            sink_ms=0.0,
-            latency_ms=_ns_to_ms(t3 - frame.captured_ns),
-            met=t3 <= frame.captured_ns + budget_ns,
-            dropped_before=frame.dropped_before,
-            candidate=level.name,
-            camera=frame.camera,
-            # The same tuples as the result's (immutable): a record costs two references, not a copy.
-            labels=labels,
-            detections=detections,
-        )
-        return FrameResult(labels, record, frame.image, detections)
+        return result_of(self.model, level, self.top, frame, ys, (t0, t1, t2), budget_ns)
 
-    def _finish(self, provisional: FrameRecord, sink_ns: int) -> None:
+    def _label_batch(self, frames: list[Frame], batcher: Batcher, budget_ns: int) -> list[FrameResult]:
+        # One inference for every frame; each frame's stages are its batch's (the preprocessing
+        # of all of them, the one inference) up to its own postprocessing, so they add up to
+        # its latency.
+        ys, t0, t1, t2 = batcher.run(frames)
+        level = self._levels[0]
+        return [
+            result_of(
+                self.model,
+                level,
+                self.top,
+                f,
+                [y[i : i + 1] for y in ys],
+                (t0, t1, t2),
+                budget_ns,
+                len(frames),
+            )
+            for i, f in enumerate(frames)
+        ]
+
+    def _finish(self, provisional: FrameRecord, done_ns: int) -> None:
+        # The sink stage runs from the frame's postprocessing to ``done_ns``: the loop body, the
+        # sinks, and for a batch's later frames the earlier frames' sinks, which they waited for.
         from dataclasses import replace
 
-        done_ns = provisional.captured_ns + int(provisional.latency_ms * 1e6) + sink_ns
+        labelled_ns = provisional.captured_ns + round(provisional.latency_ms * 1e6)
         record = replace(
             provisional,
-            sink_ms=_ns_to_ms(sink_ns),
+            sink_ms=_ns_to_ms(done_ns - labelled_ns),
             latency_ms=_ns_to_ms(done_ns - provisional.captured_ns),
             met=done_ns <= provisional.deadline_ns,
         )
@@ -419,7 +421,16 @@ class Pipeline:
             candidates_used=dict(self.candidates_used),
             ended_by=self.ended_by,
             cameras={n: cs.to_dict() for n, cs in self.per_camera.items()},
+            batch=self._batch_summary(),
         )
+
+    def _batch_summary(self) -> dict[str, float]:
+        b = self._batcher
+        if b is None or not b.inferences:
+            return {"max": b.max if b else 1, "mean": 1.0}
+        # Frames that went alone (nothing else waiting) are inferences of one.
+        alone = self.counters.frames - b.frames
+        return {"max": b.max, "mean": round(self.counters.frames / (b.inferences + max(alone, 0)), 3)}
 
     def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:
         """Call ``sink(labels)`` with each frame's labels, on the frame loop's thread (keep it cheap).
@@ -474,6 +485,8 @@ class Pipeline:
         for level in self._levels:
             if level.owned:
                 level.session.close()
+        if self._batcher is not None:
+            self._batcher.close()
 
     def __enter__(self) -> Pipeline:
         return self

@@ -38,6 +38,7 @@ class FrameRecord:
     labels: tuple[Label, ...] = ()
     detections: tuple[Detection, ...] = ()
     camera: str = ""  # the camera it came from, in a pipeline of many ("" for one source)
+    batch: int = 1  # the frames inferred together with it, itself included (``pipeline.batching``)
 
     def stage_ms(self) -> dict[str, float]:
         return {s: getattr(self, f"{s}_ms") for s in STAGES}
@@ -49,12 +50,16 @@ class FrameRecord:
         out = {f: getattr(self, f) for f in _SCALARS}
         if self.camera:
             out["camera"] = self.camera
+        if self.batch > 1:
+            out["batch"] = self.batch
         out["labels"] = [{"id": lab.id, "name": lab.name, "score": lab.score} for lab in self.labels]
         out["detections"] = [d.to_dict() for d in self.detections]
         return out
 
 
-_SCALARS = tuple(f.name for f in fields(FrameRecord) if f.name not in ("labels", "detections", "camera"))
+_SCALARS = tuple(
+    f.name for f in fields(FrameRecord) if f.name not in ("labels", "detections", "camera", "batch")
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,8 @@ class Summary:
     ended_by: str = ""
     #: Per camera, for a pipeline of many (``CameraStats.to_dict``); empty for one source.
     cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Batching of many cameras' frames: the largest batch allowed and the mean frames per inference.
+    batch: dict[str, float] = field(default_factory=lambda: {"max": 1, "mean": 1.0})
 
     @classmethod
     def of(cls, stats: RunStats, counters: Counters, duration_s: float, **meta: Any) -> Summary:
@@ -150,6 +152,7 @@ class Summary:
             "stages_ms": {s: clean(v) for s, v in self.stages.items()},
             "sketch_relative_accuracy": 0.01,
             **({"cameras": self.cameras} if self.cameras else {}),
+            "batch": self.batch,
         }
 
     def render(self) -> str:
@@ -179,6 +182,10 @@ class Summary:
         if c["degrade_switches"]:
             used = ", ".join(f"{k} x{v}" for k, v in self.candidates_used.items())
             lines.append(f"Degrade switches : {c['degrade_switches']} ({used})")
+        if self.batch["max"] > 1:
+            lines.append(
+                f"Batching         : up to {self.batch['max']:g} frames, {self.batch['mean']:.2f} per inference"
+            )
         for name, cam in self.cameras.items():
             p99 = cam["latency_ms"]["p99"]
             lines.append(
