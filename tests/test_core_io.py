@@ -173,7 +173,7 @@ def test_state_root_is_not_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 def test_a_spool_left_in_the_cache_by_an_earlier_version_is_still_replayed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from edgekit.telemetry.publisher import default_spool
+    from edgekit.telemetry.spool import default_spool
 
     monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("EDGEKIT_STATE", str(tmp_path / "state"))

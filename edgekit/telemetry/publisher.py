@@ -39,7 +39,7 @@ from edgekit.protocol.messages import Status, Telemetry, checked, first_error
 from edgekit.protocol.topics import SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.labels import labels_payload
-from edgekit.telemetry.spool import Spool
+from edgekit.telemetry.spool import Spool, default_spool
 from edgekit.telemetry.window import MetricsWindow, Window
 
 if TYPE_CHECKING:
@@ -61,19 +61,6 @@ KNOWN_GAUGES = (
     "cpu_freq_ratio",
 )
 FORMATS = ("json", "sparkplug")
-
-
-def default_spool(fleet: str, device_id: str, format: str = "json") -> Path:
-    """``<state root>/telemetry/<fleet>-<device>[-sparkplug].db``: on disk, so a restart replays what was not sent.
-
-    Spools were kept under the cache root before; one left there (and none in the state root
-    yet) is used where it is, so an upgrade does not lose telemetry that was not sent.
-    """
-    from edgekit._core.paths import cache_root, state_root
-
-    name = f"{fleet}-{device_id}{'' if format == 'json' else f'-{format}'}.db"
-    path, earlier = state_root() / "telemetry" / name, cache_root() / "telemetry" / name
-    return earlier if earlier.exists() and not path.exists() else path
 
 
 def _check_name(what: str, value: str) -> str:

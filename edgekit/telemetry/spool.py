@@ -148,3 +148,16 @@ class Spool:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def default_spool(fleet: str, device_id: str, format: str = "json") -> Path:
+    """``<state root>/telemetry/<fleet>-<device>[-sparkplug].db``: on disk, so a restart replays what was not sent.
+
+    Spools were kept under the cache root before; one left there (and none in the state root
+    yet) is used where it is, so an upgrade does not lose telemetry that was not sent.
+    """
+    from edgekit._core.paths import cache_root, state_root
+
+    name = f"{fleet}-{device_id}{'' if format == 'json' else f'-{format}'}.db"
+    path, earlier = state_root() / "telemetry" / name, cache_root() / "telemetry" / name
+    return earlier if earlier.exists() and not path.exists() else path
