@@ -139,7 +139,12 @@ class Batcher:
             except EdgekitError as err:  # a runtime that cannot reshape this graph: stop growing
                 log.warning("batching: %s cannot take %d frames at once (%s)", level.name, k, err)
                 break
-            self.infer_ns[k] = _median_ns(sess, self.buffer[:k])
+            try:
+                self.infer_ns[k] = _median_ns(sess, self.buffer[:k])
+            except EdgekitError as err:  # reshaped, but a batch does not run: one at a time it is
+                sess.close()
+                log.warning("batching: %s does not run %d frames at once (%s)", level.name, k, err)
+                break
             measured.append(f"{k}: {self.infer_ns[k] / 1e6:.1f}")
             # Two batches of k must fit the budget: a frame arriving as one starts waits for it.
             if not explicit and 2 * self.estimate_ns(k) > self.budget_ns:
