@@ -7,7 +7,7 @@ for N = 1, 2, 3, ...: one ``edgekit.Pipeline`` with N ``synthetic:640x480@FPS`` 
 ``--seconds`` (drop-oldest, the bundle's budget), batched (``batch="auto"``) and unbatched
 (``batch="off"``).  N is *held* when every camera's p99 is within the budget and no frame was
 dropped; each series stops after its first N not held (or at ``--max``).  With
-``--processes`` this benchmark then runs the unbatched answer (and one more) as N ``edgekit
+``--processes`` this benchmark then runs both answers (and one more than the unbatched) as N ``edgekit
 run`` processes side by side (one camera each, each its own copy of the model): their p99s
 and drops, the way a device is used without a multi-camera pipeline.
 """
@@ -79,7 +79,8 @@ def measure(args: Any) -> dict[str, Any]:
     side_by_side: list[dict[str, Any]] = []
     if args.processes:
         env = {**os.environ}
-        for n in sorted({max(1, most), most + 1}):
+        # At the counts one pipeline holds (batched and not), and one more than the unbatched one.
+        for n in sorted({max(1, most), most + 1, max(1, report.most_held("batched"))}):
             row = processes(str(bundle), n, args.fps, args.seconds, env)
             side_by_side.append(row)
             print(
