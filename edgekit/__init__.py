@@ -12,12 +12,13 @@ from edgekit._version import __version__
 from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
-    from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Policy, Summary, open_source
+    from edgekit.pipeline import Camera, FrameRecord, FrameResult, Pipeline, Policy, Summary, open_source
     from edgekit.runtime.detection import Detection
     from edgekit.runtime.model import Model, load
     from edgekit.runtime.postprocess import Label
 
 __all__ = [
+    "Camera",
     "Detection",
     "EdgekitError",
     "FrameRecord",
@@ -38,7 +39,8 @@ _LAZY = {
     "Label": "edgekit.runtime.postprocess",
     "Detection": "edgekit.runtime.detection",
     **dict.fromkeys(
-        ("Pipeline", "Policy", "FrameRecord", "FrameResult", "Summary", "open_source"), "edgekit.pipeline"
+        ("Camera", "Pipeline", "Policy", "FrameRecord", "FrameResult", "Summary", "open_source"),
+        "edgekit.pipeline",
     ),
 }
 

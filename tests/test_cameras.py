@@ -17,7 +17,7 @@ from skimage import data
 import edgekit
 from edgekit.errors import PipelineError, SourceError
 from edgekit.pipeline.batching import Batcher, parse_batch
-from edgekit.pipeline.cameras import CameraGroup, open_cameras
+from edgekit.pipeline.cameras import Camera, CameraGroup, name_cameras, open_cameras
 from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.levels import Level
 from edgekit.pipeline.policy import Policy
@@ -65,15 +65,34 @@ def test_a_camera_that_fails_ends_alone_and_one_alone_raises() -> None:
 
 
 def test_camera_names_and_bad_arguments() -> None:
-    opened = open_cameras(["synthetic:8x8@0", "synthetic:8x8@0"])
+    opened = open_cameras(name_cameras(["synthetic:8x8@0", "synthetic:8x8@0"]))
     assert list(opened) == ["cam0", "cam1"]
     for s in opened.values():
         s.close()
-    assert list(open_cameras({"door": "synthetic:8x8@0"})) == ["door"]
+    assert name_cameras({"door": "synthetic:8x8@0"}) == {"door": Camera("synthetic:8x8@0")}
     with pytest.raises(PipelineError, match="empty"):
-        open_cameras([])
+        name_cameras([])
     with pytest.raises(PipelineError, match="1-64 characters"):
-        open_cameras({"": "synthetic:8x8@0"})
+        name_cameras({"": "synthetic:8x8@0"})
+
+
+def test_each_frame_waits_as_long_as_its_cameras_budget_allows() -> None:
+    # The yard camera's frame is older, but it has 66 ms: the door's, captured 10 ms later with
+    # 33 ms, is due first (43 against 66).
+    ms = 1_000_000
+    g = CameraGroup(
+        {n: open_source("synthetic:8x8@0") for n in ("door", "yard")},
+        {"door": Policy.DROP_OLDEST, "yard": Policy.BLOCK},
+        {},
+        {"door": 33 * ms, "yard": 66 * ms},
+    )
+    g.cameras["yard"].slot.put(frame("yard", 0))
+    g.cameras["door"].slot.put(frame("door", 10 * ms))
+    assert [f.camera for f in (g.take(0), g.take(0)) if f] == ["door", "yard"]
+    assert (g.cameras["door"].slot.policy, g.cameras["yard"].slot.policy) == (
+        Policy.DROP_OLDEST,
+        Policy.BLOCK,
+    )
 
 
 # -- with the reference model ---------------------------------------------------------------------
@@ -180,7 +199,7 @@ def planner(max_batch: int = 4, budget_ms: float = 33.0) -> Batcher:
     # A fixed-batch session makes a batcher of one; the test then gives it the sizes and times
     # a batch-capable one would have measured: inference 2 ms + 1.5 ms a frame, 0.5 ms prep+post.
     level = Level("stand-in", open_fixed_session(), None)  # type: ignore[arg-type]
-    b = Batcher(level, cameras=1, budget_ms=budget_ms, most=None)
+    b = Batcher(level, dict.fromkeys("abc", budget_ms), most=None)
     b.max = max_batch
     b.infer_ns = {k: 2e6 + 1.5e6 * (k - 1) for k in range(1, max_batch + 1)}
     b.frame_ns = 0.5e6
@@ -189,6 +208,7 @@ def planner(max_batch: int = 4, budget_ms: float = 33.0) -> Batcher:
 
 class _Fixed:
     batchable = False
+    artifact = Path("fixed.onnx")
 
 
 def open_fixed_session() -> Any:
@@ -251,3 +271,26 @@ def test_batched_frames_are_labelled_as_each_camera_alone(model: Any, tmp_path: 
         assert rec.to_dict()["batch"] == rec.batch
         total = sum(rec.stage_ms().values())
         assert total == pytest.approx(rec.latency_ms, abs=0.01)
+
+
+def test_a_camera_with_its_own_budget_and_policy(model: Any, tmp_path: Path) -> None:
+    images = [data.chelsea(), data.coffee()] * 2
+    a, b = folder(tmp_path / "a", images, (320, 240)), folder(tmp_path / "b", images, (160, 120))
+    with edgekit.Pipeline(
+        model, sources={"door": edgekit.Camera(str(a), budget_ms=66), "yard": str(b)}, budget_ms=30
+    ) as p:
+        records = [r.record for r in p]
+        d = p.summary().to_dict()
+    assert {r.camera: r.deadline_ns - r.captured_ns for r in records} == {
+        "door": 66_000_000,
+        "yard": 30_000_000,
+    }
+    assert {n: (c["budget_ms"], c["policy"]) for n, c in d["cameras"].items()} == {
+        "door": (66, "block"),
+        "yard": (30, "block"),
+    }
+    assert "budget 66 ms" in p.summary().render()
+    with pytest.raises(PipelineError, match="one switch for every camera"):
+        edgekit.Pipeline(model, sources={"door": edgekit.Camera(str(a), policy="degrade")})
+    with pytest.raises(PipelineError, match="positive number"):
+        edgekit.Pipeline(model, sources={"door": edgekit.Camera(str(a), budget_ms=-1)})

@@ -61,6 +61,14 @@ def test_sources_as_a_table_keep_their_names_and_order(tmp_path: Path) -> None:
     assert load_run_config(write(tmp_path, "", "empty.toml")).values == {}
 
 
+def test_a_camera_of_the_table_may_have_its_own_budget_and_policy(tmp_path: Path) -> None:
+    import edgekit
+
+    text = '[sources]\nyard = { source = "/dev/video2", budget_ms = 66, policy = "block" }\ndoor = "0"\n'
+    cfg = load_run_config(write(tmp_path, text))
+    assert cfg.sources == {"yard": edgekit.Camera("/dev/video2", budget_ms=66, policy="block"), "door": "0"}
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
@@ -74,6 +82,8 @@ def test_sources_as_a_table_keep_their_names_and_order(tmp_path: Path) -> None:
         ("sources = []\n", ["sources", "list of source strings"]),
         ('sources = "0"\n', ["sources", "list of source strings"]),
         ("[sources]\ndoor = 0\n", ["sources", "table of camera name"]),
+        ("[sources]\ndoor = { budget_ms = 66 }\n", ["sources", "source = ..., budget_ms"]),
+        ('[sources]\ndoor = { source = "0", budget = 66 }\n', ["sources", "own budget or policy"]),
         ("[budget_ms]\nx = 1\n", ["budget_ms", "got a table"]),
     ],
 )

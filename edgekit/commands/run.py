@@ -29,7 +29,7 @@ from edgekit.commands.run_config import RunConfig, load_run_config
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
-    from edgekit.pipeline import FrameRecord, FrameResult, Pipeline, Seen, Summary
+    from edgekit.pipeline import Camera, FrameRecord, FrameResult, Pipeline, Seen, Summary
     from edgekit.runtime.model import Model
 
 PolicyOpt = Annotated[
@@ -292,7 +292,7 @@ def run_command(
             "top": top,
         },
     )
-    sources: list[str] | dict[str, str] = opts["source"] or [os.environ.get("EDGEKIT_SOURCE") or "0"]
+    sources: list[str] | dict[str, str | Camera] = opts["source"] or [os.environ.get("EDGEKIT_SOURCE") or "0"]
     with (
         _load(bundle, device, key, allow_unsigned, measure) as model,
         _open_pipeline(model, sources, opts, run_file) as pipeline,
@@ -330,7 +330,10 @@ def run_command(
 
 
 def _open_pipeline(
-    model: Model, sources: list[str] | dict[str, str], opts: dict[str, Any], run_file: RunConfig | None
+    model: Model,
+    sources: list[str] | dict[str, str | Camera],
+    opts: dict[str, Any],
+    run_file: RunConfig | None,
 ) -> Pipeline:
     from edgekit.pipeline import Pipeline
 

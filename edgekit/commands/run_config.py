@@ -14,11 +14,11 @@ A small TOML file; every key is optional::
     frames = 10000            # stop after N frames
     top = 5                   # labels per frame (a classifier's)
 
-or the cameras by name, as a table::
+or the cameras by name, as a table, where a camera may have a budget and policy of its own::
 
     [sources]
     door = "rtsp://cam-door.local/stream"
-    yard = "/dev/video0"
+    yard = { source = "/dev/video0", budget_ms = 66, policy = "block" }
 
 Options given on the command line win over the file; ``--source`` on the command line replaces
 the file's sources (all of them).  Paths in sources are read from the working directory, as on
@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,6 +40,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from edgekit.errors import EdgekitError
+
+if TYPE_CHECKING:
+    from edgekit.pipeline.cameras import Camera
 
 #: A run file is a few lines; anything larger is not one (a video or a model given by mistake).
 MAX_BYTES = 64 * 1024
@@ -69,11 +72,29 @@ def _is_batch(v: Any) -> bool:
     return isinstance(v, str) or _is_int(v)
 
 
+#: What a camera of the ``[sources]`` table may set for itself (``door = { source = "...", budget_ms = 66 }``).
+CAMERA_KEYS: dict[str, Callable[[Any], bool]] = {
+    "source": lambda v: isinstance(v, str) and bool(v),
+    "budget_ms": _is_number,
+    "policy": _is_str,
+}
+
+
+def _is_camera(v: Any) -> bool:
+    if isinstance(v, str):
+        return bool(v)
+    return (
+        isinstance(v, dict)
+        and "source" in v
+        and all(k in CAMERA_KEYS and CAMERA_KEYS[k](x) for k, x in v.items())
+    )
+
+
 def _is_sources(v: Any) -> bool:
     if isinstance(v, list):
         return bool(v) and all(isinstance(s, str) and s for s in v)
     if isinstance(v, dict):
-        return bool(v) and all(isinstance(s, str) and s for s in v.values())
+        return bool(v) and all(_is_camera(s) for s in v.values())
     return False
 
 
@@ -81,8 +102,9 @@ def _is_sources(v: Any) -> bool:
 KEYS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "sources": (
         _is_sources,
-        "a list of source strings or a table of camera name = source string",
-        'sources = ["0", "synthetic:640x480@30"] or [sources] door = "0"',
+        "a list of source strings or a table of camera name = source string, or name = "
+        "{ source = ..., budget_ms = ..., policy = ... } for a camera with its own budget or policy",
+        '[sources] door = "0" or door = { source = "rtsp://door/s1", budget_ms = 66 }',
     ),
     "budget_ms": (_is_number, "a number of milliseconds", "budget_ms = 33"),
     "policy": (_is_str, "a string: drop-oldest, block or degrade", 'policy = "drop-oldest"'),
@@ -104,9 +126,15 @@ class RunConfig:
     values: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def sources(self) -> list[str] | dict[str, str] | None:
+    def sources(self) -> list[str] | dict[str, str | Camera] | None:
         s = self.values.get("sources")
-        return None if s is None else (dict(s) if isinstance(s, dict) else list(s))
+        if s is None:
+            return None
+        if isinstance(s, list):
+            return list(s)
+        from edgekit.pipeline.cameras import Camera
+
+        return {n: v if isinstance(v, str) else Camera(**v) for n, v in s.items()}
 
 
 def load_run_config(path: Path) -> RunConfig:

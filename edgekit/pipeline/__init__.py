@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from edgekit.pipeline.cameras import Camera
 from edgekit.pipeline.loop import Pipeline
 from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
@@ -12,6 +13,7 @@ from edgekit.protocol.stages import STAGES
 
 __all__ = [
     "STAGES",
+    "Camera",
     "Counters",
     "FrameRecord",
     "FrameResult",

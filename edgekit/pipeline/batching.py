@@ -19,6 +19,9 @@ time on this device, plus each frame's own preprocessing and postprocessing.  A 
 arrives just as a batch starts waits for that batch and then runs in the next, so a size is
 allowed only while two batches of it fit the budget.
 
+Cameras may have budgets of their own: the earliest deadline is then the earliest capture
+time plus budget in the batch, and the tightest budget sets the window and the largest batch.
+
 **The window** is a tenth of the budget (3.3 ms at 30 fps): long enough to catch cameras
 that deliver together but a little apart (their capture threads take turns), short enough
 that cameras out of phase are not held back waiting for each other.
@@ -30,6 +33,7 @@ import logging
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,10 +100,13 @@ class Arrivals:
 class Batcher:
     """The batch sessions of a pipeline's primary level, their measured times, and the gathering rule."""
 
-    def __init__(self, level: Level, cameras: int, budget_ms: float, most: int | None) -> None:
+    def __init__(self, level: Level, budgets_ms: Mapping[str, float], most: int | None) -> None:
         self.level = level
-        self.budget_ns = round(budget_ms * 1e6)
-        self.window_ns = round(budget_ms * WINDOW_SHARE * 1e6)
+        #: Each camera's budget; the tightest sets the window and how large a batch may grow.
+        self.budgets_ns = {n: round(ms * 1e6) for n, ms in budgets_ms.items()}
+        self.budget_ns = min(self.budgets_ns.values())
+        self.window_ns = round(self.budget_ns * WINDOW_SHARE)
+        cameras = len(budgets_ms)
         self.sessions: dict[int, Session] = {}
         self.infer_ns: dict[int, float] = {}
         self.frame_ns = 0.0  # one frame's preprocessing and postprocessing (measured with the sizes)
@@ -173,7 +180,7 @@ class Batcher:
         due = self.arrivals.next_due({f.camera for f in batch})
         if due is None or due + _LATE_NS <= now:  # none predicted, or overdue: not coming soon
             return None
-        earliest = min(f.captured_ns for f in batch) + self.budget_ns
+        earliest = min(f.captured_ns + self.budgets_ns[f.camera] for f in batch)
         latest_start = earliest - MARGIN_NS - self.estimate_ns(len(batch) + 1)
         limit = min(latest_start, opened_ns + self.window_ns)
         if due > limit:
@@ -217,6 +224,14 @@ class Batcher:
         for sess in self.sessions.values():
             sess.close()
         self.sessions.clear()
+
+
+def batch_summary(batcher: Batcher | None, frames: int) -> dict[str, float]:
+    """The largest batch allowed and the mean frames per inference over ``frames`` frames."""
+    if batcher is None or not batcher.inferences:
+        return {"max": batcher.max if batcher else 1, "mean": 1.0}
+    alone = max(frames - batcher.frames, 0)  # frames that went alone (nothing else waiting)
+    return {"max": batcher.max, "mean": round(frames / (batcher.inferences + alone), 3)}
 
 
 def _median_ns(session: Session, x: Any, runs: int = 5) -> float:

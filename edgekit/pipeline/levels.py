@@ -51,6 +51,25 @@ class Level:
         return self._top
 
 
+def warm_up(levels: list[Level], model: Model, top: int) -> None:
+    """Run each level twice on a black frame: a session's first runs allocate and spin up thread
+    pools, a detector's decoder and a classifier's top-k make their tables: not a frame's cost."""
+    import numpy as np
+
+    from edgekit.runtime.tensors import from_output
+
+    black = np.zeros((480, 640, 3), np.uint8)
+    detector = model.detector
+    for level in levels:
+        for _ in range(2):
+            ys = level.session.run(level.prep(black))
+            if detector is not None:
+                outs = [from_output(y, spec) for y, spec in zip(ys, level.outputs, strict=True)]
+                detector(outs, (480, 640), level.output_names)
+            else:
+                level.top_k(model, top)(ys[0])
+
+
 def measure(level: Level, runs: int = 15) -> float:
     """``level``'s median inference ms on a black 640x480 frame, back to back after three warm-up runs."""
     import numpy as np

@@ -20,21 +20,20 @@ how long and whether the deadline was met.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from edgekit._core.redact import redact_source
 from edgekit.errors import PipelineError
-from edgekit.pipeline.batching import Batcher, parse_batch
-from edgekit.pipeline.cameras import CameraGroup, Sources, open_cameras
+from edgekit.pipeline.batching import Batcher, batch_summary, parse_batch
+from edgekit.pipeline.cameras import Camera, CameraGroup, Sources, name_cameras, open_cameras, parse_budget
 from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.labelling import result_of
-from edgekit.pipeline.levels import Level, degrade_chain
+from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.sources import Source, open_source
@@ -97,11 +96,7 @@ class Pipeline:
         warm: str = "auto",
         batch: str | int = "auto",
     ) -> None:
-        budget = float(budget_ms) if budget_ms is not None else float(model.manifest.device.budget_ms)
-        if not budget > 0 or math.isinf(budget):
-            raise PipelineError(
-                f"the budget must be a positive number of ms, got {budget_ms}", "e.g. --budget 33"
-            )
+        budget = parse_budget(budget_ms if budget_ms is not None else model.manifest.device.budget_ms)
         if frames is not None and frames < 1:
             raise PipelineError(
                 f"frames must be at least 1, got {frames}", "leave it out to run until the end"
@@ -130,13 +125,31 @@ class Pipeline:
         chosen = Policy.parse(policy) if policy is not None else None
         if sources is not None and source is not None:
             raise PipelineError("give source or sources, not both", "sources=[...] for many cameras")
-        if sources is None:  # one camera, named "" so that its records look as they always did
-            one = source if source is not None else "0"
+        # One camera is named "" so that its records look as they always did.
+        cams = (
+            {"": Camera(source if source is not None else "0")} if sources is None else name_cameras(sources)
+        )
+        #: Each camera's budget (ms): its own, else the pipeline's.
+        self.budgets = {
+            n: budget if c.budget_ms is None else parse_budget(c.budget_ms) for n, c in cams.items()
+        }
+        own = {n: Policy.parse(c.policy) for n, c in cams.items() if c.policy is not None}
+        if Policy.DEGRADE in own.values():
+            raise PipelineError(
+                "degrade is one switch for every camera: it cannot be one camera's policy",
+                "set it for the pipeline: policy='degrade' (--policy degrade)",
+            )
+        if sources is None:
+            one = cams[""].source
             self.sources = {"": one if isinstance(one, Source) else open_source(one, fps=fps)}
         else:
-            self.sources = open_cameras(sources, fps=fps)
+            self.sources = open_cameras(cams, fps=fps)
         self.source = next(iter(self.sources.values()))
         self.policy = chosen or Policy.default_for(any(s.info.live for s in self.sources.values()))
+        #: Each camera's overload policy: its own, else the pipeline's, else its kind's (files block).
+        self.policies = {
+            n: own.get(n) or chosen or Policy.default_for(s.info.live) for n, s in self.sources.items()
+        }
         # Files and folders replayed in real time, each at its own rate, like cameras.
         self._pace = {
             name: (fps or s.info.fps or 30.0) if realtime and not s.info.live else None
@@ -147,7 +160,11 @@ class Pipeline:
         self.stats = RunStats(window)
         self.candidates_used: dict[str, int] = {}
         #: Per camera (many sources): frames, met, missed, and the latency sketch of each.
-        self.per_camera: dict[str, CameraStats] = {n: CameraStats() for n in self.sources} if sources else {}
+        self.per_camera: dict[str, CameraStats] = (
+            {n: CameraStats(budget_ms=self.budgets[n], policy=self.policies[n].value) for n in self.sources}
+            if sources
+            else {}
+        )
         self.last_record: FrameRecord | None = None
         self._stop = threading.Event()
         self._iterated = False
@@ -173,7 +190,7 @@ class Pipeline:
     def _prepare_degrade(self, after: int) -> None:
         self._levels = degrade_chain(self._levels[0], self.model)
         self._controller = DegradeController(
-            self.budget_ms, [lv.speed_ms for lv in self._levels], after=after
+            min(self.budgets.values()), [lv.speed_ms for lv in self._levels], after=after
         )
 
     @property
@@ -199,12 +216,12 @@ class Pipeline:
         return self._frames()
 
     def _frames(self) -> Iterator[FrameResult]:
-        group = self._group = CameraGroup(self.sources, self.policy, self._pace)
-        budget_ns = round(self.budget_ms * 1e6)
+        budgets_ns = {n: round(ms * 1e6) for n, ms in self.budgets.items()}
+        group = self._group = CameraGroup(self.sources, self.policies, self._pace, budgets_ns)
         pending: list[FrameResult] = []  # labelled, not yet handed over and finished
-        self._warm_up()
+        warm_up(self._levels, self.model, self.top)
         if len(self.sources) > 1 and self._batch_most != 1 and self._batcher is None:
-            self._batcher = Batcher(self._levels[0], len(self.sources), self.budget_ms, self._batch_most)
+            self._batcher = Batcher(self._levels[0], self.budgets, self._batch_most)
         # Only frames that come at a rate leave the model idle between them: a file read as
         # fast as it goes keeps it busy anyway.  With many cameras the gaps are not one
         # camera's period: no warm pass (their frames keep the model busy in turn).
@@ -249,10 +266,10 @@ class Pipeline:
                         self.counters.add("size_changes")
                 warmer.arrived(frame.captured_ns)
                 if len(batch) == 1:
-                    pending = [self._label(frame, budget_ns)]
+                    pending = [self._label(frame, budgets_ns[frame.camera])]
                 else:
                     assert self._batcher is not None
-                    pending = self._label_batch(batch, self._batcher, budget_ns)
+                    pending = self._label_batch(batch, self._batcher, budgets_ns)
                 if warmer.mode != "off":
                     r = pending[0].record
                     work.append(round((r.preprocess_ms + r.inference_ms + r.postprocess_ms) * 1e6))
@@ -286,23 +303,6 @@ class Pipeline:
         self.counters.raise_to("warm_passes", warmer.passes)
         self.counters.raise_to("warm_late", warmer.late)
 
-    def _warm_up(self) -> None:
-        # The first runs of a session allocate and spin up thread pools: not a frame's cost.
-        import numpy as np
-
-        from edgekit.runtime.tensors import from_output
-
-        black = np.zeros((480, 640, 3), np.uint8)
-        detector = self.model.detector
-        for level in self._levels:
-            for _ in range(2):
-                ys = level.session.run(level.prep(black))
-                if detector is not None:  # the decoder's first call is not a frame's cost either
-                    outs = [from_output(y, spec) for y, spec in zip(ys, level.outputs, strict=True)]
-                    detector(outs, (480, 640), level.output_names)
-                else:  # nor is making the top-k's tables and buffers
-                    level.top_k(self.model, self.top)(ys[0])
-
     def _label(self, frame: Frame, budget_ns: int) -> FrameResult:
         level = self._levels[self._level]
         t0 = time.perf_counter_ns()
@@ -312,7 +312,9 @@ class Pipeline:
         t2 = time.perf_counter_ns()
         return result_of(self.model, level, self.top, frame, ys, (t0, t1, t2), budget_ns)
 
-    def _label_batch(self, frames: list[Frame], batcher: Batcher, budget_ns: int) -> list[FrameResult]:
+    def _label_batch(
+        self, frames: list[Frame], batcher: Batcher, budgets_ns: Mapping[str, int]
+    ) -> list[FrameResult]:
         # One inference for every frame; each frame's stages are its batch's (the preprocessing
         # of all of them, the one inference) up to its own postprocessing, so they add up to
         # its latency.
@@ -326,7 +328,7 @@ class Pipeline:
                 f,
                 [y[i : i + 1] for y in ys],
                 (t0, t1, t2),
-                budget_ns,
+                budgets_ns[f.camera],
                 len(frames),
             )
             for i, f in enumerate(frames)
@@ -421,16 +423,8 @@ class Pipeline:
             candidates_used=dict(self.candidates_used),
             ended_by=self.ended_by,
             cameras={n: cs.to_dict() for n, cs in self.per_camera.items()},
-            batch=self._batch_summary(),
+            batch=batch_summary(self._batcher, self.counters.frames),
         )
-
-    def _batch_summary(self) -> dict[str, float]:
-        b = self._batcher
-        if b is None or not b.inferences:
-            return {"max": b.max if b else 1, "mean": 1.0}
-        # Frames that went alone (nothing else waiting) are inferences of one.
-        alone = self.counters.frames - b.frames
-        return {"max": b.max, "mean": round(self.counters.frames / (b.inferences + max(alone, 0)), 3)}
 
     def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:
         """Call ``sink(labels)`` with each frame's labels, on the frame loop's thread (keep it cheap).

@@ -53,6 +53,8 @@ class RunStats:
 class CameraStats:
     """One camera's share of a many-camera run: its frames, met and missed, drops, latency, how it ended."""
 
+    budget_ms: float = math.nan  # the camera's own budget, or the pipeline's
+    policy: str = ""  # its overload policy
     frames: int = 0
     met: int = 0
     missed: int = 0
@@ -71,6 +73,8 @@ class CameraStats:
             return None if math.isnan(x) else round(x, 4)
 
         return {
+            "budget_ms": r(self.budget_ms),
+            "policy": self.policy,
             "frames": self.frames,
             "met": self.met,
             "missed": self.missed,
@@ -188,10 +192,14 @@ class Summary:
             )
         for name, cam in self.cameras.items():
             p99 = cam["latency_ms"]["p99"]
+            own = [
+                *([f"budget {cam['budget_ms']:g} ms"] if cam["budget_ms"] != self.budget_ms else []),
+                *([cam["policy"]] if cam["policy"] != self.policy else []),
+                *([cam["ended"]] if cam["ended"] else []),
+            ]
             lines.append(
                 f"Camera {name:<10}: {cam['frames']} frames, {cam['missed']} missed, {cam['dropped']} dropped, "
-                f"p99 {'-' if p99 is None else f'{p99:.2f}'} ms"
-                + (f" ({cam['ended']})" if cam["ended"] else "")
+                f"p99 {'-' if p99 is None else f'{p99:.2f}'} ms" + (f" ({'; '.join(own)})" if own else "")
             )
         for key, label in (
             ("converted", "Frames converted"),
