@@ -22,6 +22,7 @@ from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.levels import Level
 from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.sources import open_source
+from edgekit.runtime.detection import iou
 
 from conftest import edgekit as run_cli
 
@@ -294,3 +295,38 @@ def test_a_camera_with_its_own_budget_and_policy(model: Any, tmp_path: Path) -> 
         edgekit.Pipeline(model, sources={"door": edgekit.Camera(str(a), policy="degrade")})
     with pytest.raises(PipelineError, match="positive number"):
         edgekit.Pipeline(model, sources={"door": edgekit.Camera(str(a), budget_ms=-1)})
+
+
+@pytest.fixture(scope="module")
+def face_detector(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from detector_bundle import build_blazeface
+
+    with edgekit.load(build_blazeface(tmp_path_factory.mktemp("blazeface")), device="x86_64-cpu") as m:
+        yield m
+
+
+@pytest.mark.slow
+def test_batched_detections_are_each_cameras_alone(face_detector: Any, tmp_path: Path) -> None:
+    # BlazeFace (its build freed the batch): two cameras of faces at different sizes, batches of two.
+    faces = [
+        data.astronaut(),
+        cv2.cvtColor(data.camera(), cv2.COLOR_GRAY2RGB),
+        data.astronaut()[:300, 50:350],
+    ]
+    paths = {
+        "door": folder(tmp_path / "door", faces, (640, 480)),
+        "yard": folder(tmp_path / "yard", faces[::-1], (320, 320)),
+    }
+    alone = {}
+    for name, path in paths.items():
+        with edgekit.Pipeline(face_detector, str(path)) as p:
+            alone[name] = [r.detections for r in p]
+    with edgekit.Pipeline(face_detector, sources={n: str(p) for n, p in paths.items()}, batch=2) as p:
+        results = list(p)
+    assert face_detector.session.batchable and any(r.record.batch == 2 for r in results)
+    for name, frames in alone.items():
+        together = [r.detections for r in results if r.record.camera == name]
+        assert len(together) == len(frames) and sum(map(len, frames)) >= 2  # faces were found
+        for got, want in zip(together, frames, strict=True):
+            assert [d.class_id for d in got] == [d.class_id for d in want]
+            assert all(iou(g.box, w.box) >= 0.9 for g, w in zip(got, want, strict=True))
