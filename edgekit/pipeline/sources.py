@@ -257,12 +257,16 @@ class SyntheticSource(Source):
         canvas = 0.6 * stripe[None, :, :] + 0.4 * ((x[None, :] + y) / 2)[:, :, None]
         self._canvas = np.clip(canvas, 0, 255).astype(np.uint8)
         self._index = 0
-        self._t0 = time.monotonic()
+        # The pattern's clock starts at the first read, not at opening: a pipeline that loads and
+        # warms up between the two would otherwise get its first frames late and then in a burst.
+        self._t0: float | None = None
 
     def _read(self) -> np.ndarray | None:
         import numpy as np
 
         fps = self.info.fps or 0.0
+        if self._t0 is None:
+            self._t0 = time.monotonic()
         if fps > 0:
             due = self._t0 + self._index / fps
             delay = due - time.monotonic()
