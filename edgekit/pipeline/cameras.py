@@ -137,6 +137,10 @@ class CameraGroup:
             cam.thread.start()
 
     def stop(self) -> None:
+        # Every slot closes first: a frame a camera delivers while another's thread is being
+        # joined comes after the run, and must not count as a drop of the run.
+        for cam in self.cameras.values():
+            cam.slot.finish()
         for cam in self.cameras.values():
             cam.thread.stop()
 
