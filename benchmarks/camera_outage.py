@@ -4,11 +4,11 @@
 
 One pipeline watches ``--cameras`` synthetic 640x480 cameras and one network camera (Motion
 JPEG over HTTP on loopback, served by another process, as an IP camera is another machine).
-Three runs of ``--seconds`` each, in turn: all cameras alive, the network camera gone a
-third of the way in (its streams cut, connections refused) and back 3 s later on the same
-port, and all alive again.  For each run: every synthetic camera's p99 and drops, the
-network camera's frames, outages and reopens.  The two undisturbed runs give the noise the
-disturbed run's p99s are compared with.
+Runs of ``--seconds`` each, alternating ``--repeats`` times: all cameras alive, then the
+network camera gone a third of the way in (its streams cut, connections refused) and back
+3 s later on the same port.  For each run: every synthetic camera's p99 and drops, the
+network camera's frames, outages and reopens.  The undisturbed runs give the noise the
+disturbed runs' p99s are compared with: the range of each.
 """
 
 from __future__ import annotations
@@ -130,13 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cameras", type=int, default=4, help="synthetic cameras beside the network one")
     ap.add_argument("--fps", type=float, default=30.0)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--repeats", type=int, default=3, help="pairs of runs (alive, then the outage)")
     args = parse(ap, argv)
     with (
         progress_on_stderr(args.json),
         edgekit.load(bundle_of(args), device=args.device, allow_unsigned=True) as model,
     ):
         runs = []
-        for outage in (False, True, False):
+        for outage in (False, True) * args.repeats:
             row = one_run(model, args.cameras, args.fps, args.seconds, outage)
             runs.append(row)
             worst = max(row["synthetic_p99_ms"].values())
@@ -147,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         calm = [max(r["synthetic_p99_ms"].values()) for r in runs if not r["outage"]]
-        hit = max(runs[1]["synthetic_p99_ms"].values())
+        hit = [max(r["synthetic_p99_ms"].values()) for r in runs if r["outage"]]
         print(
-            f"worst synthetic p99: {hit:.2f} ms with the outage, {min(calm):.2f}-{max(calm):.2f} ms without",
+            f"worst synthetic p99: {min(hit):.2f}-{max(hit):.2f} ms with the outage, "
+            f"{min(calm):.2f}-{max(calm):.2f} ms without",
             flush=True,
         )
         doc = {"candidate": model.candidate, "runs": runs, "cameras": args.cameras, "fps": args.fps}
