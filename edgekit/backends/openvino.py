@@ -122,17 +122,17 @@ class OpenVINOBackend:
         if "cache_dir" in opts:
             # The NPU and GPU plugins compile for seconds; the cache makes the second start fast.
             core.set_property({"CACHE_DIR": str(opts["cache_dir"])})
+        # The weights are read into memory, not mapped: a model compiled from a mapped .bin
+        # sees whatever the file holds when it is compiled (seen: an in-place overwrite changed
+        # the outputs), and the file was verified against its signed hash before this read.
+        core.set_property({"ENABLE_MMAP": False})
         try:
             model = core.read_model(str(artifact))
             if not _free_batch(model):
                 return OpenVINOSession(artifact, core.compile_model(model, device, config), device)
             # A free batch is pinned to 1, so that a plain session runs as fast as a static one;
-            # the model is kept, so that batched(n) compiles its twins without the file.  Read
-            # again with its weights copied into memory: read_model maps the .bin, and a twin
-            # compiled from mapped weights would see whatever the file holds by then (seen: an
-            # in-place overwrite changes the outputs), not what was verified at load.
-            core.set_property({"ENABLE_MMAP": False})
-            batch = _FreeBatch(core, core.read_model(str(artifact)), device, config)
+            # the model is kept, so that batched(n) compiles its twins without the file.
+            batch = _FreeBatch(core, model, device, config)
             return OpenVINOSession(artifact, batch.compile(1), device, batch)
         except Exception as err:
             raise load_failed(NAME, artifact, err, "an OpenVINO IR (.xml + .bin) or an ONNX model") from err
