@@ -150,8 +150,10 @@ class TelemetryPublisher:
         self._sent_upto = 0
         # The newest (time, labels, detections or None for a classifier, camera or ""), swapped in by
         # the frame loop.
-        self._labels: tuple[float, tuple[Label, ...], tuple[Detection, ...] | None, str] | None = None
-        self._labels_sent = 0.0
+        # Per camera ("" for a single source), its newest frame's labels and when each was sent: one
+        # camera's frames never hide another's (the frames of cameras batched together come at once).
+        self._labels: dict[str, tuple[float, tuple[Label, ...], tuple[Detection, ...] | None]] = {}
+        self._labels_sent: dict[str, float] = {}
         self._thread = threading.Thread(target=self._run, name=f"edgekit-telemetry[{device_id}]", daemon=True)
         self._client = self._make_client()
 
@@ -309,16 +311,17 @@ class TelemetryPublisher:
     def offer_labels(self, labels: tuple[Label, ...]) -> None:
         """The newest labels (from the frame loop: a reference swap); sent at most every labels interval."""
         if self.labels_interval_s is not None:
-            self._labels = (time.time(), labels, None, "")
+            self._labels[""] = (time.time(), labels, None)
 
     def offer_result(self, result: FrameResult, detector: bool = False) -> None:
         """A frame's result (from the frame loop: a reference swap): a detector's detections, or labels.
 
-        Of many cameras, the message is the newest frame's, whichever camera it came from, and says which.
+        Of many cameras, each camera's newest frame is sent (at most once per labels interval),
+        and the message says which camera.
         """
         if self.labels_interval_s is not None:
             detections = result.detections if detector else None
-            self._labels = (time.time(), result.labels, detections, result.record.camera)
+            self._labels[result.record.camera] = (time.time(), result.labels, detections)
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.interval_s
@@ -447,15 +450,16 @@ class TelemetryPublisher:
             self.published += 1
 
     def _send_labels(self) -> None:
-        if self._labels is None or self.labels_interval_s is None:
+        if self.labels_interval_s is None:
             return
-        at, labels, detections, camera = self._labels
-        # Never the same labels twice: a QoS 0 publish acks at once and wakes this thread again.
-        if at == self._labels_sent or at - self._labels_sent < self.labels_interval_s:
-            return
-        self._labels_sent = at
-        payload = labels_payload(self.device_id, at, labels, detections, camera)
-        self._client.publish(self.labels_topic, payload, qos=0)
+        for camera, (at, labels, detections) in list(self._labels.items()):
+            sent = self._labels_sent.get(camera, 0.0)
+            # Never the same labels twice: a QoS 0 publish acks at once and wakes this thread again.
+            if at == sent or at - sent < self.labels_interval_s:
+                continue
+            self._labels_sent[camera] = at
+            payload = labels_payload(self.device_id, at, labels, detections, camera)
+            self._client.publish(self.labels_topic, payload, qos=0)
 
     def stop(self, timeout: float = 3.0) -> None:
         """Send the last window, wait up to ``timeout`` s for acks, say offline, disconnect."""
