@@ -91,11 +91,11 @@ class OnnxRuntimeBackend:
     def load(self, artifact: Path, options: Options | None = None) -> Session:
         opts = known_options(NAME, options, OPTIONS)
         artifact = check_artifact(NAME, artifact, self.suffixes)
+        # Read once: the session is made from these bytes (external data resolves beside the file).
         model = artifact.read_bytes()
         free = batch_dim_params(model)
         if free is None:
-            # A fixed batch loads as it always has, from the path (external data resolves beside it).
-            return _open(artifact, str(artifact), opts, None)
+            return _open(artifact, model, opts, None)
         # A free batch is pinned to 1, so that a plain session runs as fast as a static one; the
         # bytes are kept, so that batched(n) makes its sessions without reading the file again.
         return _open(artifact, model, opts, _FreeBatch(model, free, 1))
@@ -151,16 +151,13 @@ def _session_options(opts: Options, batch: _FreeBatch | None) -> Any:
     return so
 
 
-def _open(artifact: Path, model: str | bytes, opts: Options, batch: _FreeBatch | None) -> OnnxRuntimeSession:
-    """An ORT session of ``model`` (the file's path, or its bytes read once at load) with ``opts``."""
+def _open(artifact: Path, model: bytes, opts: Options, batch: _FreeBatch | None) -> OnnxRuntimeSession:
+    """An ORT session of ``model`` (the file's bytes, read once at load) with ``opts``."""
     import onnxruntime as ort
 
     so = _session_options(opts, batch)
-    if isinstance(model, bytes):
-        # Made from bytes, a model with external data still finds it beside the file.
-        so.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(artifact.parent)
-        )
+    # Made from bytes, a model with external data still finds it beside the file.
+    so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(artifact.parent))
     providers = _providers(opts)
     try:
         sess = ort.InferenceSession(
