@@ -12,7 +12,7 @@ from skimage import data
 
 import edgekit
 from edgekit.errors import PipelineError
-from edgekit.pipeline.warm import MAX_DUTY, MIN_MARGIN_NS, Warmer
+from edgekit.pipeline.warm import MAX_DUTY, MIN_MARGIN_NS, RETRY_FRAMES, Warmer
 
 MS = 1_000_000
 PERIOD = 33 * MS
@@ -53,6 +53,35 @@ def test_auto_warms_only_while_the_pass_fits_in_a_fifth_of_the_period() -> None:
         last += PERIOD
         w.arrived(last)
         assert (w.next_pass_at(MS) is not None) is planned, (mode, pass_ns)
+
+
+def test_auto_stopped_by_a_costly_pass_tries_again_and_resumes_when_a_pass_fits() -> None:
+    fits, costly = round(MAX_DUTY * PERIOD) - MS, round(MAX_DUTY * PERIOD) + MS
+    w = Warmer("auto")
+    last = fed(w, 6)
+    w.ran(last + MS, last + MS + costly)  # timed while the device was busy
+
+    def next_frame() -> int | None:
+        nonlocal last
+        last += PERIOD
+        w.arrived(last)
+        return w.next_pass_at(MS)
+
+    skipped = 0
+    while (at := next_frame()) is None:
+        skipped += 1
+        assert skipped < 10 * RETRY_FRAMES, "auto never tried again"
+    assert skipped == RETRY_FRAMES - 1  # one try in RETRY_FRAMES frames
+    w.ran(at, at + costly)  # still too costly: stopped again for as long
+    assert sum(next_frame() is None for _ in range(RETRY_FRAMES - 1)) == RETRY_FRAMES - 1
+    at = next_frame()
+    assert at is not None
+    w.ran(at, at + fits)  # the device is quiet now: judged on this pass, not on the costly ones
+    for _ in range(5):  # warmed every frame again
+        at = next_frame()
+        assert at is not None
+        w.ran(at, at + fits)
+    assert w.passes == 3 + 5
 
 
 def test_off_never_warms_and_no_room_means_no_pass() -> None:

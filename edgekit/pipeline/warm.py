@@ -18,7 +18,9 @@ margin that grows with the arrival jitter, so the pass ends just before the fram
 frame that arrives while a warm pass runs waits for it: counted as ``warm_late``, and the
 margin grows.  The cost is one more inference per frame, so ``auto`` warms only while the
 warm pass fits in a fifth of the frame period (at most 20% more CPU at the camera's rate,
-and never when the device is busy anyway).
+and never when the device is busy anyway).  Having stopped, it tries one pass again every
+``RETRY_FRAMES`` frames: a pass timed while the device was busy (at start-up, or by another
+process) must not turn warming off for the rest of the run.
 
 It reads no clock: the tests drive ``Warmer`` with frame times they make.
 ``edgekit.runtime.pacing`` holds the two numbers, since ``edgekit bench`` and the first-load
@@ -35,6 +37,8 @@ from edgekit.runtime.pacing import WARM_MAX_DUTY as MAX_DUTY
 
 #: Capture intervals (and warm passes) the estimates are taken over.
 HISTORY = 16
+#: Frames between two tries once ``auto`` has stopped (5 s at 30 fps: one pass in 150 frames).
+RETRY_FRAMES = 150
 
 
 class Warmer:
@@ -51,6 +55,8 @@ class Warmer:
         self._arrivals: deque[int] = deque(maxlen=HISTORY + 1)
         self._passes: deque[int] = deque(maxlen=HISTORY)
         self._warmed_for: int | None = None  # the capture time of the frame the last pass warmed after
+        self._frames_since_pass = 0
+        self._retrying = False  # the pass planned is a try after auto stopped: judged on its own
         self._extra_margin_ns = 0
         self._pass_start_ns = 0
         self._pass_end_ns = 0
@@ -67,14 +73,19 @@ class Warmer:
             self._extra_margin_ns = min(self._extra_margin_ns + 200_000, self.period_ns() // 4)
         if not self._arrivals or captured_ns > self._arrivals[-1]:
             self._arrivals.append(captured_ns)
+            self._frames_since_pass += 1
 
     def ran(self, start_ns: int, end_ns: int) -> None:
         """A warm pass ran from ``start_ns`` to ``end_ns``."""
         self.passes += 1
+        if self._retrying:
+            self._passes.clear()  # what the device does now, not what stopped it
+            self._retrying = False
         self._passes.append(end_ns - start_ns)
         self._pass_start_ns = start_ns
         self._pass_end_ns = end_ns
         self._warmed_for = self._arrivals[-1] if self._arrivals else None
+        self._frames_since_pass = 0
 
     # -- what it tells the loop ----------------------------------------------------------------
 
@@ -107,7 +118,9 @@ class Warmer:
         jitter = self._jitter_ns(period)
         lead = pass_ns + max(MIN_MARGIN_NS, 2 * jitter) + self._extra_margin_ns
         if self.mode == "auto" and pass_ns > MAX_DUTY * period:
-            return None
+            if self._frames_since_pass < RETRY_FRAMES:
+                return None
+            self._retrying = True
         start = last + period - lead
         if start < last + frame_work_ns:
             return None  # no room: the frame's own work would still be running
