@@ -7,7 +7,7 @@ Everything runs on this machine, one step after another, with a state folder of 
 
 1. ``edgekit bench BUNDLE --json`` at the camera rate (the budget's fps): every candidate's
    back-to-back p50 (bare ``session.run``), its cold paced p50 and its paced p50 as the frame
-   loop runs it (a warm pass before each query).
+   loop runs it (warm passes before each query).
 2. The first ``edgekit.load`` of the bundle here (it measures its candidates at the camera
    rate and keeps the choice), then a second one, which reads the choice back.
 3. ``edgekit run BUNDLE --source synthetic:640x480@30 --frames N --json``: the candidate it
@@ -238,7 +238,7 @@ def render(doc: dict[str, Any]) -> str:
     used = run["candidate"]
     lines = [f"## Camera rate, {doc['frames']} frames of {SOURCE}", ""]
     lines += [
-        "| candidate | back to back p50 | paced cold p50 | paced as the loop runs it p50 / p90 | warm pass |"
+        "| candidate | back to back p50 | paced cold p50 | paced as the loop runs it p50 / p90 | warm passes |"
     ]
     lines += ["| --- | --- | --- | --- | --- |"]
     for k, c in sorted(doc["bench"].items(), key=lambda kv: kv[1]["p50_ms"]):

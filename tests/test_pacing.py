@@ -8,7 +8,9 @@ import pytest
 
 from edgekit.runtime.pacing import (
     WARM_MARGIN_NS,
+    WARM_MAX_PASSES,
     PacedRun,
+    WarmCosts,
     back_to_back_latencies,
     camera_rate,
     fps_for_budget,
@@ -189,6 +191,45 @@ def test_a_warm_pass_ends_just_before_each_query_and_is_not_timed() -> None:
     assert warmed[0] == t0 + 10 * MS - WARM_MARGIN_NS
     for i, at in enumerate(warmed[1:], start=2):
         assert at == t0 + i * 10 * MS - 2 * MS - WARM_MARGIN_NS
+
+
+def test_the_cold_first_pass_and_the_others_are_timed_apart_to_plan_how_many_fit() -> None:
+    costs = WarmCosts()
+    period = 30 * MS  # a third is 10 ms
+    assert costs.passes(period) == 1 and costs.passes(period, first_guess_ns=11 * MS) == 0
+    assert costs.passes(period, first_guess_ns=4 * MS) == 2  # the others taken as the first, unseen
+    costs.add([0, 4 * MS])
+    assert costs.passes(period) == 2 and costs.lead_ns(2) == 8 * MS
+    costs.add([0, 4 * MS, 6 * MS])  # the second pass took 2 ms: three fit (4 + 2 + 2)
+    assert costs.passes(period) == WARM_MAX_PASSES == 3 and costs.lead_ns(3) == 8 * MS
+    costs.add([0, 3 * MS, 4 * MS, 5 * MS])
+    assert costs.passes(period) == 3  # never more than WARM_MAX_PASSES
+    assert costs.count == 1 + 2 + 3 and costs.burst_ms == 5.0  # the median burst: 4, 6 and 5 ms
+    costs.clear()
+    assert costs.passes(period, first_guess_ns=11 * MS) == 0 and costs.count == 6
+    with pytest.raises(ValueError):
+        costs.add([0])
+
+
+def test_as_many_passes_as_fit_in_the_duty_run_back_to_back_before_each_query() -> None:
+    # 15 ms slots: a third is 5 ms, and a pass takes 1 ms, so after the first burst (one pass,
+    # its time not known yet) they run three at a time, the most.
+    t = FakeTime([1.0] * 40)
+    warmed: list[int] = []
+
+    def warm() -> None:
+        warmed.append(t.now)
+        t.run()
+
+    run = paced_run(t.run, 1e9 / (15 * MS), 4, warmup=1, sleep=t.sleep, clock=t.clock, warm=warm)
+    assert run.latencies_ms == (1.0,) * 4 and run.overruns == 0
+    assert run.warm_passes == 1 + 3 * 3 and run.warm_pass_ms == 3.0
+    t0 = 5 * MS
+    for i in range(2, 5):  # the three passes end WARM_MARGIN before query i, back to back
+        due = t0 + i * 15 * MS
+        assert warmed[1 + 3 * (i - 2) : 4 + 3 * (i - 2)] == [
+            due - (3 - k) * MS - WARM_MARGIN_NS for k in range(3)
+        ]
 
 
 def test_a_warm_pass_that_costs_more_than_its_share_of_the_period_stops() -> None:

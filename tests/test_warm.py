@@ -12,7 +12,9 @@ from skimage import data
 
 import edgekit
 from edgekit.errors import PipelineError
-from edgekit.pipeline.warm import MAX_DUTY, MIN_MARGIN_NS, RETRY_FRAMES, Warmer
+from edgekit.pipeline.warm import MIN_MARGIN_NS, RETRY_FRAMES, Warmer
+from edgekit.runtime.pacing import WARM_MAX_DUTY as MAX_DUTY
+from edgekit.runtime.pacing import WARM_MAX_PASSES
 
 MS = 1_000_000
 PERIOD = 33 * MS
@@ -34,14 +36,30 @@ def test_no_pass_until_the_rate_is_known_then_one_just_before_the_next_frame() -
     assert w.period_ns() == 0 and w.next_pass_at(2 * MS) is None  # three intervals are not a rate
     last = fed(w, 6)
     assert w.period_ns() == PERIOD
-    # Before any pass its time is guessed from the frame's work: the pass ends MIN_MARGIN before the frame.
-    assert w.next_pass_at(2 * MS) == last + PERIOD - 2 * MS - MIN_MARGIN_NS
-    w.ran(last + 20 * MS, last + 23 * MS)  # a pass takes 3 ms: that is what is planned for from now on
-    assert w.next_pass_at(2 * MS) is None  # one pass per frame interval
+    # Before any pass its time is guessed from the frame's work, 2 ms, and so is each pass after it:
+    # three fit in a third of 33 ms, and the last ends MIN_MARGIN before the frame.
+    assert w.next_pass_at(2 * MS) == last + PERIOD - 3 * 2 * MS - MIN_MARGIN_NS
+    assert w.burst == WARM_MAX_PASSES == 3
+    # The first pass (the cold one) took 6 ms, the second 3 ms: planned for from now on.
+    w.ran(last + 20 * MS, last + 26 * MS, last + 29 * MS)
+    assert w.next_pass_at(2 * MS) is None  # one burst per frame interval
     last += PERIOD
     w.arrived(last)
-    assert w.next_pass_at(2 * MS) == last + PERIOD - 3 * MS - MIN_MARGIN_NS
-    assert (w.passes, w.late) == (1, 0)
+    assert w.next_pass_at(2 * MS) == last + PERIOD - (6 + 3) * MS - MIN_MARGIN_NS
+    assert w.burst == 2  # 6 + 3 + 3 ms would not fit in 11
+    assert (w.passes, w.late) == (2, 0)
+
+
+def test_fewer_passes_where_all_would_not_fit_before_the_frame() -> None:
+    w = Warmer("on")
+    last = fed(w, 6)
+    w.ran(last + MS, last + 2 * MS, last + 3 * MS, last + 4 * MS)  # 1 ms a pass: three fit in the duty
+    last += PERIOD
+    w.arrived(last)
+    # The frame's own work takes 30 ms of the 33: room for two passes and the margin, not three.
+    start = w.next_pass_at(30 * MS)
+    assert w.burst == 2 and start == last + PERIOD - 2 * MS - MIN_MARGIN_NS
+    assert w.next_pass_at(31 * MS) == last + PERIOD - MS - MIN_MARGIN_NS and w.burst == 1
 
 
 def test_auto_warms_only_while_the_pass_fits_in_a_fifth_of_the_period() -> None:

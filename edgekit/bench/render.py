@@ -142,8 +142,8 @@ def legend(report: dict[str, Any]) -> str:
 
 def _camera_legend(fps: float) -> str:
     return (
-        f"{fps:g}fps: queries issued at the camera rate as the frame loop issues them (a warm pass "
-        "just before each while it takes under a fifth of the period); ★ its p90 is what selection "
+        f"{fps:g}fps: queries issued at the camera rate as the frame loop issues them (warm passes "
+        "just before each, as many as fit in a fifth of the period, at most 3); ★ its p90 is what selection "
         "ranks by (×best too); wake: paced p50 with no warm pass − back-to-back p50; "
         "over: queries that ended after the next frame was due"
     )

@@ -114,11 +114,11 @@ class Result:
     fps: float = 0.0
     paced_ms: list[float] = field(default_factory=list)
     paced_overruns: int = 0
-    #: The same schedule with a warm pass before each query, as the frame loop runs it (rounds pooled).
+    #: The same schedule with warm passes before each query, as the frame loop runs it (rounds pooled).
     paced_warm_ms: list[float] = field(default_factory=list)
     paced_warm_overruns: int = 0
     warm_passes: int = 0
-    warm_pass_ms: list[float] = field(default_factory=list)  # each round's median warm pass
+    warm_pass_ms: list[float] = field(default_factory=list)  # each round's median warm passes before a query
 
     @property
     def ok(self) -> bool:

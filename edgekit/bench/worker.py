@@ -238,7 +238,7 @@ def paced_queries(
     session: Session, samples: Sequence[np.ndarray], fps: float, queries: int
 ) -> dict[str, Any]:
     """The camera-rate scenario after the back-to-back one: ``queries`` issued at ``fps`` (none at 0),
-    cold (nothing between them), then warm (a warm pass before each, as the frame loop does).
+    cold (nothing between them), then warm (warm passes before each, as the frame loop does).
 
     Same session, same samples in turn; ``edgekit.runtime.pacing`` keeps the schedule (each
     query at its slot, never early, overruns counted).  Its warm-up queries are paced too,
@@ -256,7 +256,7 @@ def paced_queries(
         turn[0] += 1
 
     run = paced_run(one, fps, queries)
-    # Then as the frame loop runs it: a warm pass (another query, untimed) just before each.
+    # Then as the frame loop runs it: warm passes (more queries, untimed) just before each.
     warm = paced_run(one, fps, queries, warm=one)
     return {
         "paced": {

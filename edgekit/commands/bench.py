@@ -118,8 +118,8 @@ def bench_command(
     warm-up that is not counted, then queries one after another until it has --min-queries
     and --min-duration. p90 is the headline; a p99 from fewer than 662 queries is marked.
     Then --paced-queries issued at the camera rate (--fps, by default the budget's), the runtime
-    idle between frames as on the device: once cold, and once as the frame loop runs them, with a
-    warm pass just before each query. The wake-up cost is cold paced p50 minus back-to-back p50.
+    idle between frames as on the device: once cold, and once as the frame loop runs them, with
+    warm passes just before each query. The wake-up cost is cold paced p50 minus back-to-back p50.
     --write-selection ranks by the scenario the device will run: the paced p90 (warm).
 
     --streams N: how many cameras one pipeline holds instead, for 1..N synthetic 640x480 cameras

@@ -246,8 +246,9 @@ def run_command(
         str,
         typer.Option(
             "--warm",
-            help="Keep the model warm between a camera's frames: one untimed pass just before each "
-            "frame is due (auto: while it takes under a fifth of the frame period; on; off).",
+            help="Keep the model warm between a camera's frames: untimed passes just before each "
+            "frame is due, as many as fit in a fifth of the frame period, at most 3 (auto: while "
+            "one fits; on: at least one; off).",
         ),
     ] = "auto",
     batch: Annotated[

@@ -70,7 +70,7 @@ class Pipeline:
     without them it runs until the source ends or ``stop()``.  ``opencv_threads`` sets
     OpenCV's (process-wide) thread count, 1 by default; ``None`` leaves it as it is.
     ``warm`` keeps the model warm between a camera's frames (``auto``, ``on``, ``off``; see
-    ``edgekit.pipeline.warm``): one untimed pass shortly before each frame is due.
+    ``edgekit.pipeline.warm``): untimed passes shortly before each frame is due.
     ``batch`` infers frames of many cameras that wait together as one batch where the artifact
     allows it (``auto``: as many as fit the budget, at most 8; ``off``; or the most frames a
     batch may hold; see ``edgekit.pipeline.batching``).
@@ -295,11 +295,15 @@ class Pipeline:
             self._sync_counters()
 
     def _warm_pass(self, warmer: Warmer, image: Any) -> None:
-        # The last frame again, through preprocessing and the session; the outputs are dropped.
+        # The last frame again, through preprocessing and the session, then the session again on
+        # the same input (``warmer.burst`` passes in all); the outputs are dropped.
         level = self._levels[self._level]
-        t0 = time.perf_counter_ns()
-        level.session.run(level.prep(image))
-        warmer.ran(t0, time.perf_counter_ns())
+        bounds = [time.perf_counter_ns()]
+        x = level.prep(image)
+        for _ in range(warmer.burst):
+            level.session.run(x)
+            bounds.append(time.perf_counter_ns())
+        warmer.ran(*bounds)
         self.counters.raise_to("warm_passes", warmer.passes)
         self.counters.raise_to("warm_late", warmer.late)
 

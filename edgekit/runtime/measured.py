@@ -220,7 +220,7 @@ def _measure_one(
     guess = sorted(back_to_back_latencies(run, max(1, limits.warmup), warmup=1))
     slot_s = max(1.0 / fps, guess[len(guess) // 2] / 1e3)
     queries = max(limits.min_queries, min(limits.queries, int(share_s / slot_s)))
-    # One paced warm-up (an idle gap first), and a warm pass before each query: the schedule the
+    # One paced warm-up (an idle gap first), and warm passes before each query: the schedule the
     # frame loop keeps by default (edgekit.pipeline.warm), so this ranks what the loop will see.
     paced = sorted(paced_run(run, fps, queries, warmup=1, warm=run).latencies_ms)
     return percentile(paced, 90.0), queries

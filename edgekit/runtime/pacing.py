@@ -16,9 +16,10 @@ selection ranks by it.
 * ``camera_rate`` summarizes a paced run; its ``wakeup_ms`` is paced p50 minus back-to-back
   p50, the price of the idle gap between frames.
 * ``paced_run(..., warm=...)`` is the same schedule as the frame loop runs it by default
-  (``edgekit.pipeline.warm``): one untimed pass ends ``WARM_MARGIN_NS`` before each query is
-  due, while a pass takes at most ``WARM_MAX_DUTY`` of the period.  Selection ranks by this
-  one, since it is what the device's loop will see.
+  (``edgekit.pipeline.warm``): untimed passes, back to back, end ``WARM_MARGIN_NS`` before
+  each query is due; as many as fit in ``WARM_MAX_DUTY`` of the period, at most
+  ``WARM_MAX_PASSES`` (``WarmCosts``).  Selection ranks by this one, since it is what the
+  device's loop will see.
 
 The clock and the sleep are parameters, so tests drive the schedule with a fake clock and
 never depend on this machine's speed.  Pure Python: a device's benchmark worker needs no
@@ -27,8 +28,11 @@ numpy for this.
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +44,79 @@ Sleep = Callable[[float], object]  # seconds
 
 #: A warm pass ends at least this long before the frame (or query) it warms for, in ns.
 WARM_MARGIN_NS = 400_000
-#: A warm pass runs only while its time fits in this share of the frame period (its CPU cost).
-WARM_MAX_DUTY = 0.2
+#: Warm passes run only while their time fits in this share of the frame period (their CPU cost).
+WARM_MAX_DUTY = 1 / 3
+#: At most this many warm passes back to back before a frame.  One pass does not undo an
+#: idle gap: measured on a 2-core x86_64 VM (reference bundle, openvino-int8-full, 30 fps,
+#: a new frame's preprocessing between the last pass and the frame's query), the query took
+#: 2.2x its back-to-back time with no pass, 1.75x after one, 1.5x after two, 1.1x after three.
+WARM_MAX_PASSES = 3
+#: Warm bursts the pass times are taken over.
+WARM_HISTORY = 16
+
+
+class WarmCosts:
+    """What warm passes cost here: the first of a burst (the cold one) and each one after it.
+
+    Medians of the last ``WARM_HISTORY`` bursts.  ``passes`` is the rule for how many run:
+    as many as fit in ``WARM_MAX_DUTY`` of the period, at most ``WARM_MAX_PASSES``.
+    """
+
+    def __init__(self) -> None:
+        self._first: deque[int] = deque(maxlen=WARM_HISTORY)
+        self._extra: deque[int] = deque(maxlen=WARM_HISTORY)
+        self._burst: deque[int] = deque(maxlen=WARM_HISTORY)
+        self.count = 0  # passes recorded
+
+    def add(self, bounds: Sequence[int]) -> None:
+        """One burst: ``bounds`` are its start and each pass's end, in ns (``n`` passes, ``n + 1`` times)."""
+        if len(bounds) < 2:
+            raise ValueError("a burst has a start and at least one pass's end")
+        self._first.append(bounds[1] - bounds[0])
+        self._extra.extend(b - a for a, b in itertools.pairwise(bounds[1:]))
+        self._burst.append(bounds[-1] - bounds[0])
+        self.count += len(bounds) - 1
+
+    def clear(self) -> None:
+        """Forget the times (not the count): what the device does from now on is what counts."""
+        self._first.clear()
+        self._extra.clear()
+        self._burst.clear()
+
+    @property
+    def burst_ms(self) -> float:
+        """A burst's median time, ms (NaN before any): the warm CPU a frame costs."""
+        return _median(self._burst) / 1e6 if self._burst else math.nan
+
+    def passes(self, period_ns: float, first_guess_ns: int = 0) -> int:
+        """How many passes fit before a frame every ``period_ns``; 0 when not even the first does.
+
+        ``first_guess_ns`` stands in for the first pass's time until one ran (0: one pass fits).
+        """
+        first, extra = self._times(first_guess_ns)
+        if first <= 0:
+            return 1
+        budget = WARM_MAX_DUTY * period_ns
+        if first > budget:
+            return 0
+        if extra <= 0:
+            return WARM_MAX_PASSES
+        return min(WARM_MAX_PASSES, 1 + int((budget - first) // extra))
+
+    def lead_ns(self, passes: int, first_guess_ns: int = 0) -> int:
+        """How long ``passes`` passes back to back are expected to take."""
+        first, extra = self._times(first_guess_ns)
+        return first + (passes - 1) * extra
+
+    def _times(self, first_guess_ns: int) -> tuple[int, int]:
+        # A later pass costs less than the first, the cold one: timed apart.  Until one ran it is
+        # taken as the first's, so a burst never runs into the frame on a guess.
+        first = _median(self._first) or first_guess_ns
+        return first, _median(self._extra) or first
+
+
+def _median(values: deque[int]) -> int:
+    return int(statistics.median(values)) if values else 0
 
 
 def fps_for_budget(budget_ms: float) -> float:
@@ -62,7 +137,7 @@ class PacedRun:
     duration_s: float
     #: Untimed warm passes run before the queries (``warm=``); 0 when not asked or not worth it.
     warm_passes: int = 0
-    #: The warm pass's median time, ms (NaN without passes).
+    #: The median time of the warm passes before a query, all of them together, ms (NaN without).
     warm_pass_ms: float = math.nan
 
 
@@ -80,9 +155,10 @@ def paced_run(
 
     The warm-up queries are paced too, on the same schedule: the first measured query then
     comes after an idle gap like every other, not straight after a burst of warm-up calls.
-    ``warm``: call it, untimed, so that it ends ``WARM_MARGIN_NS`` before each query is due
-    (planned from its own median time so far), as the frame loop does; once its median time
-    is over ``WARM_MAX_DUTY`` of the period it stops, as the loop's ``auto`` would.
+    ``warm``: call it, untimed, back to back (``WarmCosts.passes`` times) so that the last call
+    ends ``WARM_MARGIN_NS`` before each query is due (planned from its own times so far), as
+    the frame loop does; once not even one pass fits in ``WARM_MAX_DUTY`` of the period it
+    stops, as the loop's ``auto`` would.
     """
     if not fps > 0 or math.isinf(fps):
         raise ValueError(f"fps must be a positive, finite number, got {fps}")
@@ -94,20 +170,23 @@ def paced_run(
     overruns = 0
     t0 = clock()
     start = None
-    passes: list[int] = []
+    costs = WarmCosts()
     for i in range(total):
         due = t0 + round(i * period_ns)
         if warm is not None and i > 0:
-            typical = sorted(passes)[len(passes) // 2] if passes else 0
-            if typical <= WARM_MAX_DUTY * period_ns:
-                at = due - typical - WARM_MARGIN_NS
+            burst = costs.passes(period_ns)
+            if burst:
+                at = due - costs.lead_ns(burst) - WARM_MARGIN_NS
                 now = clock()
-                if now < at:  # room for a pass before the query (not when catching up after an overrun)
+                if now < at:  # room for the passes before the query (not when catching up after an overrun)
                     while now < at:
                         sleep((at - now) / 1e9)
                         now = clock()
-                    warm()
-                    passes.append(clock() - now)
+                    bounds = [now]
+                    for _ in range(burst):
+                        warm()
+                        bounds.append(clock())
+                    costs.add(bounds)
         now = clock()
         while now < due:  # never early: a sleep may return before its time (a signal), so look again
             sleep((due - now) / 1e9)
@@ -123,8 +202,7 @@ def paced_run(
             if end > t0 + round((i + 1) * period_ns):
                 overruns += 1
     assert start is not None  # queries >= 1
-    typical_ms = sorted(passes)[len(passes) // 2] / 1e6 if passes else math.nan
-    return PacedRun(fps, tuple(lat), overruns, (clock() - start) / 1e9, len(passes), typical_ms)
+    return PacedRun(fps, tuple(lat), overruns, (clock() - start) / 1e9, costs.count, costs.burst_ms)
 
 
 def back_to_back_latencies(
@@ -163,7 +241,7 @@ class CameraRate:
     wakeup_ms: float | None
     #: The cold run's p50 (no warm pass), None when only a warm run was given.
     cold_p50_ms: float | None = None
-    #: The warm pass's median time when the percentiles are a warm run's, else None.
+    #: The warm passes' median time before a query when the percentiles are a warm run's, else None.
     warm_pass_ms: float | None = None
 
     @property
