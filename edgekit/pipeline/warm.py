@@ -25,13 +25,14 @@ below the back-to-back 2.66 ms of the same sitting.  ``lead`` is the passes' own
 plus a margin that grows with the arrival jitter, so the last pass ends just before the
 frame.  A frame that arrives while the passes run waits for them: counted as
 ``warm_late``, and the margin grows.  ``auto`` stops while not even one pass fits in the
-third; having stopped, it tries one pass again every
-``RETRY_FRAMES`` frames: a pass timed while the device was busy (at start-up, or by another
-process) must not turn warming off for the rest of the run.
+third; having stopped, it tries one pass again every ``RETRY_FRAMES`` frames: a pass timed
+while the device was busy (at start-up, or by another process) must not turn warming off
+for the rest of the run.
 
 It reads no clock: the tests drive ``Warmer`` with frame times they make.
-``edgekit.runtime.pacing`` holds the two numbers, since ``edgekit bench`` and the first-load
-measurement time the same schedule (``paced_run(..., warm=...)``).
+``edgekit.runtime.pacing`` holds the numbers and the rule for how many passes, since
+``edgekit bench`` and the first-load measurement time the same schedule
+(``paced_run(..., warm=...)``).
 """
 
 from __future__ import annotations
