@@ -18,6 +18,7 @@ from rich.table import Table
 
 from edgekit.bench.stats import HEADLINE, label, min_queries
 from edgekit.errors import EdgekitError
+from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 
 
 def _ms(x: float | None) -> str:
@@ -143,7 +144,8 @@ def legend(report: dict[str, Any]) -> str:
 def _camera_legend(fps: float) -> str:
     return (
         f"{fps:g}fps: queries issued at the camera rate as the frame loop issues them (warm passes "
-        "just before each, as many as fit in a fifth of the period, at most 3); ★ its p90 is what selection "
+        f"just before each, as many as fit in {WARM_MAX_DUTY:.0%} of the period, at most {WARM_MAX_PASSES}); "
+        "★ its p90 is what selection "
         "ranks by (×best too); wake: paced p50 with no warm pass − back-to-back p50; "
         "over: queries that ended after the next frame was due"
     )

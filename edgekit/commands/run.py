@@ -27,6 +27,7 @@ from edgekit.commands.common import (
 )
 from edgekit.commands.run_config import RunConfig, load_run_config
 from edgekit.errors import PipelineError
+from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 
 if TYPE_CHECKING:
     from edgekit.pipeline import Camera, FrameRecord, FrameResult, Pipeline, Seen, Summary
@@ -247,8 +248,8 @@ def run_command(
         typer.Option(
             "--warm",
             help="Keep the model warm between a camera's frames: untimed passes just before each "
-            "frame is due, as many as fit in a fifth of the frame period, at most 3 (auto: while "
-            "one fits; on: at least one; off).",
+            f"frame is due, as many as fit in {WARM_MAX_DUTY:.0%} of the frame period, at most "
+            f"{WARM_MAX_PASSES} (auto: while one fits; on: at least one; off).",
         ),
     ] = "auto",
     batch: Annotated[
