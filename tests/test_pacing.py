@@ -27,6 +27,7 @@ class FakeTime:
         self.now = start_ns
         self.run_ns = [round(ms * MS) for ms in run_ms]
         self.issued: list[int] = []  # when each query started
+        self.warmed: list[int] = []  # when each warm pass started (a pass is a query too)
         self.sleeps: list[float] = []
 
     def clock(self) -> int:
@@ -39,6 +40,10 @@ class FakeTime:
     def run(self) -> None:
         self.issued.append(self.now)
         self.now += self.run_ns[len(self.issued) - 1]
+
+    def warm(self) -> None:
+        self.warmed.append(self.now)
+        self.run()
 
 
 def test_each_query_is_issued_at_its_slot_never_earlier() -> None:
@@ -171,13 +176,8 @@ def test_bad_arguments_are_refused(fps: float, queries: int, warmup: int) -> Non
 def test_a_warm_pass_ends_just_before_each_query_and_is_not_timed() -> None:
     # Queries take 2 ms at 100 fps (10 ms slots); the warm pass is a query too (2 ms, untimed).
     t = FakeTime([2.0] * 20)
-    warmed: list[int] = []
-
-    def warm() -> None:
-        warmed.append(t.now)
-        t.run()
-
-    run = paced_run(t.run, 100.0, 5, warmup=2, sleep=t.sleep, clock=t.clock, warm=warm)
+    run = paced_run(t.run, 100.0, 5, warmup=2, sleep=t.sleep, clock=t.clock, warm=t.warm)
+    warmed = t.warmed
     assert run.latencies_ms == (2.0,) * 5 and run.overruns == 0
     # No pass before the first query (nothing to warm yet), then one before each of the six others.
     assert run.warm_passes == 6 and run.warm_pass_ms == 2.0
@@ -215,13 +215,8 @@ def test_as_many_passes_as_fit_in_the_duty_run_back_to_back_before_each_query() 
     # 15 ms slots: a third is 5 ms, and a pass takes 1 ms, so after the first burst (one pass,
     # its time not known yet) they run three at a time, the most.
     t = FakeTime([1.0] * 40)
-    warmed: list[int] = []
-
-    def warm() -> None:
-        warmed.append(t.now)
-        t.run()
-
-    run = paced_run(t.run, 1e9 / (15 * MS), 4, warmup=1, sleep=t.sleep, clock=t.clock, warm=warm)
+    run = paced_run(t.run, 1e9 / (15 * MS), 4, warmup=1, sleep=t.sleep, clock=t.clock, warm=t.warm)
+    warmed = t.warmed
     assert run.latencies_ms == (1.0,) * 4 and run.overruns == 0
     assert run.warm_passes == 1 + 3 * 3 and run.warm_pass_ms == 3.0
     t0 = 5 * MS
@@ -233,7 +228,7 @@ def test_as_many_passes_as_fit_in_the_duty_run_back_to_back_before_each_query() 
 
 
 def test_a_warm_pass_that_costs_more_than_its_share_of_the_period_stops() -> None:
-    t = FakeTime([1.0, 5.0] + [1.0, 5.0] * 10)  # query 1 ms, pass 5 ms: over a fifth of a 10 ms slot
+    t = FakeTime([1.0, 5.0] + [1.0, 5.0] * 10)  # query 1 ms, pass 5 ms: over its share of a 10 ms slot
     run = paced_run(t.run, 100.0, 5, warmup=1, sleep=t.sleep, clock=t.clock, warm=t.run)
     assert run.warm_passes == 1  # measured once, then judged not worth its CPU
     assert run.warm_pass_ms == 5.0

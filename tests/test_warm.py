@@ -62,7 +62,7 @@ def test_fewer_passes_where_all_would_not_fit_before_the_frame() -> None:
     assert w.next_pass_at(31 * MS) == last + PERIOD - MS - MIN_MARGIN_NS and w.burst == 1
 
 
-def test_auto_warms_only_while_the_pass_fits_in_a_fifth_of_the_period() -> None:
+def test_auto_warms_only_while_the_pass_fits_in_its_share_of_the_period() -> None:
     fits, costly = round(MAX_DUTY * PERIOD) - MS, round(MAX_DUTY * PERIOD) + MS
     for mode, pass_ns, planned in (("auto", fits, True), ("auto", costly, False), ("on", costly, True)):
         w = Warmer(mode)

@@ -69,7 +69,6 @@ class Warmer:
         self._extra_margin_ns = 0
         self._pass_start_ns = 0
         self._pass_end_ns = 0
-        self.passes = 0
         self.late = 0
 
     # -- what the loop tells it ----------------------------------------------------------------
@@ -90,13 +89,17 @@ class Warmer:
             self._costs.clear()  # what the device does now, not what stopped it
             self._retrying = False
         self._costs.add(bounds)
-        self.passes = self._costs.count
         self._pass_start_ns = bounds[0]
         self._pass_end_ns = bounds[-1]
         self._warmed_for = self._arrivals[-1] if self._arrivals else None
         self._frames_since_pass = 0
 
     # -- what it tells the loop ----------------------------------------------------------------
+
+    @property
+    def passes(self) -> int:
+        """Warm passes run so far."""
+        return self._costs.count
 
     def period_ns(self) -> int:
         """The median capture interval of the recent frames (0 until there are four)."""

@@ -99,8 +99,6 @@ class WarmCosts:
         budget = WARM_MAX_DUTY * period_ns
         if first > budget:
             return 0
-        if extra <= 0:
-            return WARM_MAX_PASSES
         return min(WARM_MAX_PASSES, 1 + int((budget - first) // extra))
 
     def lead_ns(self, passes: int, first_guess_ns: int = 0) -> int:
