@@ -148,10 +148,9 @@ class TelemetryPublisher:
         self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._inflight: dict[int, int] = {}  # paho mid -> spool id (this thread only)
         self._sent_upto = 0
-        # The newest (time, labels, detections or None for a classifier, camera or ""), swapped in by
-        # the frame loop.
-        # Per camera ("" for a single source), its newest frame's labels and when each was sent: one
-        # camera's frames never hide another's (the frames of cameras batched together come at once).
+        # Per camera ("" for a single source), its newest frame's (time, labels, detections or None for
+        # a classifier), swapped in by the frame loop, and when each was sent: one camera's frames
+        # never hide another's (the frames of cameras batched together come at once).
         self._labels: dict[str, tuple[float, tuple[Label, ...], tuple[Detection, ...] | None]] = {}
         self._labels_sent: dict[str, float] = {}
         self._thread = threading.Thread(target=self._run, name=f"edgekit-telemetry[{device_id}]", daemon=True)
