@@ -6,6 +6,9 @@ every assertion here holds on any build or CI machine, AVX2-only or AVX-512 with
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,8 @@ from edgekit.runtime.host import read_host
 from edgekit.runtime.precision import compute_precision, int8_pick
 from edgekit.runtime.preprocessing import PreprocessSpec
 from edgekit.runtime.profiles import Candidate, get_profile, parse_profile, pin_precision
+
+ROOT = Path(__file__).resolve().parents[1]  # benchmarks.int8_kernels runs from the repository root
 
 # The flags lines of real machines (trimmed of flags edgekit does not read).
 EPYC_AVX2 = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx fma avx2 bmi2 sha_ni\n"
@@ -228,6 +233,32 @@ def test_the_x86_bundle_carries_both_int8_recipes_and_bf16(x86_bundle: tuple[Pat
     full = arts["onnxruntime-int8-full"]
     assert full.accuracy is not None and full.accuracy.passed
     assert ("gate_ran" in full.notes) == (not here.has("int8-dot"))
+
+
+def test_on_an_avx2_cpus_kernels_full_range_int8_fails_the_gate_and_the_portable_recipe_passes(
+    x86_bundle: tuple[Path, dict[str, Any]],
+) -> None:
+    """Why the x86 bundle carries two int8 recipes, on real kernels rather than flags.
+
+    oneDNN limited to AVX2 (``ONEDNN_MAX_CPU_ISA``, read once a process) runs the u8 x s8
+    kernels of a CPU without VNNI, whose int16 pair sums saturate on full 8-bit weights: the
+    full-range artifact then disagrees with fp32 (72% of the decisive smoke images, measured),
+    while the 7-bit portable one, which such a CPU picks, still passes the build's gate.
+    """
+    pytest.importorskip("openvino")
+    if "avx2" not in read_cpu().flags:
+        pytest.skip("this CPU has no AVX2: oneDNN cannot run the AVX2 kernels here")
+    bundle, _ = x86_bundle
+    cmd = [sys.executable, "-m", "benchmarks.int8_kernels", str(bundle), "--isa", "AVX2", "--queries", "0"]
+    r = subprocess.run([*cmd, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["artifact"]: row for row in json.loads(r.stdout)["runs"][0]["artifacts"]}
+    full, portable = rows["openvino-int8-full"], rows["openvino-int8"]
+    # The limit held: only AVX2 kernels, no VNNI (avx512) or AMX ones, ran the int8 convolutions.
+    assert full["kernels"] and all("avx2" in k for k in full["kernels"]), full["kernels"]
+    assert portable["passed_gate"] and portable["top1_agreement"] >= 0.98
+    assert not full["passed_gate"]
+    assert full["max_abs_logit_diff"] > 2 * portable["max_abs_logit_diff"]
 
 
 def test_a_saturating_build_host_gates_full_range_int8_unfused(
