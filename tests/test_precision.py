@@ -70,6 +70,46 @@ def test_host_carries_the_cpu_from_its_files(tmp_path: Path) -> None:
     assert read_cpu(tmp_path, "aarch64") == cpu("cortex-a76")
 
 
+# The auxiliary vectors QEMU 7.2 user-mode gives an aarch64 process (AT_HWCAP, AT_HWCAP2) for
+# its CPU models; packed as /proc/self/auxv holds them, ending with AT_NULL.
+def auxv(hwcap: int, hwcap2: int = 0) -> bytes:
+    import struct
+
+    return struct.pack("=6Q", 16, hwcap, 26, hwcap2, 0, 0)
+
+
+QEMU_A72, QEMU_A76, QEMU_MAX = auxv(0x8FB), auxv(0x119FFB), auxv(0xECFFFFFB, 0x7F877FFF)
+
+
+@pytest.mark.parametrize(
+    ("vector", "capabilities", "flags"),
+    [
+        (QEMU_A72, (), ("asimd",)),
+        (QEMU_A76, ("int8-dot", "fp16"), ("asimd", "asimddp", "fphp", "asimdhp")),
+        (
+            QEMU_MAX,
+            ("int8-dot", "bf16", "fp16"),
+            ("asimd", "asimddp", "fphp", "asimdhp", "i8mm", "bf16", "sve", "sve2"),
+        ),
+    ],
+)
+def test_an_arm_cpu_under_emulation_is_read_from_its_auxiliary_vector(
+    tmp_path: Path, vector: bytes, capabilities: tuple[str, ...], flags: tuple[str, ...]
+) -> None:
+    """QEMU user-mode shows an aarch64 process the x86_64 host's /proc/cpuinfo, but its own AT_HWCAP."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/cpuinfo").write_text(SAPPHIRE_RAPIDS)  # the host's, not the emulated CPU's
+    (tmp_path / "proc/self/auxv").write_bytes(vector)
+    got = read_cpu(tmp_path, "aarch64")
+    assert got.capabilities == capabilities
+    assert set(got.notable) == set(flags)
+    assert read_host(tmp_path, probe_runtimes=False, arch="aarch64").cpu_capabilities == capabilities
+    # A cpuinfo that lists the flags wins; x86 reads its own line only.
+    (tmp_path / "proc/cpuinfo").write_text(CORTEX_A72)
+    assert read_cpu(tmp_path, "aarch64").capabilities == ()
+    assert read_cpu(tmp_path, "x86_64").flags == frozenset()
+
+
 def test_why_names_the_flags_or_what_is_missing() -> None:
     assert cpu("sapphire-rapids").why("int8-dot") == "avx512_vnni, avx_vnni, amx_int8"
     assert "none of avx512_vnni" in cpu("epyc-avx2").why("int8-dot")

@@ -106,24 +106,69 @@ class CpuFeatures:
         }
 
 
+# The /proc/cpuinfo line that lists the flags, per architecture (another one's line is not read:
+# under QEMU user-mode emulation an aarch64 process sees the x86_64 host's cpuinfo).
+_FLAGS_LINE = {"x86_64": ("flags",), "aarch64": ("Features",)}
+
+# The kernel's hardware capability bits (``AT_HWCAP``/``AT_HWCAP2`` in the auxiliary vector;
+# Linux arch/arm64/include/uapi/asm/hwcap.h), named as /proc/cpuinfo names them: the ones
+# NOTABLE lists.  The same bits ONNX Runtime's MLAS and XNNPACK choose their kernels by.
+AT_HWCAP, AT_HWCAP2 = 16, 26
+HWCAP_FLAGS: Mapping[str, Mapping[int, Mapping[int, str]]] = {
+    "aarch64": {
+        AT_HWCAP: {1: "asimd", 9: "fphp", 10: "asimdhp", 20: "asimddp", 22: "sve"},
+        AT_HWCAP2: {1: "sve2", 13: "i8mm", 14: "bf16"},
+    },
+}
+
+
 def parse_cpuinfo(text: str, arch: str) -> CpuFeatures:
     """The flags of the first processor listed in ``/proc/cpuinfo`` text (every core of these CPUs has the same)."""
+    arch = normalize_arch(arch)
+    keys = _FLAGS_LINE.get(arch, ("flags", "Features"))
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return CpuFeatures(normalize_arch(arch), frozenset(value.split()))
-    return CpuFeatures(normalize_arch(arch), frozenset())
+        if key.strip() in keys:
+            return CpuFeatures(arch, frozenset(value.split()))
+    return CpuFeatures(arch, frozenset())
 
 
-def read_cpu(root: Path = Path("/"), arch: str | None = None) -> CpuFeatures:
-    """The CPU under ``root`` (``/`` on a real machine, a fixture directory in tests)."""
+def parse_auxv(data: bytes, arch: str) -> frozenset[str]:
+    """The flags ``HWCAP_FLAGS`` names in an auxiliary vector (``/proc/self/auxv``: 64-bit key, value pairs)."""
+    import struct
+
+    names = HWCAP_FLAGS.get(normalize_arch(arch), {})
+    if not names or not data or len(data) % 16:
+        return frozenset()
+    # Native byte order: the vector is this process's own (aarch64 Linux is little-endian).
+    words = dict(struct.iter_unpack("=QQ", data))
+    return frozenset(
+        flag for key, bits in names.items() for bit, flag in bits.items() if words.get(key, 0) >> bit & 1
+    )
+
+
+def read_cpu(root: Path = Path("/"), arch: str | None = None, cpuinfo: str | None = None) -> CpuFeatures:
+    """The CPU under ``root`` (``/`` on a real machine, a fixture directory in tests).
+
+    From ``/proc/cpuinfo`` (``cpuinfo``: its text, already read), or, where it lists no flags
+    for this architecture, from the auxiliary vector (aarch64): QEMU user-mode emulation shows
+    the host's cpuinfo but gives the emulated CPU's ``AT_HWCAP``.
+    """
     import platform
 
+    if cpuinfo is None:
+        try:
+            cpuinfo = (root / "proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    cpu = parse_cpuinfo(cpuinfo, arch or platform.machine())
+    if cpu.flags or cpu.arch not in HWCAP_FLAGS:
+        return cpu
     try:
-        text = (root / "proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        auxv = (root / "proc/self/auxv").read_bytes()
     except OSError:
-        text = ""
-    return parse_cpuinfo(text, arch or platform.machine())
+        return cpu
+    return CpuFeatures(cpu.arch, parse_auxv(auxv, cpu.arch))
 
 
 # The notable flags an LLVM ``mcpu`` implies, for the CPUs device profiles name or a user is

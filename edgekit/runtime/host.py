@@ -19,7 +19,7 @@ from typing import Any
 from edgekit._core.elf import normalize_arch
 from edgekit._core.sysfs import edgetpu_devices, read_sysfs
 from edgekit.errors import DetectionError
-from edgekit.runtime.cpu import parse_cpuinfo
+from edgekit.runtime.cpu import read_cpu
 from edgekit.runtime.profiles import DeviceProfile, all_profiles
 
 
@@ -107,7 +107,7 @@ def read_host(root: Path = Path("/"), probe_runtimes: bool = True, arch: str | N
     """
     is_real = root == Path("/")
     cpuinfo = read_sysfs(root / "proc/cpuinfo") or ""  # read once: model, count and flags come from it
-    cpu = parse_cpuinfo(cpuinfo, arch or platform.machine())
+    cpu = read_cpu(root, arch, cpuinfo)
     tegra = (read_sysfs(root / "etc/nv_tegra_release") or "").lstrip("# ").splitlines()
     return HostInfo(
         arch=normalize_arch(arch or platform.machine()),
