@@ -92,6 +92,7 @@ QEMU_A72, QEMU_A76, QEMU_MAX = auxv(0x8FB), auxv(0x119FFB), auxv(0xECFFFFFB, 0x7
             ("asimd", "asimddp", "fphp", "asimdhp", "i8mm", "bf16", "sve", "sve2"),
         ),
     ],
+    ids=["cortex-a72", "cortex-a76", "max"],
 )
 def test_an_arm_cpu_under_emulation_is_read_from_its_auxiliary_vector(
     tmp_path: Path, vector: bytes, capabilities: tuple[str, ...], flags: tuple[str, ...]
