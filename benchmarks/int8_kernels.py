@@ -128,14 +128,14 @@ def run_limited(bundle: Path, isa: str, queries: int) -> list[dict[str, Any]]:
 
 def limits_here() -> list[str]:
     """``native`` and each limit below this CPU's own ISA."""
-    from edgekit.runtime.cpu import this_cpu
+    from edgekit._core.cpu import this_cpu
 
     cpu = this_cpu()
     return ["native", *(isa for isa, above in LIMITS.items() if above in cpu.flags)]
 
 
 def measure(bundle: Path, isas: list[str], queries: int) -> dict[str, Any]:
-    from edgekit.runtime.cpu import this_cpu
+    from edgekit._core.cpu import this_cpu
 
     cpu = this_cpu()
     runs = []

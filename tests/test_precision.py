@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edgekit._core.cpu import CpuFeatures, parse_cpuinfo, read_cpu
 from edgekit.errors import ProfileError
-from edgekit.runtime.cpu import CpuFeatures, parse_cpuinfo, read_cpu
 from edgekit.runtime.host import read_host
 from edgekit.runtime.precision import compute_precision, int8_pick
 from edgekit.runtime.preprocessing import PreprocessSpec
@@ -255,8 +255,8 @@ def test_reference_openvino_fp32_agrees_with_onnxruntime_fp32(
 
 def test_the_x86_bundle_carries_both_int8_recipes_and_bf16(x86_bundle: tuple[Path, dict[str, Any]]) -> None:
     """Each artifact is gated, or says why not: only a CPU lacking what it needs leaves it to the device."""
+    from edgekit._core.cpu import this_cpu
     from edgekit.bundle import read_manifest
-    from edgekit.runtime.cpu import this_cpu
 
     bundle, _ = x86_bundle
     arts = {a.name: a for a in read_manifest(bundle).artifacts}

@@ -37,11 +37,11 @@ def classify_all(bundle: Path, frames: list[Path], device: str) -> dict[str, Any
     import numpy as np
 
     import edgekit
+    from edgekit._core.cpu import this_cpu
     from edgekit._core.elf import host_arch
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
     from edgekit.errors import EdgekitError
-    from edgekit.runtime.cpu import this_cpu
     from edgekit.runtime.matching import artifact_for
     from edgekit.runtime.model import Model
 

@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.cpu import CpuFeatures, this_cpu
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings, Skipped
 from edgekit.bench.stats import summarize
 from edgekit.errors import EdgekitError
-from edgekit.runtime.cpu import CpuFeatures, this_cpu
 from edgekit.runtime.detection_gate import DetectionAgreement
 from edgekit.runtime.measured import THREAD_OPTION
 from edgekit.runtime.pacing import fps_for_budget

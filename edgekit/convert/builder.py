@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.cpu import this_cpu
 from edgekit._core.elf import host_arch
 from edgekit._core.io import sha256_file
 from edgekit._core.packages import installed_versions
@@ -35,7 +36,6 @@ from edgekit.convert.latency import measure
 from edgekit.convert.recipes import litert_artifacts, plan_recipes, recipe_artifacts, recipe_of
 from edgekit.convert.report import ArtifactReport, BuildRequest, BuildResult
 from edgekit.errors import BuildError, EdgekitError
-from edgekit.runtime.cpu import this_cpu
 from edgekit.runtime.profiles import get_profile, pin_precision
 
 if TYPE_CHECKING:

@@ -73,7 +73,7 @@ def runtime_version(backend: str) -> str:
 @cache
 def _cpu() -> tuple[str, str, tuple[str, ...], int]:
     # Read once per process: the hardware does not change under a running program.
-    from edgekit.runtime.cpu import this_cpu
+    from edgekit._core.cpu import this_cpu
     from edgekit.runtime.host import read_host
 
     host = read_host(probe_runtimes=False)  # no runtime import: only /proc and /sys

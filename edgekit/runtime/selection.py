@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgekit._core.cpu import this_cpu
 from edgekit.backends import registry
 from edgekit.backends.base import Availability, Session
 from edgekit.errors import EdgekitError, NoUsableBackendError
-from edgekit.runtime.cpu import this_cpu
 from edgekit.runtime.profiles import Candidate
 
 log = logging.getLogger(__name__)
