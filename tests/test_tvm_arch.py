@@ -55,3 +55,48 @@ def test_missing_io_description_is_explained(tiny: TinyArtifacts, tmp_path: Path
     lonely.write_bytes(tiny.tvm_x86_64.read_bytes())
     with pytest.raises(ModelLoadError, match=r"no input/output description lonely\.io\.json"):
         open_session(lonely)
+
+
+def _with_target(tiny: TinyArtifacts, tmp_path: Path, target: dict[str, object] | None) -> Path:
+    """A copy of the host's tiny library, its ``.io.json`` recording ``target`` (None: none, as before).
+
+    A new file each time: a library stays mapped after its session closes, and rewriting a
+    mapped library in place crashes the process.
+    """
+    import json
+
+    assert tiny.tvm_x86_64 is not None
+    n = len(list(tmp_path.glob("tiny-*.so")))
+    lib = tmp_path / f"tiny-{n}.so"
+    lib.write_bytes(tiny.tvm_x86_64.read_bytes())
+    io = json.loads(tiny.tvm_x86_64.with_name(tiny.tvm_x86_64.stem + ".io.json").read_text())
+    assert io["target"]["mcpu"], "compile_onnx records the target it compiled for"
+    io.pop("target")
+    if target is not None:
+        io["target"] = target
+    (tmp_path / f"tiny-{n}.io.json").write_text(json.dumps(io))
+    return lib
+
+
+@pytest.mark.skipif(host_arch() != "x86_64", reason="the library here is compiled for x86_64")
+def test_a_library_compiled_for_instructions_this_cpu_lacks_is_refused_before_it_runs(
+    tiny: TinyArtifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its first run would die of SIGILL (a Pi 5's dotprod library on a Pi 4): refused with the flags instead."""
+    from edgekit._core import cpu
+
+    avx2_only = cpu.parse_cpuinfo("flags\t: sse4_2 avx fma avx2\n", "x86_64")
+    monkeypatch.setattr(cpu, "this_cpu", lambda: avx2_only)
+    lib = _with_target(tiny, tmp_path, {"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["+avx512vnni"]})
+    with pytest.raises(ModelLoadError) as err:
+        open_session(lib)
+    assert "compiled for sapphirerapids +avx512vnni" in err.value.message
+    assert "avx512_vnni" in err.value.message and "amx_int8" in err.value.message
+    assert "this CPU lacks it" in err.value.message and "edgekit build --device" in err.value.hint
+    # What the CPU has runs: an AVX2 target, an older library without a target, an unreadable CPU.
+    for target in ({"kind": "llvm", "mcpu": "haswell"}, None):
+        with open_session(_with_target(tiny, tmp_path, target)) as session:
+            assert session.run(tiny.input_nchw)[0].shape == tiny.expected.shape
+    monkeypatch.setattr(cpu, "this_cpu", lambda: cpu.CpuFeatures("x86_64", frozenset()))
+    with open_session(_with_target(tiny, tmp_path, {"kind": "llvm", "mcpu": "sapphirerapids"})):
+        pass

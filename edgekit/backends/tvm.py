@@ -42,14 +42,22 @@ def io_path(library: Path) -> Path:
     return library.with_name(library.stem + IO_SUFFIX)
 
 
-def read_io(library: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """Read a library's ``.io.json``: ``{"inputs": [{name, shape, dtype}], "outputs": [...]}``."""
+def read_io(library: Path) -> tuple[list[TensorSpec], list[TensorSpec], dict[str, Any]]:
+    """Read a library's ``.io.json``: ``{"inputs": [{name, shape, dtype}], "outputs": [...], "target": {...}}``.
+
+    The target (``mcpu``, ``mattr``: what the code was compiled for) is ``{}`` for a library
+    compiled before edgekit recorded it.
+    """
     path = io_path(library)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        target = data.get("target", {})
+        if not isinstance(target, dict):
+            raise TypeError(f"target is a {type(target).__name__}, not an object")
         return (
             [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in data["inputs"]],
             [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"]) for t in data["outputs"]],
+            target,
         )
     except FileNotFoundError as err:
         raise ModelLoadError(
@@ -60,6 +68,25 @@ def read_io(library: Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
         raise ModelLoadError(
             f"{NAME}: {path} is not a valid I/O description ({err})", "rebuild the model"
         ) from err
+
+
+def _attrs(target: dict[str, Any]) -> list[str]:
+    mattr = target.get("mattr", ())
+    return [str(a) for a in (mattr.split(",") if isinstance(mattr, str) else mattr)]
+
+
+def cpu_lacks(target: dict[str, Any]) -> tuple[str, ...]:
+    """The notable CPU flags a library compiled for ``target`` may use that this CPU does not report.
+
+    Nothing when the target implies nothing known (``generic``, no ``mattr``) or when this
+    CPU's flags could not be read at all: unknown is not lacking.
+    """
+    from edgekit._core.cpu import NOTABLE, target_flags, this_cpu
+
+    need, cpu = target_flags(target), this_cpu()
+    if not need or not cpu.flags:
+        return ()
+    return tuple(sorted(f for f in need if f in NOTABLE.get(cpu.arch, ()) and f not in cpu.flags))
 
 
 class TVMBackend:
@@ -109,7 +136,16 @@ class TVMBackend:
                 f"{NAME}: {artifact} is truncated (its ELF headers point past the end of the file)",
                 "the copy was probably interrupted: copy or rebuild it again",
             )
-        inputs, outputs = read_io(artifact)
+        inputs, outputs, target = read_io(artifact)
+        lacking = cpu_lacks(target)
+        if lacking:
+            # Loading it would work; its first run would die of SIGILL, taking the process along.
+            compiled_for = " ".join(str(v) for v in (target.get("mcpu", ""), *_attrs(target)) if v)
+            raise ModelLoadError(
+                f"{NAME}: {artifact} was compiled for {compiled_for}, which uses {', '.join(lacking)}: "
+                "this CPU lacks it",
+                "build for this device's profile (edgekit build --device ...; edgekit doctor shows this CPU's flags)",
+            )
         # tvm.runtime's VM (the class relax.VirtualMachine names), not tvm.relax: importing the
         # compiler's Python needs libtvm_compiler.so, which a device may leave out (runtime only).
         import tvm

@@ -144,6 +144,7 @@ def recipe_artifacts(
             "target": target,
             "tune_trials": req.tune_trials,
             "database": tvm_database.fingerprint(database),
+            "io": 2,  # 2: the library's .io.json records its target (an older cached one does not)
         }
         made = b.step(
             recipe,

@@ -169,7 +169,10 @@ def compile_onnx(
     try:
         executable.export_library(str(tmp), **({"cc": cc} if cc else {}))
         io_tmp = tmp.with_suffix(".json")
-        io_tmp.write_text(json.dumps(_io(model), indent=2), encoding="utf-8")
+        # The target travels with the library: its machine code may use any instruction the
+        # target names (dotprod, AVX-512), and the backend refuses it on a CPU without them.
+        io = {**_io(model), "target": dict(target)}
+        io_tmp.write_text(json.dumps(io, indent=2), encoding="utf-8")
         os.replace(io_tmp, io_path(out))
         os.replace(tmp, out)
     finally:
