@@ -2,9 +2,11 @@
 
 The library holds the model's code and weights; its input and output specs travel beside
 it as ``<stem>.io.json`` (the Relax executable does not keep them), written by
-:func:`edgekit.convert.tvm.compile_onnx`.  Before loading, the ELF header is read so that a
-library built for another CPU is refused with a clear message instead of a dlopen error
-that claims the file does not exist.
+:func:`edgekit.convert.tvm.compile_onnx`, with the target it was compiled for.  Before loading,
+the ELF header is read so that a library built for another architecture is refused with a
+clear message instead of a dlopen error that claims the file does not exist; and a library
+whose target implies CPU flags this CPU lacks (``+dotprod`` on a Cortex-A72, AVX-512 on an
+AVX2 CPU) is refused too: it would load, and its first run would kill the process (SIGILL).
 
 Batch: fixed (``batchable`` is False, ``batched`` refuses): the library is compiled and tuned
 for the static shapes of its ``.io.json``.
@@ -142,8 +144,8 @@ class TVMBackend:
             # Loading it would work; its first run would die of SIGILL, taking the process along.
             compiled_for = " ".join(str(v) for v in (target.get("mcpu", ""), *_attrs(target)) if v)
             raise ModelLoadError(
-                f"{NAME}: {artifact} was compiled for {compiled_for}, which uses {', '.join(lacking)}: "
-                "this CPU lacks it",
+                f"{NAME}: {artifact} was compiled for {compiled_for}: its code may use "
+                f"{', '.join(lacking)}, which this CPU lacks",
                 "build for this device's profile (edgekit build --device ...; edgekit doctor shows this CPU's flags)",
             )
         # tvm.runtime's VM (the class relax.VirtualMachine names), not tvm.relax: importing the
