@@ -15,7 +15,10 @@
 #     astronaut, camera) and without (rocket, moon): as many faces as the fp32 ONNX on this host,
 #     boxes and scores close to it (tools/arm64_detect.py), and the device's health gate passes
 #     on the bundle's eval frames with the artifact the device selects;
-#   - the image's health check command must pass as its non-root user.
+#   - the image's health check command must pass as its non-root user;
+#   - on an emulated Cortex-A72 (a Pi 4's core: no dot product, no fp16), doctor must read those
+#     features, the rpi5 TVM library (+dotprod) must be refused before it runs, edgekit.load
+#     must fall back, and the full-range int8 ONNX model must give the default core's rows.
 #
 # Usage, as root on Debian/Ubuntu, after tools/setup.sh (it uses .venv):
 #   tools/arm64_check.sh [--if-possible]
@@ -262,10 +265,15 @@ fi
 [[ -n $ids ]] || { echo "arm64 check: the image's user '$user' is not in its /etc/passwd" >&2; false; }
 mapfile -t image_env < <("$PY" -c 'import json,sys; print("\n".join(json.load(open(sys.argv[1]))[0]["Config"]["Env"]))' "$WORK/image.json")
 workdir=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["Config"]["WorkingDir"] or "/")' "$WORK/image.json")
+# IMAGE_CPU: the QEMU CPU model to emulate (default: QEMU's own, with every feature it has). It is
+# passed to each aarch64 program started, since each runs in a QEMU of its own.
+IMAGE_CPU=""
 # shellcheck disable=SC2016  # $0 and $@ are expanded by the inner sh
 in_image() {
-  chroot --userspec="$ids" "$ROOTFS" /usr/bin/env -i "${image_env[@]}" EDGEKIT_MEASURE=0 HOME="$workdir" \
-    /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
+  local cpu=()
+  [[ -z $IMAGE_CPU ]] || cpu=(QEMU_CPU="$IMAGE_CPU")
+  env "${cpu[@]}" chroot --userspec="$ids" "$ROOTFS" /usr/bin/env -i "${image_env[@]}" "${cpu[@]}" \
+    EDGEKIT_MEASURE=0 HOME="$workdir" /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
 }
 [[ $(in_image uname -m) == aarch64 ]] || { echo "arm64 check: uname -m in the image is not aarch64" >&2; false; }
 
@@ -300,6 +308,20 @@ phase "compare"
 
 phase "compare: detections"
 "$PY" tools/arm64_detect.py compare "$WORK/x86_64-detect.json" "$WORK/arm64-detect.json"
+
+phase "arm64: a Pi 4's core (emulated Cortex-A72: no dot product, no fp16)"
+# The same image on an older core: doctor reads its features (QEMU gives them in AT_HWCAP), the
+# rpi5 TVM library (+dotprod) is refused before it runs and edgekit.load falls back, and the
+# full-range int8 model gives the rows it gave on the default core (no saturation).
+IMAGE_CPU=cortex-a72
+in_image edgekit doctor --json >"$WORK/doctor-$IMAGE_CPU.json" 2>"$WORK/logs/doctor-$IMAGE_CPU.log" ||
+  { tail -n 40 "$WORK/logs/doctor-$IMAGE_CPU.log" >&2; false; }
+quiet "classify-$IMAGE_CPU.log" in_image python /tmp/arm64-check/arm64_check_inside.py classify \
+  /tmp/arm64-check/bundle /tmp/arm64-check/frames --only tvm-fp32,onnxruntime-int8-full --out "/tmp/arm64-check-$IMAGE_CPU.json"
+cp "$ROOTFS/tmp/arm64-check-$IMAGE_CPU.json" "$WORK/arm64-$IMAGE_CPU.json"
+"$PY" tools/arm64_check_inside.py compare-cpu "$IMAGE_CPU" "$WORK/arm64-$IMAGE_CPU.json" "$WORK/arm64.json" \
+  --doctor "$WORK/doctor-$IMAGE_CPU.json"
+IMAGE_CPU=""
 
 phase "done"
 echo "arm64 check: PASSED"

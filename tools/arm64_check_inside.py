@@ -27,11 +27,14 @@ from typing import Any
 BACKENDS = ("tvm", "onnxruntime", "litert")  # what an ARM CPU device runs (OpenVINO: x86 builds only)
 
 
-def classify_all(bundle: Path, frames: list[Path], device: str) -> dict[str, Any]:
+def classify_all(
+    bundle: Path, frames: list[Path], device: str, only: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """Every frame through each artifact that runs here; the one ``edgekit.load`` selects is marked.
 
     Each frame records its two best classes and the whole probability row, so that the
     comparison can tell a near-tie from a real difference and measure how far apart the rows are.
+    ``only``: besides the selected one, just these artifacts (the rest are recorded as skipped).
     """
     import cv2
     import numpy as np
@@ -89,6 +92,9 @@ def classify_all(bundle: Path, frames: list[Path], device: str) -> dict[str, Any
             continue
         if a.arch not in ("any", host_arch()):
             entry["skipped"] = f"built for {a.arch}"
+            continue
+        if only and a.name not in only:
+            entry["skipped"] = "not asked for (--only)"
             continue
         if a.variant == "full" and host_arch() == "x86_64" and not this_cpu().has("int8-dot"):
             # Full-range int8 weights saturate this CPU's u8 x s8 kernels: not a reference for
@@ -153,7 +159,10 @@ def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | N
         backends = ", ".join(
             f"{n} {b['version']}" if b["available"] else f"{n} -" for n, b in doctor["backends"].items()
         )
-        print(f"doctor (arm64): arch {doctor['host']['arch']}, profile {doctor['profile']}; {backends}")
+        flags = " ".join(doctor["cpu"]["flags"]) or "-"
+        print(
+            f"doctor (arm64): arch {doctor['host']['arch']}, profile {doctor['profile']}, flags {flags}; {backends}"
+        )
         if doctor["host"]["arch"] != "aarch64" or doctor["profile"] != "arm64-cpu":
             problems.append(f"doctor: arch {doctor['host']['arch']}, profile {doctor['profile']}")
         for name in BACKENDS:
@@ -229,6 +238,47 @@ def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | N
     return problems
 
 
+def compare_cpu(cpu: str, run: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any]) -> list[str]:
+    """The run on an older emulated Arm core (``QEMU_CPU``, e.g. a Pi 4's Cortex-A72) against the default one.
+
+    The core lacks the dot product and fp16 (``AT_HWCAP`` says so): ``doctor`` must read that;
+    the rpi5 TVM library, compiled with ``+dotprod``, must be refused before it runs (it would die
+    of SIGILL) and ``edgekit.load`` must fall back; the full-range int8 ONNX model must give the
+    same rows on this core's kernels (no dot product: products widened to 16 bits and
+    pair-added in 32) as on the default core's, which have it: no Arm core saturates on it.
+    """
+    problems: list[str] = []
+    flags, caps = doctor["cpu"]["flags"], doctor["cpu"]["capabilities"]
+    print(f"doctor ({cpu}, emulated): flags {' '.join(flags) or '-'}; int8-dot {caps['int8-dot']['from']}")
+    if "asimd" not in flags or caps["int8-dot"]["present"] or caps["fp16"]["present"]:
+        problems.append(f"{cpu}: doctor read flags {flags}, int8-dot/fp16 {caps['int8-dot']}/{caps['fp16']}")
+    sel = run["selected"]
+    tvm = run["artifacts"].get("tvm-fp32", {})
+    print(f"edgekit.load(device=rpi5) on {cpu} selected {sel['candidate']}; tvm-fp32: {tvm.get('skipped')}")
+    if sel["candidate"] == "tvm-fp32" or "lacks" not in str(tvm.get("skipped")):
+        problems.append(f"{cpu}: the rpi5 TVM library was not refused before it ran: {tvm}")
+    chosen = run["artifacts"].get(sel["artifact"] or "", {})
+    for row in chosen.get("frames", []):
+        if row["frame"].startswith("chelsea") and row["top"][0][0] not in CAT_IDS:
+            problems.append(f"{cpu}: {sel['candidate']} on {row['frame']}: not a cat but {row['top'][0][1]}")
+    name = "onnxruntime-int8-full"
+    rows, refs = run["artifacts"].get(name, {}).get("frames"), arm["artifacts"].get(name, {}).get("frames")
+    if not rows or not refs:
+        return [*problems, f"{cpu}: {name} did not run on both cores"]
+    dp = max(
+        abs(a - b)
+        for r, f in zip(rows, refs, strict=True)
+        for a, b in zip(r["probs"], f["probs"], strict=True)
+    )
+    flips = [r["frame"] for r, f in zip(rows, refs, strict=True) if r["top"][0][0] != f["top"][0][0]]
+    print(f"{name} on {cpu} vs the default core: max |dp| {dp:.2e}, top-1 changed on {flips or 'no frame'}")
+    if dp > 1e-3 or flips:
+        problems.append(
+            f"{cpu}: {name} differs from the default core's run (max |dp| {dp:.2e}, flips {flips})"
+        )
+    return problems
+
+
 def check_image(image: dict[str, Any]) -> list[str]:
     """What the image's metadata must say: arm64, a non-root user, the agent, a health check."""
     config = image.get("Config") or {}
@@ -258,12 +308,31 @@ def main() -> int:
     c.add_argument("--device", default="rpi5", help="the profile edgekit.load selects with")
     c.add_argument("--foreign-tvm", type=Path, help="a TVM library built for another architecture")
     c.add_argument("--out", type=Path, help="write the JSON here (default: stdout)")
+    c.add_argument(
+        "--only", default="", help="comma-separated: only these artifacts besides the selected one"
+    )
     m = sub.add_parser("compare", help="compare an arm64 run with the x86_64 run; exit 1 on any difference")
     m.add_argument("x86_64", type=Path)
     m.add_argument("arm64", type=Path)
     m.add_argument("--doctor", type=Path, help="`edgekit doctor --json` from the arm64 image")
     m.add_argument("--image", type=Path, help="`podman image inspect` of the arm64 image")
+    k = sub.add_parser("compare-cpu", help="compare a run on an older emulated core with the default core's")
+    k.add_argument("cpu", help="the QEMU CPU model it ran on")
+    k.add_argument("run", type=Path)
+    k.add_argument("arm64", type=Path)
+    k.add_argument("--doctor", type=Path, required=True, help="`edgekit doctor --json` on that core")
     args = p.parse_args()
+
+    if args.command == "compare-cpu":
+        problems = compare_cpu(
+            args.cpu,
+            json.loads(args.run.read_text()),
+            json.loads(args.arm64.read_text()),
+            json.loads(args.doctor.read_text()),
+        )
+        for problem in problems:
+            print(f"FAIL: {problem}", file=sys.stderr)
+        return 1 if problems else 0
 
     if args.command == "compare":
         doctor = json.loads(args.doctor.read_text()) if args.doctor else None
@@ -278,7 +347,7 @@ def main() -> int:
     if not frames:
         print(f"no frames in {args.frames}", file=sys.stderr)
         return 2
-    out = classify_all(args.bundle, frames, args.device)
+    out = classify_all(args.bundle, frames, args.device, frozenset(n for n in args.only.split(",") if n))
     if args.foreign_tvm is not None:
         out["foreign_tvm"] = load_foreign(args.foreign_tvm)
     text = json.dumps(out, indent=1)
