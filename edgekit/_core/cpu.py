@@ -1,7 +1,8 @@
 """The CPU features that decide which precision an artifact can run in, and how fast.
 
-Read from ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on ARM), so a test can describe
-any CPU with a fixture file.  Three capabilities matter to edgekit, each named the same on
+Read from ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on ARM), or on aarch64, where it
+lists none (QEMU user-mode shows the host's), from the kernel's ``AT_HWCAP`` bits; so a test
+can describe any CPU with fixture files.  Three capabilities matter to edgekit, each named the same on
 every architecture so that device profiles can ask for them as data:
 
 - ``int8-dot``: int8 dot products that accumulate in int32 without saturating.  x86: AVX512-VNNI,
