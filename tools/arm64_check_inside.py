@@ -140,6 +140,15 @@ def load_foreign(library: Path) -> dict[str, Any]:
 CAT_IDS = range(281, 286)  # ImageNet: tabby, tiger cat, Persian, Siamese, Egyptian cat
 
 
+def max_dp(rows: list[dict[str, Any]], refs: list[dict[str, Any]]) -> float:
+    """The largest difference in any class's probability between two runs over the same frames."""
+    return max(
+        abs(float(a) - float(b))
+        for row, ref in zip(rows, refs, strict=True)
+        for a, b in zip(row["probs"], ref["probs"], strict=True)
+    )
+
+
 def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | None) -> list[str]:
     """Every way the arm64 run differs from what it must be; prints the label table as it goes.
 
@@ -195,11 +204,7 @@ def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | N
             problems.append(f"{name}: no x86_64 run to compare with")
             continue
         rows, refs = entry["frames"], x86["artifacts"][ref_name]["frames"]
-        dp = max(
-            abs(a - b)
-            for row, ref in zip(rows, refs, strict=True)
-            for a, b in zip(row["probs"], ref["probs"], strict=True)
-        )
+        dp = max_dp(rows, refs)
         ms = sum(r["ms"] for r in rows) / len(rows)
         ref_ms = sum(r["ms"] for r in refs) / len(refs)
         notes = []
@@ -265,11 +270,7 @@ def compare_cpu(cpu: str, run: dict[str, Any], arm: dict[str, Any], doctor: dict
     rows, refs = run["artifacts"].get(name, {}).get("frames"), arm["artifacts"].get(name, {}).get("frames")
     if not rows or not refs:
         return [*problems, f"{cpu}: {name} did not run on both cores"]
-    dp = max(
-        abs(a - b)
-        for r, f in zip(rows, refs, strict=True)
-        for a, b in zip(r["probs"], f["probs"], strict=True)
-    )
+    dp = max_dp(rows, refs)
     flips = [r["frame"] for r, f in zip(rows, refs, strict=True) if r["top"][0][0] != f["top"][0][0]]
     print(f"{name} on {cpu} vs the default core: max |dp| {dp:.2e}, top-1 changed on {flips or 'no frame'}")
     if dp > 1e-3 or flips:

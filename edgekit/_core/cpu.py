@@ -215,14 +215,19 @@ MATTR_FLAGS: Mapping[str, tuple[str, ...]] = {
 }
 
 
+def target_attrs(target: Mapping[str, Any]) -> list[str]:
+    """A target's ``mattr`` as a list (``"+neon,+dotprod"`` or ``["+neon", "+dotprod"]``)."""
+    mattr = target.get("mattr", ())
+    return [str(a).strip() for a in (mattr.split(",") if isinstance(mattr, str) else mattr) if str(a).strip()]
+
+
 def target_flags(target: Mapping[str, Any]) -> frozenset[str] | None:
     """The notable CPU flags a target compiles for (its ``mcpu``, then ``mattr``); ``None``: not known.
 
     A ``generic`` or unlisted ``mcpu`` without ``mattr`` says nothing about the CPU.
     """
     cpu = str(target.get("mcpu", ""))
-    mattr = target.get("mattr", ())
-    attrs = [a.strip() for a in (mattr.split(",") if isinstance(mattr, str) else mattr) if str(a).strip()]
+    attrs = target_attrs(target)
     if cpu not in MCPU_FLAGS and not attrs:
         return None
     flags = set(MCPU_FLAGS.get(cpu, ()))

@@ -72,23 +72,18 @@ def read_io(library: Path) -> tuple[list[TensorSpec], list[TensorSpec], dict[str
         ) from err
 
 
-def _attrs(target: dict[str, Any]) -> list[str]:
-    mattr = target.get("mattr", ())
-    return [str(a) for a in (mattr.split(",") if isinstance(mattr, str) else mattr)]
-
-
 def cpu_lacks(target: dict[str, Any]) -> tuple[str, ...]:
     """The notable CPU flags a library compiled for ``target`` may use that this CPU does not report.
 
     Nothing when the target implies nothing known (``generic``, no ``mattr``) or when this
     CPU's flags could not be read at all: unknown is not lacking.
     """
-    from edgekit._core.cpu import NOTABLE, target_flags, this_cpu
+    from edgekit._core.cpu import target_flags, this_cpu
 
     need, cpu = target_flags(target), this_cpu()
     if not need or not cpu.flags:
         return ()
-    return tuple(sorted(f for f in need if f in NOTABLE.get(cpu.arch, ()) and f not in cpu.flags))
+    return tuple(sorted(need - cpu.flags))
 
 
 class TVMBackend:
@@ -142,7 +137,9 @@ class TVMBackend:
         lacking = cpu_lacks(target)
         if lacking:
             # Loading it would work; its first run would die of SIGILL, taking the process along.
-            compiled_for = " ".join(str(v) for v in (target.get("mcpu", ""), *_attrs(target)) if v)
+            from edgekit._core.cpu import target_attrs
+
+            compiled_for = " ".join(str(v) for v in (target.get("mcpu", ""), *target_attrs(target)) if v)
             raise ModelLoadError(
                 f"{NAME}: {artifact} was compiled for {compiled_for}: its code may use "
                 f"{', '.join(lacking)}, which this CPU lacks",
