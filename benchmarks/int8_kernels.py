@@ -38,13 +38,15 @@ LIMITS = {"AVX512_CORE_VNNI": "amx_int8", "AVX2": "avx512f"}
 REFERENCE = "onnxruntime-fp32"
 
 
-def kernels(path: Path) -> list[str]:
+def kernels(path: Path, choice: str) -> list[str]:
     """The kernels (oneDNN implementation names) of the convolutions OpenVINO compiled ``path`` to, here."""
     import numpy as np
     import openvino as ov
 
+    from edgekit.backends.openvino import read_ir
+
     core = ov.Core()
-    model = core.read_model(str(path))
+    model, _ = read_ir(core, path, "CPU", choice)
     if model.inputs[0].get_partial_shape().is_dynamic:
         model.reshape({model.inputs[0]: [1, *list(model.inputs[0].get_partial_shape())[1:]]})
     # The precision edgekit pins (f32 for fp32 and int8 artifacts), so the kernels are the session's.
@@ -73,11 +75,14 @@ def worker(bundle: Path, queries: int) -> list[dict[str, Any]]:
         raise SystemExit(f"{bundle} has no {REFERENCE} artifact to gate against")
     with open_session(bundle / entries[REFERENCE].path) as reference:
         want = run_batch(reference, batch)
+    # edgekit's per-layer kernels are chosen by this CPU's flags, which an ISA limit does not
+    # change: under a limit, the plugin's own choice is what a CPU of that ISA would run.
+    choice = "plugin" if os.environ.get("ONEDNN_MAX_CPU_ISA") else "edgekit"
     rows = []
     for a in manifest.artifacts:
         if a.backend != "openvino" or a.precision not in ("fp32", "int8"):
             continue
-        with open_session(bundle / a.path, "openvino") as session:
+        with open_session(bundle / a.path, "openvino", kernels=choice) as session:
             gate = compare(run_batch(session, batch), want, images.names, images.smoke)
             x = batch[:1]
             for _ in range(min(queries, 30)):
@@ -93,7 +98,7 @@ def worker(bundle: Path, queries: int) -> list[dict[str, Any]]:
                 "precision": a.precision,
                 "variant": a.variant,
                 "requires": list(a.requires),
-                "kernels": kernels(bundle / a.path),
+                "kernels": kernels(bundle / a.path, choice),
                 "top1_agreement": gate.top1_agreement,
                 "top1_agreement_all": gate.top1_agreement_all,
                 "decisive_images": gate.decisive_images,

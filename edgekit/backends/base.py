@@ -121,6 +121,9 @@ class Session(ABC):
         #: The arithmetic the runtime really uses for the float parts of the model, where it
         #: can say (OpenVINO reports its inference precision); ``""`` where it cannot.
         self.compute_precision = ""
+        #: Kernels the backend chose beyond its runtime's own choice, one line each
+        #: (``layer: kernel (why)``); empty where it left the runtime to choose.
+        self.kernels: tuple[str, ...] = ()
         self.closed = False
         #: Set by selection: the candidate this session runs, and those that failed before it.
         self.candidate: str = self.backend

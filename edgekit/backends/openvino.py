@@ -30,8 +30,13 @@ from edgekit.errors import RunError
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.backends.openvino_kernels import Choice
+
 NAME = "openvino"
-OPTIONS = frozenset({"device", "hint", "num_threads", "cache_dir", "inference_precision"})
+OPTIONS = frozenset({"device", "hint", "num_threads", "cache_dir", "inference_precision", "kernels"})
+# "edgekit": on the CPU, per-layer kernels where the plugin's own were measured slower
+# (edgekit.backends.openvino_kernels); "plugin": the plugin's choice throughout.
+KERNELS = ("edgekit", "plugin")
 _VIRTUAL = ("AUTO", "MULTI", "HETERO", "BATCH")
 
 
@@ -112,6 +117,14 @@ class OpenVINOBackend:
                 "an OpenVINO IR is two files, .xml and .bin: copy both",
             )
         device = str(opts.get("device", "CPU"))
+        kernels = str(opts.get("kernels", KERNELS[0]))
+        if kernels not in KERNELS:
+            from edgekit.errors import ModelLoadError
+
+            raise ModelLoadError(
+                f"{NAME}: kernels {kernels!r} is not one of {', '.join(KERNELS)}",
+                "edgekit: its measured per-layer kernels on the CPU; plugin: OpenVINO's own choice",
+            )
         config: dict[str, Any] = {"PERFORMANCE_HINT": str(opts.get("hint", "LATENCY"))}
         precision = inference_precision(device, opts)
         if precision is not None:
@@ -127,15 +140,39 @@ class OpenVINOBackend:
         # the outputs), and the file was verified against its signed hash before this read.
         core.set_property({"ENABLE_MMAP": False})
         try:
-            model = core.read_model(str(artifact))
+            model, choices = read_ir(core, artifact, device, kernels)
             if not _free_batch(model):
-                return OpenVINOSession(artifact, core.compile_model(model, device, config), device)
-            # A free batch is pinned to 1, so that a plain session runs as fast as a static one;
-            # the model is kept, so that batched(n) compiles its twins without the file.
-            batch = _FreeBatch(core, model, device, config)
-            return OpenVINOSession(artifact, batch.compile(1), device, batch)
+                session = OpenVINOSession(artifact, core.compile_model(model, device, config), device)
+            else:
+                # A free batch is pinned to 1, so that a plain session runs as fast as a static one;
+                # the model is kept, so that batched(n) compiles its twins without the file.
+                batch = _FreeBatch(core, model, device, config)
+                session = OpenVINOSession(artifact, batch.compile(1), device, batch)
         except Exception as err:
             raise load_failed(NAME, artifact, err, "an OpenVINO IR (.xml + .bin) or an ONNX model") from err
+        session.kernels = tuple(str(c) for c in choices)
+        return session
+
+
+def read_ir(
+    core: Any, artifact: Path, device: str = "CPU", kernels: str = KERNELS[0]
+) -> tuple[Any, list[Choice]]:
+    """The model as read from ``artifact``, with edgekit's kernel preferences where they apply."""
+    if kernels == KERNELS[0] and artifact.suffix == ".xml" and _physical(device) == ["CPU"]:
+        import numpy as np
+        import openvino as ov
+
+        from edgekit._core.cpu import this_cpu
+        from edgekit.backends.openvino_kernels import prefer
+
+        preferred = prefer(artifact, this_cpu().flags)
+        if preferred is not None:
+            text, choices = preferred
+            # Copied into a tensor OpenVINO owns (not shared with the array): the model's constants
+            # keep it alive, and a free-batch session compiles from the model again later.
+            weights = ov.Tensor(np.fromfile(artifact.with_suffix(".bin"), dtype=np.uint8))
+            return core.read_model(model=text, weights=weights), choices
+    return core.read_model(str(artifact)), []
 
 
 def _free_batch(model: Any) -> bool:
@@ -208,7 +245,9 @@ class OpenVINOSession(Session):
             compiled = self._batch.compile(n)
         except Exception as err:
             raise load_failed(NAME, self.artifact, err, f"a model that runs at batch {n}") from err
-        return OpenVINOSession(self.artifact, compiled, self._batch.device, self._batch)
+        twin = OpenVINOSession(self.artifact, compiled, self._batch.device, self._batch)
+        twin.kernels = self.kernels  # the kept model carries the preferences
+        return twin
 
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
