@@ -97,6 +97,21 @@ def test_bench_summary_fields(bench_json: tuple[dict[str, Any], Path]) -> None:
             assert c["top1_agreement"] == 1.0, c["key"]
 
 
+def test_bench_reports_the_kernels_edgekit_chose_on_this_cpu(
+    bench_json: tuple[dict[str, Any], Path], x86_bundle: tuple[Path, dict[str, Any]]
+) -> None:
+    """The OpenVINO candidates list the layers edgekit chose kernels for here (none on a CPU without AMX)."""
+    from edgekit._core.cpu import this_cpu
+    from edgekit.backends.openvino_kernels import prefer
+    from edgekit.bundle import read_manifest
+
+    report, _ = bench_json
+    path = {a.name: x86_bundle[0] / a.path for a in read_manifest(x86_bundle[0]).artifacts}
+    for c in report["candidates"]:
+        chosen = prefer(path[c["artifact"]], this_cpu().flags) if c["backend"] == "openvino" else None
+        assert c["kernels"] == ([str(x) for x in chosen[1]] if chosen else []), c["key"]
+
+
 def test_bench_measures_every_candidate_at_the_camera_rate_too(
     bench_json: tuple[dict[str, Any], Path],
 ) -> None:

@@ -81,6 +81,11 @@ def table(report: dict[str, Any]) -> Table:
         name = c["artifact"] if one_count else c["key"]
         if c.get("caveat"):
             notes.append(f"† {name}: {escape(c['caveat'])}")
+        if c.get("kernels"):
+            n = len(c["kernels"])
+            notes.append(
+                f"{name}: {n} layer{'s' * (n != 1)} on kernels edgekit chose over the runtime's (--json lists them)"
+            )
         mark = (" ✓" if c["key"] == report.get("fastest") else "") + (" †" if c.get("caveat") else "")
         cells = [name + mark, str(s["count"])]
         for q in TABLE_PERCENTILES:

@@ -99,6 +99,8 @@ class Result:
     #: The fp32 reference's top-2 probability margin on each frame (the tie rule's input).
     reference_margin: list[float] = field(default_factory=list)
     device: str = ""
+    #: Kernels the backend chose beyond its runtime's own (``Session.kernels``), one line each.
+    kernels: tuple[str, ...] = ()
     error: str | None = None
     summary: LatencySummary | None = None
     #: A detector's detections against the bundle's reference ones (``edgekit.runtime.detection_gate``);
@@ -199,6 +201,7 @@ class Result:
             "options": c.options,
             "caveat": c.caveat,
             "device": self.device,
+            "kernels": list(self.kernels),
             "ok": self.ok,
             "error": self.error,
             "summary": self.summary.to_dict() if self.summary else None,

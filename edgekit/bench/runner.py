@@ -315,6 +315,7 @@ def run(
             if warm.get("warm_pass_ms") is not None:
                 res.warm_pass_ms.append(warm["warm_pass_ms"])
             res.device = loaded.get("device", "")
+            res.kernels = tuple(loaded.get("kernels", ()))
             if progress is not None:
                 progress(cand, "done", {"queries": len(out["latencies_ms"])})
     for res in results.values():

@@ -145,6 +145,7 @@ def run(spec: dict[str, Any]) -> None:
         t_loaded=t_loaded,
         t_first=t_first,
         device=session.device,
+        kernels=list(session.kernels),
         **first,
     )
 
