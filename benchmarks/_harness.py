@@ -80,6 +80,14 @@ def print_json(doc: Any, indent: int | None = None) -> None:
     print(json.dumps(doc, indent=indent), flush=True)
 
 
+def print_doc(doc: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
+    """The result: one JSON document with ``--json``, else ``render(doc)`` for a person."""
+    if as_json:
+        print_json(doc, indent=1)
+    else:
+        print(render(doc))
+
+
 def pinned(cores: Collection[int]) -> Callable[[], None] | None:
     """A ``preexec_fn`` that pins a child process to ``cores`` (None: no pinning)."""
     if not cores:

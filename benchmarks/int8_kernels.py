@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr
+from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ISA limits worth running, each with the /proc/cpuinfo flag a CPU needs for the limit to
@@ -198,10 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     isas = [s.strip() for s in args.isa.split(",") if s.strip()] or limits_here()
     with progress_on_stderr(args.json):
         doc = measure(bundle, isas, args.queries)
-    if args.json:
-        print_json(doc, indent=1)
-    else:
-        print(render(doc))
+    print_doc(doc, args.json, render)
     return 0
 
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr
+from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr
 
 WAYS = ("edgekit", "plugin")
 
@@ -175,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     bundle = bundle_of(args)
     with progress_on_stderr(args.json):
         doc = measure(bundle, args.rounds, args.queries)
-    if args.json:
-        print_json(doc, indent=1)
-    else:
-        print(render(doc))
+    print_doc(doc, args.json, render)
     return 0
 
 
