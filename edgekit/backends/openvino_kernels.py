@@ -118,11 +118,14 @@ def prefer(xml: Path, flags: Iterable[str]) -> tuple[bytes, list[Choice]] | None
 
     None too when the file does not parse: OpenVINO's reader then reports it as it would.
     """
+    have = frozenset(flags)
+    if not any(r.cpu_flags <= have for r in rules()):
+        return None  # no rule is for this CPU: not worth parsing the IR
     try:
         root = ET.parse(xml).getroot()
     except (ET.ParseError, OSError):
         return None
-    choices = choose(root, flags)
+    choices = choose(root, have)
     if not choices:
         return None
     kernel = {c.layer: c.kernel for c in choices}
