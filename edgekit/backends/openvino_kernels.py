@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -102,15 +102,9 @@ def rules() -> tuple[Rule, ...]:
     )
 
 
-def choose(root: ET.Element, flags: Iterable[str], table: Sequence[Rule] | None = None) -> list[Choice]:
+def choose(root: ET.Element, flags: Iterable[str]) -> list[Choice]:
     """The preferred implementation of each int8 convolution of the IR ``root`` that a rule applies to."""
-    have = frozenset(flags)
-    found = []
-    for _, layer in _int8_convolutions(root):
-        rule = next((r for r in (rules() if table is None else table) if r.applies(layer, have)), None)
-        if rule is not None:
-            found.append(Choice(layer.name, rule.kernel, rule.name))
-    return found
+    return [choice for _, choice in _chosen(root, frozenset(flags))]
 
 
 def prefer(xml: Path, flags: Iterable[str]) -> tuple[bytes, list[Choice]] | None:
@@ -125,25 +119,32 @@ def prefer(xml: Path, flags: Iterable[str]) -> tuple[bytes, list[Choice]] | None
         root = ET.parse(xml).getroot()
     except (ET.ParseError, OSError):
         return None
-    choices = choose(root, have)
-    if not choices:
-        return None
-    kernel = {c.layer: c.kernel for c in choices}
+    choices = []
+    for element, choice in _chosen(root, have):
+        info = element.find("rt_info")
+        if info is None:
+            info = ET.SubElement(element, "rt_info")
+        for old in info.findall(f"attribute[@name='{ATTRIBUTE}']"):
+            info.remove(old)
+        ET.SubElement(info, "attribute", {"name": ATTRIBUTE, "version": "0", "value": choice.kernel})
+        choices.append(choice)
+    return (ET.tostring(root), choices) if choices else None
+
+
+def _chosen(root: ET.Element, flags: frozenset[str]) -> Iterator[tuple[ET.Element, Choice]]:
     for element, layer in _int8_convolutions(root):
-        if layer.name in kernel:
-            info = element.find("rt_info")
-            if info is None:
-                info = ET.SubElement(element, "rt_info")
-            for old in info.findall(f"attribute[@name='{ATTRIBUTE}']"):
-                info.remove(old)
-            ET.SubElement(info, "attribute", {"name": ATTRIBUTE, "version": "0", "value": kernel[layer.name]})
-    return ET.tostring(root), choices
+        rule = next((r for r in rules() if r.applies(layer, flags)), None)
+        if rule is not None:
+            yield element, Choice(layer.name, rule.kernel, rule.name)
 
 
 def _int8_convolutions(root: ET.Element) -> Iterator[tuple[ET.Element, Layer]]:
-    """Each convolution whose data input comes from a FakeQuantize (what the plugin runs in int8)."""
-    layers = {element.get("id"): element for element in root.iter("layer")}
-    source = {(e.get("to-layer"), e.get("to-port")): e.get("from-layer") for e in root.iter("edge")}
+    """Each convolution whose data input comes from a FakeQuantize (what the plugin runs in int8).
+
+    Only the graph's own layers and edges: a loop's body (TensorIterator, Loop) numbers its own.
+    """
+    layers = {element.get("id"): element for element in root.findall("layers/layer")}
+    source = {(e.get("to-layer"), e.get("to-port")): e.get("from-layer") for e in root.findall("edges/edge")}
     for element in layers.values():
         op = element.get("type", "")
         ports = element.findall("input/port")
