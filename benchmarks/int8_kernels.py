@@ -40,21 +40,10 @@ REFERENCE = "onnxruntime-fp32"
 
 def kernels(path: Path, choice: str) -> list[str]:
     """The kernels (oneDNN implementation names) of the convolutions OpenVINO compiled ``path`` to, here."""
-    import numpy as np
-    import openvino as ov
+    from benchmarks.openvino_kernels import profile
 
-    from edgekit.backends.openvino import read_ir
-
-    core = ov.Core()
-    model, _ = read_ir(core, path, "CPU", choice)
-    if model.inputs[0].get_partial_shape().is_dynamic:
-        model.reshape({model.inputs[0]: [1, *list(model.inputs[0].get_partial_shape())[1:]]})
-    # The precision edgekit pins (f32 for fp32 and int8 artifacts), so the kernels are the session's.
-    config = {"INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True}
-    request = core.compile_model(model, "CPU", config).create_infer_request()
-    port = request.model_inputs[0]
-    request.infer({0: np.zeros([d.get_length() for d in port.get_partial_shape()], np.float32)})
-    return sorted({p.exec_type for p in request.get_profiling_info() if p.node_type.endswith("Convolution")})
+    layers = profile(path, choice, runs=1, warmup=0).values()
+    return sorted({layer.kernel for layer in layers if layer.op.endswith("Convolution")})
 
 
 def worker(bundle: Path, queries: int) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,17 @@ from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on
 WAYS = ("edgekit", "plugin")
 
 
-def layer_times(path: Path, kernels: str, runs: int = 200) -> dict[str, tuple[str, float]]:
-    """Each executed layer's kernel and median time (us), from the plugin's profiling of ``path``."""
+@dataclass(frozen=True)
+class Profiled:
+    """One executed layer as the plugin's profiling reports it."""
+
+    op: str  # the plugin's node type: Convolution, GroupConvolution, Reorder, ...
+    kernel: str  # the implementation that ran, e.g. jit_avx512_I8
+    us: float  # median time over the profiled runs
+
+
+def profile(path: Path, kernels: str, runs: int = 200, warmup: int = 20) -> dict[str, Profiled]:
+    """Each executed layer of ``path`` compiled as a session compiles it (``kernels``: edgekit or plugin)."""
     import numpy as np
     import openvino as ov
 
@@ -39,21 +49,22 @@ def layer_times(path: Path, kernels: str, runs: int = 200) -> dict[str, tuple[st
     model, _ = read_ir(core, path, "CPU", kernels)
     if model.inputs[0].get_partial_shape().is_dynamic:
         model.reshape({model.inputs[0]: [1, *list(model.inputs[0].get_partial_shape())[1:]]})
+    # The hint and the precision edgekit sets (f32 for fp32 and int8 artifacts): the session's kernels.
     config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "PERF_COUNT": True}
     request = core.compile_model(model, "CPU", config).create_infer_request()
     port = request.model_inputs[0]
     x = np.zeros([d.get_length() for d in port.get_partial_shape()], np.float32)
     seen: dict[str, list[float]] = {}
-    kernel: dict[str, str] = {}
-    for i in range(runs + 20):
+    last: dict[str, tuple[str, str]] = {}
+    for i in range(warmup + runs):
         request.infer({0: x})
-        if i < 20:
+        if i < warmup:
             continue
         for p in request.get_profiling_info():
             if p.status == p.Status.EXECUTED:
                 seen.setdefault(p.node_name, []).append(p.real_time.total_seconds() * 1e6)
-                kernel[p.node_name] = p.exec_type
-    return {name: (kernel[name], statistics.median(t)) for name, t in seen.items()}
+                last[p.node_name] = (p.node_type, p.exec_type)
+    return {name: Profiled(*last[name], statistics.median(t)) for name, t in seen.items()}
 
 
 def measure(bundle: Path, rounds: int, queries: int) -> dict[str, Any]:
@@ -95,15 +106,15 @@ def measure(bundle: Path, rounds: int, queries: int) -> dict[str, Any]:
                 session.close()
         layers = []
         if chosen:
-            ours, theirs = layer_times(path, "edgekit"), layer_times(path, "plugin")
+            ours, theirs = profile(path, "edgekit"), profile(path, "plugin")
             for line in chosen:
                 name = line.split(": ", 1)[0]
                 if name in ours and name in theirs:
                     layers.append(
                         {
                             "layer": name,
-                            "edgekit": {"kernel": ours[name][0], "us": ours[name][1]},
-                            "plugin": {"kernel": theirs[name][0], "us": theirs[name][1]},
+                            "edgekit": {"kernel": ours[name].kernel, "us": ours[name].us},
+                            "plugin": {"kernel": theirs[name].kernel, "us": theirs[name].us},
                         }
                     )
         p50 = {way: statistics.median(t) / 1e6 for way, t in times.items()}

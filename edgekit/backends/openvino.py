@@ -141,17 +141,16 @@ class OpenVINOBackend:
         core.set_property({"ENABLE_MMAP": False})
         try:
             model, choices = read_ir(core, artifact, device, kernels)
+            chosen = tuple(str(c) for c in choices)
             if not _free_batch(model):
-                session = OpenVINOSession(artifact, core.compile_model(model, device, config), device)
-            else:
-                # A free batch is pinned to 1, so that a plain session runs as fast as a static one;
-                # the model is kept, so that batched(n) compiles its twins without the file.
-                batch = _FreeBatch(core, model, device, config)
-                session = OpenVINOSession(artifact, batch.compile(1), device, batch)
+                compiled = core.compile_model(model, device, config)
+                return OpenVINOSession(artifact, compiled, device, kernels=chosen)
+            # A free batch is pinned to 1, so that a plain session runs as fast as a static one;
+            # the model is kept, so that batched(n) compiles its twins without the file.
+            batch = _FreeBatch(core, model, device, config)
+            return OpenVINOSession(artifact, batch.compile(1), device, batch, chosen)
         except Exception as err:
             raise load_failed(NAME, artifact, err, "an OpenVINO IR (.xml + .bin) or an ONNX model") from err
-        session.kernels = tuple(str(c) for c in choices)
-        return session
 
 
 def read_ir(
@@ -218,11 +217,19 @@ def _spec(port: Any) -> TensorSpec:
 class OpenVINOSession(Session):
     backend = NAME
 
-    def __init__(self, artifact: Path, compiled: Any, device: str, batch: _FreeBatch | None = None) -> None:
+    def __init__(
+        self,
+        artifact: Path,
+        compiled: Any,
+        device: str,
+        batch: _FreeBatch | None = None,
+        kernels: tuple[str, ...] = (),
+    ) -> None:
         self._batch = batch
         super().__init__(
             artifact, [_spec(p) for p in compiled.inputs], [_spec(p) for p in compiled.outputs], device
         )
+        self.kernels = kernels
         import numpy as np
         import openvino as ov
 
@@ -245,9 +252,8 @@ class OpenVINOSession(Session):
             compiled = self._batch.compile(n)
         except Exception as err:
             raise load_failed(NAME, self.artifact, err, f"a model that runs at batch {n}") from err
-        twin = OpenVINOSession(self.artifact, compiled, self._batch.device, self._batch)
-        twin.kernels = self.kernels  # the kept model carries the preferences
-        return twin
+        # The kept model carries the preferences: the twin runs the same kernels.
+        return OpenVINOSession(self.artifact, compiled, self._batch.device, self._batch, self.kernels)
 
     def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         try:
