@@ -27,8 +27,11 @@ from conftest import TinyArtifacts
 from conftest import edgekit as run_cli
 
 ORT, OV = "onnxruntime-fp32", "openvino-fp32"  # the x86_64-cpu profile's first two candidates
-# Small and quick: a few paced queries each at a rate the tiny model keeps easily.
-LIMITS = MeasureLimits(per_candidate_s=1.0, total_s=4.0, queries=8, min_queries=3, warmup=1, fps=200)
+# Small and quick: a few paced queries each at a rate the tiny model keeps easily.  The load average
+# of the machine running the tests is not the subject here (busy_load=None: see the busy-host test).
+LIMITS = MeasureLimits(
+    per_candidate_s=1.0, total_s=4.0, queries=8, min_queries=3, warmup=1, fps=200, busy_load=None
+)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +202,7 @@ def test_edgekit_measure_0_turns_the_default_off_and_an_explicit_request_still_m
         b"{not json",
         b"\xff\xfe\x00",
         b" " * (choice_cache.MAX_BYTES + 1),
-        json.dumps({"format": "edgekit-choice/1", "bundle_sha256": "0" * 64}).encode(),
+        json.dumps({"format": choice_cache.FORMAT, "bundle_sha256": "0" * 64}).encode(),
         b"[]",
     ],
     ids=["not-json", "not-utf8", "too-large", "another-bundle", "not-an-object"],
@@ -325,8 +328,11 @@ def test_edgekit_run_says_which_candidate_and_why(bundle: Path, state: Path) -> 
     assert sel["measured_ms"] > 0 and sel["fps"] == pytest.approx(1000 / 33.3, rel=1e-3)
     assert "measuring 2 candidates at 30 fps" in err  # the progress line, on stderr
     again, err = _run_json(bundle, state)
-    assert again["selection"]["how"] == "cached" and again["selection"]["candidate"] == sel["candidate"]
-    assert "measuring" not in err
+    if sel.get("provisional"):  # this machine was busy (its load average): measured again, as it should
+        assert again["selection"]["how"] == "measured" and "busy" in sel
+    else:
+        assert again["selection"]["how"] == "cached" and again["selection"]["candidate"] == sel["candidate"]
+        assert "measuring" not in err
     plain, _ = _run_json(bundle, state, "--no-measure")
     assert plain["selection"] == {"how": "profile", "candidate": ORT}
 
@@ -338,6 +344,13 @@ def test_edgekit_run_says_which_candidate_and_why(bundle: Path, state: Path) -> 
         env, "run", str(bundle), "--device", "x86_64-cpu", "--source", "synthetic:64x48@30", "--frames", "2"
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    # (On a busy machine the first runs were provisional: this one measured again, and says so.)
     assert re.search(
-        rf"candidate {sel['candidate']}: the fastest here at 30 fps, p90 [0-9.]+ ms, measured 20", r.stdout
+        rf"candidate ({OV}|{ORT}): (the fastest here|measured the fastest here now) at 30 fps, p90 [0-9.]+ ms",
+        r.stdout,
     )
+    if not sel.get("provisional"):
+        assert re.search(
+            rf"candidate {sel['candidate']}: the fastest here at 30 fps, p90 [0-9.]+ ms, measured 20",
+            r.stdout,
+        )

@@ -12,6 +12,11 @@ The file is state, not configuration: it is read bounded (``MAX_BYTES``), checke
 field, and a file that is corrupt, too large, of another format or for another bundle is
 ignored with a log line (and overwritten by the next measurement), never trusted blindly.
 The folder is kept to ``MAX_FILES`` entries, oldest dropped first.
+
+A choice is measured again on a later load when it is ``provisional`` (measured on a busy host,
+``edgekit.runtime.candidate_timing.busy_reason``; at most ``MAX_ATTEMPTS`` measurements in a row)
+or ``stale`` (the running pipeline saw the chosen artifact far slower than measured:
+``edgekit.runtime.choice_watch``).  A record of an older format reads as stale: measured again.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import cache
 from pathlib import Path
@@ -36,7 +41,12 @@ from edgekit._version import __version__
 
 log = logging.getLogger(__name__)
 
-FORMAT = "edgekit-choice/1"
+FORMAT = "edgekit-choice/2"
+#: Measurements in a row a busy host gets before the last one is kept as it is: a device that is
+#: always busy must not measure on every load.
+MAX_ATTEMPTS = 3
+#: A reason (busy, stale) is one line for a person.
+MAX_REASON = 400
 #: A choice file is a few hundred bytes; anything past this is not ours.
 MAX_BYTES = 64 * 1024
 #: Choice files kept (one per bundle measured here); the oldest go first.
@@ -96,13 +106,27 @@ def host_fingerprint(profile: str, backends: Iterable[str]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class CachedChoice:
-    """One measurement of a bundle's candidates on one host: paced p90 per candidate key."""
+    """One measurement of a bundle's candidates on one host.
+
+    ``p90_ms`` (paced) and ``p50_ms`` per candidate timed; ``estimated_ms``: p90 estimated from
+    the build's figures for those the time left no room for.  ``load_per_core``: the host's
+    load average when it began.  ``busy``: why the host was too busy for a final ranking;
+    ``provisional``: measured again on the next load (``attempt`` counts the measurements in a
+    row).  ``stale``: why a running pipeline contradicted it (measured again on the next load).
+    """
 
     bundle_sha256: str
     host: Mapping[str, Any]
     fps: float
     measured_at: datetime
     p90_ms: Mapping[str, float] = field(default_factory=dict)
+    p50_ms: Mapping[str, float] = field(default_factory=dict)
+    estimated_ms: Mapping[str, float] = field(default_factory=dict)
+    load_per_core: float | None = None
+    busy: str = ""
+    provisional: bool = False
+    attempt: int = 1
+    stale: str = ""
 
     @property
     def chosen(self) -> str | None:
@@ -117,6 +141,13 @@ class CachedChoice:
             "fps": self.fps,
             "measured_at": self.measured_at.isoformat(),
             "p90_ms": dict(self.p90_ms),
+            "p50_ms": dict(self.p50_ms),
+            "estimated_ms": dict(self.estimated_ms),
+            "load_per_core": self.load_per_core,
+            "busy": self.busy,
+            "provisional": self.provisional,
+            "attempt": self.attempt,
+            "stale": self.stale,
         }
 
 
@@ -135,30 +166,73 @@ def _path(bundle_sha256: str) -> Path:
     return choices_dir() / f"{bundle_sha256}.json"
 
 
+def _latencies(doc: Mapping[str, Any], name: str, required: bool) -> dict[str, float]:
+    value = doc.get(name, {})
+    if not isinstance(value, dict) or len(value) > MAX_CANDIDATES or (required and not value):
+        raise ValueError(f"no {name}" if required else f"bad {name}")
+    for key, ms in value.items():
+        if not isinstance(ms, int | float) or isinstance(ms, bool) or not (math.isfinite(ms) and ms >= 0):
+            raise ValueError(f"bad latency for {key!r}: {ms!r}")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def _reason(doc: Mapping[str, Any], name: str) -> str:
+    value = doc.get(name, "")
+    if not isinstance(value, str) or len(value) > MAX_REASON:
+        raise ValueError(f"bad {name}")
+    return value
+
+
 def _parse(doc: Any, bundle_sha256: str) -> CachedChoice:
     """The choice in ``doc``, or ValueError saying what is wrong with it."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"not an {FORMAT} document")
     if doc.get("bundle_sha256") != bundle_sha256:
         raise ValueError("written for another bundle")
-    host, fps, p90 = doc.get("host"), doc.get("fps"), doc.get("p90_ms")
+    host, fps = doc.get("host"), doc.get("fps")
     if not isinstance(host, dict):
         raise ValueError("no host fingerprint")
     if not isinstance(fps, int | float) or isinstance(fps, bool) or not 0 < fps < 10_000:
         raise ValueError(f"bad fps {fps!r}")
-    if not isinstance(p90, dict) or not 0 < len(p90) <= MAX_CANDIDATES:
-        raise ValueError("no measured candidates")
-    for key, ms in p90.items():
-        if not isinstance(ms, int | float) or isinstance(ms, bool) or not (math.isfinite(ms) and ms >= 0):
-            raise ValueError(f"bad latency for {key!r}: {ms!r}")
+    p90 = _latencies(doc, "p90_ms", required=True)
+    p50 = _latencies(doc, "p50_ms", required=False)
+    estimated = _latencies(doc, "estimated_ms", required=False)
+    if not set(p50) <= set(p90) or set(estimated) & set(p90):
+        raise ValueError("p50_ms or estimated_ms do not fit p90_ms")
+    load = doc.get("load_per_core")
+    if load is not None and (
+        not isinstance(load, int | float) or isinstance(load, bool) or not (math.isfinite(load) and load >= 0)
+    ):
+        raise ValueError(f"bad load_per_core {load!r}")
+    provisional, attempt = doc.get("provisional", False), doc.get("attempt", 1)
+    if not isinstance(provisional, bool):
+        raise ValueError(f"bad provisional {provisional!r}")
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= MAX_ATTEMPTS:
+        raise ValueError(f"bad attempt {attempt!r}")
     when = datetime.fromisoformat(str(doc.get("measured_at")))
     if when.tzinfo is None:
         raise ValueError("measured_at has no time zone")
-    return CachedChoice(bundle_sha256, host, float(fps), when, {str(k): float(v) for k, v in p90.items()})
+    return CachedChoice(
+        bundle_sha256,
+        host,
+        float(fps),
+        when,
+        p90,
+        p50,
+        estimated,
+        None if load is None else float(load),
+        _reason(doc, "busy"),
+        provisional,
+        attempt,
+        _reason(doc, "stale"),
+    )
 
 
-def read_choice(bundle_sha256: str, host: Mapping[str, Any]) -> CachedChoice | None:
-    """This bundle's choice measured on a host like ``host``; None (with a log line) otherwise."""
+def read_record(bundle_sha256: str) -> CachedChoice | None:
+    """This bundle's choice as kept, whatever host measured it; None (with a log line) when there is none to trust.
+
+    A record of an older format is stale: None, with an info line (measured again, never a crash).
+    """
     path = _path(bundle_sha256)
     try:
         with path.open("rb") as f:
@@ -171,9 +245,23 @@ def read_choice(bundle_sha256: str, host: Mapping[str, Any]) -> CachedChoice | N
     try:
         if len(raw) > MAX_BYTES:
             raise ValueError(f"larger than {MAX_BYTES} bytes")
-        choice = _parse(json.loads(raw), bundle_sha256)
+        doc = json.loads(raw)
+        older = doc.get("format") if isinstance(doc, dict) else None
+        if isinstance(older, str) and older.startswith("edgekit-choice/") and older != FORMAT:
+            log.info(
+                "the cached candidate choice %s is of an older format (%.40s): measuring again", path, older
+            )
+            return None
+        return _parse(doc, bundle_sha256)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         log.warning("ignoring the cached candidate choice %s: %s; measuring again", path, err)
+        return None
+
+
+def read_choice(bundle_sha256: str, host: Mapping[str, Any]) -> CachedChoice | None:
+    """This bundle's choice measured on a host like ``host``; None (with a log line) otherwise."""
+    choice = read_record(bundle_sha256)
+    if choice is None:
         return None
     if dict(choice.host) != dict(host):
         changed = sorted(k for k in set(host) | set(choice.host) if host.get(k) != choice.host.get(k))
@@ -182,6 +270,24 @@ def read_choice(bundle_sha256: str, host: Mapping[str, Any]) -> CachedChoice | N
         )
         return None
     return choice
+
+
+def mark_stale(bundle_sha256: str, reason: str) -> Path | None:
+    """Mark this bundle's kept choice stale (the next load measures again); None when there is none."""
+    choice = read_record(bundle_sha256)
+    if choice is None:
+        return None
+    return write_choice(replace(choice, stale=reason[:MAX_REASON]))
+
+
+def forget(bundle_sha256: str) -> bool:
+    """Drop this bundle's kept choice; whether there was one."""
+    path = _path(bundle_sha256)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def write_choice(choice: CachedChoice) -> Path | None:

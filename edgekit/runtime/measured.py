@@ -6,21 +6,23 @@ only on a host of the same architecture and profile as the one measured.
 
 ``choose_here`` is the default when the bundle carries no selection that fits: on the first
 load of a bundle on this host it measures the candidates at the camera rate (bounded:
-``MeasureLimits``), keeps the result in the state folder (``edgekit.runtime.choice_cache``)
-and hands back the latencies; every later load reads them back without measuring.
+``MeasureLimits``), likely fastest first by the build's own figures, ranks those the time left
+no room for by those figures (``edgekit.runtime.candidate_timing``), keeps the result in the
+state folder (``edgekit.runtime.choice_cache``) and hands back the latencies; every later load
+reads them back without measuring, unless the host was busy (the choice is provisional) or a
+running pipeline contradicted it (stale): then the next load measures again.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from edgekit.errors import EdgekitError, InputError
+from edgekit.errors import InputError
 from edgekit.runtime.matching import artifact_for
 
 if TYPE_CHECKING:
@@ -122,7 +124,10 @@ class MeasureLimits:
     what is left of ``total_s``; within that, as many paced queries as fit, between
     ``min_queries`` and ``queries`` (a slow candidate gets fewer).  ``fps`` None: the
     profile's budget (33.3 ms -> 30 fps), the rate the device's frame loop will run at.
-    ``total_s`` bounds the queries; a candidate that takes long to load can overrun it once.
+    ``total_s`` bounds the queries; a candidate that takes long to load can overrun it once, and
+    so can the one whose estimate (from the build's figures) beats every candidate timed.
+    ``busy_load``: a 1-minute load average per core above this makes the choice provisional
+    (None: only the measurement's own spread says the host is busy).
     """
 
     per_candidate_s: float = 2.0
@@ -131,6 +136,7 @@ class MeasureLimits:
     min_queries: int = 5
     warmup: int = 3
     fps: float | None = None
+    busy_load: float | None = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.per_candidate_s <= self.total_s:
@@ -146,6 +152,10 @@ class MeasureLimits:
             )
         if self.fps is not None and not 0 < self.fps <= 10_000:
             raise InputError(f"measuring: fps must be within (0, 10000], got {self.fps}", "e.g. fps=30")
+        if self.busy_load is not None and not self.busy_load > 0:
+            raise InputError(
+                f"measuring: busy_load must be above 0, got {self.busy_load}", "e.g. busy_load=1.0, or None"
+            )
 
 
 @dataclass(frozen=True)
@@ -153,7 +163,11 @@ class CandidateChoice:
     """Which candidate ``load()`` runs, how it came to be first, and what was measured.
 
     ``latency_ms``: p90 per candidate key, paced at ``fps`` (measured, cached) or as the
-    bundle's selection recorded it (bundle); empty for the profile's order.
+    bundle's selection recorded it (bundle); empty for the profile's order.  ``p50_ms``: the
+    paced p50 of those measured here.  ``estimated_ms``: p90 estimated from the build's figures
+    for candidates the measurement had no time for.  ``provisional``: measured on a busy host
+    (``busy`` says why), measured again on the next load.  ``bundle_sha256``: the kept record's
+    key (measured, cached), for marking it stale.
     """
 
     how: How
@@ -161,11 +175,20 @@ class CandidateChoice:
     latency_ms: Mapping[str, float] = field(default_factory=dict)
     measured_at: datetime | None = None
     fps: float | None = None
+    p50_ms: Mapping[str, float] = field(default_factory=dict)
+    estimated_ms: Mapping[str, float] = field(default_factory=dict)
+    provisional: bool = False
+    busy: str = ""
+    bundle_sha256: str = ""
 
     @property
     def measured_ms(self) -> float | None:
         """The p90 measured for the candidate in use (None: not measured)."""
         return self.latency_ms.get(self.candidate)
+
+    def ranking(self) -> dict[str, float]:
+        """What ``selection.plan`` ranks by: the measured p90s and the estimates of the untimed."""
+        return {**self.estimated_ms, **self.latency_ms}
 
     def describe(self) -> str:
         """One line for a person: which candidate, and why."""
@@ -179,6 +202,13 @@ class CandidateChoice:
             "bundle": f"the bundle's selection (edgekit bench --write-selection){ms}",
             "profile": "the device profile's order (not measured)",
         }[self.how]
+        if self.estimated_ms:
+            why += (
+                f" (measured: {', '.join(self.latency_ms)}; "
+                f"from the build's figures: {', '.join(self.estimated_ms)})"
+            )
+        if self.provisional:
+            why += f"; provisional, the host was busy ({self.busy}): the next load measures again"
         return f"{self.candidate}: {why}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,6 +221,11 @@ class CandidateChoice:
             out["measured_at"] = self.measured_at.isoformat()
         if self.latency_ms:
             out["candidates_ms"] = {k: round(v, 4) for k, v in self.latency_ms.items()}
+        if self.estimated_ms:
+            out["estimated_ms"] = {k: round(v, 4) for k, v in self.estimated_ms.items()}
+        if self.provisional:
+            out["provisional"] = True
+            out["busy"] = self.busy
         return out
 
 
@@ -205,97 +240,6 @@ def gate_passed(candidate: Candidate, manifest: Manifest) -> bool:
     return art.accuracy is None or (art.accuracy.passed and not art.accuracy.allowed_drop)
 
 
-def _measure_one(
-    session: Session, x: Sequence[np.ndarray], fps: float, share_s: float, limits: MeasureLimits
-) -> tuple[float, int]:
-    """Paced p90 (ms) of ``session`` on ``x`` and the number of queries it took."""
-    from edgekit._core.stats import percentile
-    from edgekit.runtime.pacing import back_to_back_latencies, paced_run
-
-    def run() -> None:
-        session.run(*x)
-
-    # Back to back first: the warm-up (first-run compilation, allocations) and an estimate of
-    # one query, from which the number of paced queries that fit in this candidate's share.
-    guess = sorted(back_to_back_latencies(run, max(1, limits.warmup), warmup=1))
-    slot_s = max(1.0 / fps, guess[len(guess) // 2] / 1e3)
-    queries = max(limits.min_queries, min(limits.queries, int(share_s / slot_s)))
-    # One paced warm-up (an idle gap first), and warm passes before each query: the schedule the
-    # frame loop keeps by default (edgekit.pipeline.warm), so this ranks what the loop will see.
-    paced = sorted(paced_run(run, fps, queries, warmup=1, warm=run).latencies_ms)
-    return percentile(paced, 90.0), queries
-
-
-def measure_candidates(
-    candidates: Sequence[Candidate],
-    open_session: Callable[[Candidate], Session],
-    make_input: Callable[[Session], Sequence[np.ndarray]],
-    fps: float,
-    limits: MeasureLimits,
-    progress: Progress | None = None,
-) -> tuple[dict[str, float], Session | None]:
-    """Load, measure at ``fps`` and close each candidate in turn; p90 (ms) per candidate measured.
-
-    The fastest one's session is handed back open (``candidate`` set) for ``load()`` to use,
-    so it is not loaded twice.  A candidate that does not load or run here is skipped with
-    a line; those the total time leaves no room for are not measured (they keep their
-    profile place after the measured ones).
-    """
-
-    def say(line: str) -> None:
-        log.info("%s", line.strip())
-        if progress is not None:
-            progress(line)
-
-    say(
-        f"measuring {len(candidates)} candidates at {fps:.3g} fps, at most {limits.total_s:g} s "
-        "(first load of this bundle on this host; --no-measure skips it)"
-    )
-    p90: dict[str, float] = {}
-    best: Session | None = None
-    start = time.monotonic()
-    try:
-        for i, cand in enumerate(candidates):
-            left = limits.total_s - (time.monotonic() - start)
-            if left <= 0:
-                say(
-                    f"  {', '.join(c.key for c in candidates[i:])}: not measured ({limits.total_s:g} s spent)"
-                )
-                break
-            share = min(limits.per_candidate_s, left / (len(candidates) - i))
-            t0 = time.monotonic()
-            try:
-                session = open_session(cand)
-            except EdgekitError as err:
-                say(f"  {cand.key}: does not load here ({err.message})")
-                continue
-            try:
-                ms, queries = _measure_one(
-                    session, make_input(session), fps, share - (time.monotonic() - t0), limits
-                )
-            except EdgekitError as err:
-                session.close()
-                say(f"  {cand.key}: does not run here ({err.message})")
-                continue
-            except BaseException:
-                session.close()
-                raise
-            p90[cand.key] = ms
-            say(f"  {cand.key}: p90 {ms:.2f} ms ({queries} queries)")
-            if best is None or ms < p90[best.candidate]:
-                if best is not None:
-                    best.close()
-                session.candidate = cand.key
-                best = session
-            else:
-                session.close()
-    except BaseException:
-        if best is not None:
-            best.close()
-        raise
-    return p90, best
-
-
 def choose_here(
     bundle: Path,
     manifest: Manifest,
@@ -305,14 +249,25 @@ def choose_here(
     make_input: Callable[[Session], Sequence[np.ndarray]],
     limits: MeasureLimits,
     progress: Progress | None = None,
+    fresh: bool = False,
 ) -> tuple[CandidateChoice, Session | None]:
     """This host's ranking of ``candidates``: read back from the state folder, else measured now and kept.
 
     Only candidates whose artifact passed the accuracy gate are ranked; the rest keep their
     profile place after them.  With fewer than two such candidates there is nothing to
-    compare: the profile's order stands and nothing is written.
+    compare: the profile's order stands and nothing is written.  A kept choice that is
+    provisional (busy host) or stale (contradicted by a running pipeline), or ``fresh``,
+    is measured again.
     """
+    from edgekit.runtime.candidate_timing import (
+        build_figures,
+        busy_reason,
+        load_per_core,
+        measure_candidates,
+        timing_order,
+    )
     from edgekit.runtime.choice_cache import (
+        MAX_ATTEMPTS,
         CachedChoice,
         host_fingerprint,
         manifest_sha256,
@@ -323,23 +278,75 @@ def choose_here(
     from edgekit.runtime.pacing import fps_for_budget
     from edgekit.runtime.selection import backend_availability
 
+    def say(line: str) -> None:
+        log.info("%s", line)
+        if progress is not None:
+            progress(line)
+
     eligible = [c for c in candidates if gate_passed(c, manifest)]
     if len(eligible) < 2:
         return CandidateChoice("profile"), None
     sha = manifest_sha256(bundle)
     host = host_fingerprint(profile.name, {c.backend for c in eligible})
-    cached = read_choice(sha, host)
-    if cached is not None and set(cached.p90_ms) <= {c.key for c in eligible}:
-        return CandidateChoice("cached", "", cached.p90_ms, cached.measured_at, cached.fps), None
+    cached = None if fresh else read_choice(sha, host)
+    keys = {c.key for c in eligible}
+    if cached is not None and set(cached.p90_ms) | set(cached.estimated_ms) <= keys:
+        if cached.stale:
+            say(f"the kept choice was contradicted by a later run ({cached.stale}): measuring again")
+        elif cached.provisional:
+            say(f"the kept choice was measured on a busy host ({cached.busy}): measuring again")
+        else:
+            return CandidateChoice(
+                "cached",
+                "",
+                cached.p90_ms,
+                cached.measured_at,
+                cached.fps,
+                cached.p50_ms,
+                cached.estimated_ms,
+                bundle_sha256=sha,
+            ), None
     runnable = [c for c in eligible if backend_availability(c).ok]
     if len(runnable) < 2:
         return CandidateChoice("profile"), None
     fps = limits.fps or fps_for_budget(profile.budget_ms)
-    p90, best = measure_candidates(runnable, open_session, make_input, fps, limits, progress)
-    if not p90:
+    load = load_per_core()  # before measuring: the measurement itself adds to it
+    figures = build_figures(runnable, manifest)
+    found, best = measure_candidates(
+        timing_order(runnable, figures), open_session, make_input, fps, limits, progress, figures
+    )
+    if not found.p90_ms:
         return CandidateChoice("profile"), best
+    spread = {k: (found.p50_ms[k], found.p90_ms[k]) for k in found.p90_ms}
+    busy = busy_reason(spread, 1e3 / fps, load, limits.busy_load)
+    attempt = cached.attempt + 1 if cached is not None and cached.provisional and not fresh else 1
+    provisional = bool(busy) and attempt < MAX_ATTEMPTS
+    if busy:
+        say(
+            f"the host is busy ({busy}): "
+            + (
+                "the choice is provisional, the next load measures again"
+                if provisional
+                else f"kept as it is after {attempt} measurements on a busy host"
+            )
+        )
     when = now()
-    where = write_choice(CachedChoice(sha, host, fps, when, p90))
-    if progress is not None and where is not None:
-        progress(f"kept the ranking in {where}: later loads of this bundle here use it")
-    return CandidateChoice("measured", "", p90, when, fps), best
+    kept = CachedChoice(
+        sha,
+        host,
+        fps,
+        when,
+        found.p90_ms,
+        found.p50_ms,
+        found.estimated_ms,
+        None if load is None else round(load, 3),
+        busy,
+        provisional,
+        min(attempt, MAX_ATTEMPTS),
+    )
+    where = write_choice(kept)
+    if where is not None:
+        say(f"kept the ranking in {where}: later loads of this bundle here use it")
+    return CandidateChoice(
+        "measured", "", found.p90_ms, when, fps, found.p50_ms, found.estimated_ms, provisional, busy, sha
+    ), best

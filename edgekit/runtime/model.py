@@ -327,7 +327,7 @@ def load(
                 limits,
                 progress,
             )
-            latency = dict(choice.latency_ms)
+            latency = choice.ranking()  # the untimed ranked by the build's figures, after scaling
             if choice.how == "measured":  # the first load's cost, as its own phase (hashing stays its own)
                 hashing = load_ms.get("hash", 0.0) - hashed_before
                 load_ms["measure"] = (time.perf_counter() - t) * 1e3 - hashing
