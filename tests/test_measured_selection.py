@@ -185,3 +185,40 @@ def test_a_record_whose_fields_do_not_fit_is_not_trusted(
     model, lines = load(bundle)
     model.close()
     assert model.selection.how == "measured" and lines
+
+
+def test_a_choice_the_running_pipeline_contradicts_is_measured_again(
+    bundle: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from stand_in import slower
+
+    from edgekit.pipeline import Pipeline, choice_watch
+
+    slow_backend(monkeypatch, "onnxruntime")
+    monkeypatch.setattr(choice_watch, "WINDOW", 5)
+    model, _ = load(bundle)
+    sha = choice_cache.manifest_sha256(bundle)
+    with model:
+        assert model.candidate == OV and model.selection.p50_ms[OV] < 5
+        # At the speed measured: nothing to say.
+        with Pipeline(model, "synthetic:64x48@200", frames=6, budget_ms=33.3) as pipeline:
+            pipeline.run()
+        record = choice_cache.read_record(sha)
+        assert record is not None and record.stale == ""
+        # The same artifact now infers 40 ms a frame (what a busy host did to it): stale, said once.
+        with (
+            slower(model, 40.0),
+            Pipeline(model, "synthetic:64x48@200", frames=12, budget_ms=33.3) as pipeline,
+        ):
+            pipeline.run()
+    record = choice_cache.read_record(sha)
+    assert record is not None and record.stale.startswith(f"{OV} inferred at p50 4")
+    assert caplog.text.count("is marked stale, the next load measures the candidates again") == 1
+
+    model, lines = load(bundle)
+    model.close()
+    assert model.selection.how == "measured" and "contradicted by a later run" in lines[0]
+    record = choice_cache.read_record(sha)
+    assert record is not None and record.stale == ""

@@ -32,6 +32,7 @@ from edgekit.errors import PipelineError
 from edgekit.pipeline.batching import Batcher, batch_summary, parse_batch
 from edgekit.pipeline.cameras import Camera, CameraGroup, Sources, name_cameras, open_cameras, parse_budget
 from edgekit.pipeline.capture import Frame
+from edgekit.pipeline.choice_watch import watch_choice
 from edgekit.pipeline.labelling import result_of
 from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
@@ -109,7 +110,7 @@ class Pipeline:
         self.duration_s = duration_s
         self.top = top
         self.on_result = on_result
-        self._observers: list[RecordObserver] = []
+        self._observers: list[RecordObserver] = watch_choice(model, budget)  # measured choice contradicted?
         if warm not in ("auto", "on", "off"):
             raise PipelineError(f"warm must be auto, on or off, got {warm!r}", "e.g. --warm auto")
         self.warm = warm
