@@ -17,6 +17,7 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.agent",
     "edgekit.commands.deploy",
     "edgekit.commands.bench",
+    "edgekit.commands.select",
 )
 
 
