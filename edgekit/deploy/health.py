@@ -175,6 +175,7 @@ def check_health(
     with model:
         cand = next((c for c in model.candidates if c.key == model.candidate), None)
         backend, precision, candidate = model.backend, cand.precision if cand else None, model.candidate
+        measured_here = model.selection.how in ("measured", "cached")
         try:
             for _ in range(warmup):
                 model.infer(frames[0])
@@ -221,6 +222,8 @@ def check_health(
             precision=precision,
             candidate=candidate,
             load_ms=load_ms,
+            profile=profile,
+            measured_here=measured_here,
         )
     agreed = agreement(got, [f.top1 for f in evals.frames], [f.margin for f in evals.frames])
     rate = agreed.rate if agreed.rate is not None else 0.0  # never None: a bundle has at least one frame
@@ -233,12 +236,8 @@ def check_health(
             f"top-1 agrees with the fp32 reference on {rate:.0%} of {agreed.counted} frames, "
             f"under the build's threshold of {threshold:.0%} (flipped: {', '.join(flipped)})"
         )
-    hint = ""
-    if problems:
-        hint = (
-            f"the {candidate} artifact is what this device selects: rebuild the bundle, "
-            "or deploy one built for this device's profile"
-        )
+    slow_only = p99 > budget and rate >= threshold  # measuring again cannot mend an accuracy failure
+    hint = _hint(manifest, profile, candidate, measured_here, slow_only) if problems else ""
     return HealthReport(
         ok=not problems,
         reason="; ".join(problems),
@@ -256,6 +255,32 @@ def check_health(
         precision=precision,
         candidate=candidate,
         load_ms=load_ms,
+    )
+
+
+def _hint(manifest: Manifest, profile: str | None, candidate: str | None, measured: bool, slow: bool) -> str:
+    """What to do about a failed gate: measure the choice again when only latency failed and the bundle
+    already fits this device (``slow``: too slow, accurate enough; ``measured``: chosen by measuring here).
+
+    A bundle built for this very profile whose chosen artifact is too slow was most likely chosen
+    by a measurement on a busy host (edgekit.runtime.candidate_timing): rebuilding it builds the same.
+    """
+    from edgekit.runtime.host import match_profile
+    from edgekit.runtime.profiles import get_profile
+
+    if slow and measured:
+        try:
+            here = get_profile(profile).name if profile else match_profile().name
+        except EdgekitError:
+            here = ""
+        if here == manifest.device.profile:
+            return (
+                f"the bundle is built for {here} and this device chose {candidate} by measuring: "
+                "measure the candidates again (edgekit select --measure BUNDLE) on a quiet device"
+            )
+    return (
+        f"the {candidate} artifact is what this device selects: rebuild the bundle, "
+        "or deploy one built for this device's profile"
     )
 
 
@@ -296,6 +321,8 @@ def _detection_report(
     precision: str | None,
     candidate: str | None,
     load_ms: float,
+    profile: str | None,
+    measured_here: bool,
 ) -> HealthReport:
     """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
     from edgekit.runtime.detection import Detection
@@ -337,10 +364,7 @@ def _detection_report(
     return HealthReport(
         ok=not problems,
         reason="; ".join(problems),
-        hint=(
-            f"the {candidate} artifact is what this device selects: rebuild the bundle, "
-            "or deploy one built for this device's profile"
-        )
+        hint=_hint(manifest, profile, candidate, measured_here, p99 > budget and result.passed(threshold))
         if problems
         else "",
         p50_ms=p50,
