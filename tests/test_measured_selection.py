@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from test_first_load_choice import LIMITS, ORT, OV, bundle, cache_file, load, sl
 
 from edgekit.runtime import candidate_timing, choice_cache
 from edgekit.runtime.measured import MeasureLimits
+
+from conftest import edgekit as run_cli
 
 
 def _with_build_figures(figures: dict[str, float]) -> Any:
@@ -222,3 +225,58 @@ def test_a_choice_the_running_pipeline_contradicts_is_measured_again(
     assert model.selection.how == "measured" and "contradicted by a later run" in lines[0]
     record = choice_cache.read_record(sha)
     assert record is not None and record.stale == ""
+
+
+def _select(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "EDGEKIT_MEASURE"}
+    r = run_cli(env, "select", *args, "--device", "x86_64-cpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_edgekit_select_shows_measures_again_and_forgets_the_kept_choice(
+    bundle: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = json.loads(_select(str(bundle), "--json").stdout)
+    assert out["kept"] is None and out["profile"] == "x86_64-cpu" and out["bundle_selection"] is False
+    assert out["bundle_sha256"] == choice_cache.manifest_sha256(bundle)
+
+    slow_backend(monkeypatch, "onnxruntime")
+    model, _ = load(bundle)
+    model.close()
+    kept = json.loads(_select(str(bundle), "--json").stdout)["kept"]
+    assert kept["chosen"] == OV and set(kept["p90_ms"]) == {ORT, OV} and set(kept["p50_ms"]) == {ORT, OV}
+    assert kept["estimated_ms"] == {} and kept["provisional"] is False and kept["stale"] == ""
+    assert kept["host_matches"] is True and kept["next_load"] == "uses it"
+    assert kept["host"]["profile"] == "x86_64-cpu" and "load_per_core" in kept
+    text = _select(str(bundle)).stdout
+    assert f"chosen: {OV} at 200 fps" in text and f"measured  {ORT}: p90" in text
+    assert "next load: uses it" in text
+
+    forgot = json.loads(_select(str(bundle), "--forget", "--json").stdout)
+    assert forgot["forgot"] is True and forgot["kept"] is None and not cache_file(bundle).exists()
+    assert "no choice kept here" in _select(str(bundle)).stdout
+
+    r = _select(str(bundle), "--measure", "--json")
+    again = json.loads(r.stdout)  # stdout is the JSON document alone; the progress is on stderr
+    assert again["measured_now"]["how"] == "measured" and again["measured_now"]["candidate"] in (ORT, OV)
+    assert again["kept"]["chosen"] == again["measured_now"]["candidate"]
+    assert "measuring 2 candidates at 30 fps" in r.stderr
+
+
+def test_the_health_gate_points_a_slow_choice_of_a_bundle_built_for_this_profile_to_select(
+    bundle: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    keys: tuple[Path, Path],
+) -> None:
+    from edgekit.deploy.health import check_health
+
+    monkeypatch.setenv("EDGEKIT_MEASURE", "0")  # the profile's order: nothing measured, rebuild is the hint
+    report = check_health(bundle, "x86_64-cpu", [keys[1]], runs=3, warmup=1, budget_ms=1e-6)
+    assert not report.ok and "over the budget" in report.reason and "rebuild the bundle" in report.hint
+
+    monkeypatch.delenv("EDGEKIT_MEASURE")  # chosen by measuring: measuring again is the hint
+    report = check_health(bundle, "x86_64-cpu", [keys[1]], runs=3, warmup=1, budget_ms=1e-6)
+    assert not report.ok and "edgekit select --measure" in report.hint and "rebuild" not in report.hint
+    assert "built for x86_64-cpu" in report.hint
