@@ -38,6 +38,7 @@ from edgekit._core.io import TMP_MARK, write_atomic
 from edgekit._core.packages import installed_version
 from edgekit._core.paths import state_root
 from edgekit._version import __version__
+from edgekit.errors import EdgekitError
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +288,11 @@ def forget(bundle_sha256: str) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
+    except OSError as err:
+        raise EdgekitError(
+            f"cannot drop the kept candidate choice {path}: {err.strerror}",
+            "run it as the user that runs edgekit on this device, or set EDGEKIT_STATE",
+        ) from err
     return True
 
 

@@ -249,15 +249,13 @@ def choose_here(
     make_input: Callable[[Session], Sequence[np.ndarray]],
     limits: MeasureLimits,
     progress: Progress | None = None,
-    fresh: bool = False,
 ) -> tuple[CandidateChoice, Session | None]:
     """This host's ranking of ``candidates``: read back from the state folder, else measured now and kept.
 
     Only candidates whose artifact passed the accuracy gate are ranked; the rest keep their
     profile place after them.  With fewer than two such candidates there is nothing to
     compare: the profile's order stands and nothing is written.  A kept choice that is
-    provisional (busy host) or stale (contradicted by a running pipeline), or ``fresh``,
-    is measured again.
+    provisional (busy host) or stale (contradicted by a running pipeline) is measured again.
     """
     from edgekit.runtime.candidate_timing import (
         build_figures,
@@ -288,7 +286,7 @@ def choose_here(
         return CandidateChoice("profile"), None
     sha = manifest_sha256(bundle)
     host = host_fingerprint(profile.name, {c.backend for c in eligible})
-    cached = None if fresh else read_choice(sha, host)
+    cached = read_choice(sha, host)
     keys = {c.key for c in eligible}
     if cached is not None and set(cached.p90_ms) | set(cached.estimated_ms) <= keys:
         if cached.stale:
@@ -319,7 +317,7 @@ def choose_here(
         return CandidateChoice("profile"), best
     spread = {k: (found.p50_ms[k], found.p90_ms[k]) for k in found.p90_ms}
     busy = busy_reason(spread, 1e3 / fps, load, limits.busy_load)
-    attempt = cached.attempt + 1 if cached is not None and cached.provisional and not fresh else 1
+    attempt = cached.attempt + 1 if cached is not None and cached.provisional else 1
     provisional = bool(busy) and attempt < MAX_ATTEMPTS
     if busy:
         say(
