@@ -170,6 +170,12 @@ def read_card(location: Path) -> ModelCard:
         raise BuildError(f"no model card at {path}", f"a model directory holds {CARD_FILE}; {_HINT}") from err
     except tomllib.TOMLDecodeError as err:
         raise BuildError(f"{path}: not valid TOML: {err}", _HINT) from err
+    file_labels: tuple[str, ...] = ()
+    if isinstance(data.get("source"), dict) and data["source"].get("kind") == "tflite":
+        # What the .tflite says (input size and normalization, labels, output names) need not be in the card.
+        from edgekit.convert.tflite_metadata import fill_card
+
+        data, file_labels = fill_card(path, data)
     inp = _need(path, data, "input", dict)
     try:
         spec = PreprocessSpec.from_dict(inp)
@@ -177,7 +183,7 @@ def read_card(location: Path) -> ModelCard:
         raise BuildError(
             f"{path}: field 'input' is incomplete ({err})", "give size, mean, std (and layout, color, resize)"
         ) from err
-    labels: tuple[str, ...] = ()
+    labels = file_labels
     if "labels" in data:
         labels = read_labels((path.parent / str(data["labels"])).resolve())
     out = data.get("output", {})
@@ -339,12 +345,14 @@ def card_for_file(
     """A model card for a user's ``.onnx`` or ``.tflite`` file, from what the file says and the flags.
 
     Shape and layout are read from an ONNX file's input when it has static dimensions;
-    normalization cannot be read from a file, so ``mean``/``std`` must be given: a silent
-    default would give a model that runs and answers wrongly.
+    normalization is read only from a ``.tflite``'s metadata (with its labels), else
+    ``mean``/``std`` must be given: a silent default would give a model that runs and
+    answers wrongly.
     """
     if not model.is_file():
         raise BuildError(f"model file {model} does not exist", "check the path")
     input_name, output_name = "input", "logits"
+    told_labels: tuple[str, ...] = ()
     if model.suffix == ".onnx":
         from edgekit.convert.onnx_export import check_onnx
 
@@ -368,6 +376,10 @@ def card_for_file(
         if len(shape) == 4 and shape[3] in (1, 3) and shape[1] and shape[2]:
             layout = layout or "NHWC"
             input_size = input_size or (int(shape[1]), int(shape[2]))
+        from edgekit.convert.tflite_metadata import file_defaults
+
+        # Its TFLite metadata may say the normalization and the labels; the flags win.
+        mean, std, told_labels = file_defaults(model, mean, std)
     if input_size is None:
         raise BuildError(
             f"{model.name}: the input size cannot be read from the file",
@@ -390,6 +402,6 @@ def card_for_file(
         input_name=input_name,
         output_name=output_name,
         preprocess=spec,
-        labels=read_labels(labels) if labels else (),
+        labels=read_labels(labels) if labels else told_labels,
         path=None,
     )

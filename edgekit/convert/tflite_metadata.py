@@ -349,3 +349,62 @@ def read_tflite_file(path: Path) -> TFLiteFile:
     except OSError as err:
         raise BuildError(f"{path} cannot be read: {err.strerror}", "check the path") from err
     return read_tflite(data, path.name)
+
+
+def file_defaults(
+    path: Path,
+    mean: tuple[float, float, float] | None,
+    std: tuple[float, float, float] | None,
+) -> tuple[tuple[float, float, float] | None, tuple[float, float, float] | None, tuple[str, ...]]:
+    """``mean``, ``std`` (the file's normalization where not given) and the labels of a ``.tflite``.
+
+    For ``edgekit build --tflite FILE``: given flags win; a file without metadata changes nothing.
+    """
+    meta = read_tflite_file(path).metadata
+    if meta is None:
+        return mean, std, ()
+    norm = meta.normalization()
+    if norm is not None and mean is None and std is None:
+        mean, std = norm
+    return mean, std, meta.labels()
+
+
+def fill_card(card: Path, data: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A ``[source] kind = "tflite"`` card's TOML with what its file says where the card is silent, and the file's labels.
+
+    Filled when absent: ``[input]`` ``name``, ``size`` (the file's NHWC input), ``mean`` and
+    ``std`` (its metadata's normalization), ``color`` (RGB when the metadata says so);
+    ``[output] names`` (the graph's outputs, in order).  The labels (the metadata's label
+    file) are returned for a card without ``labels``.  What the card says always wins; the
+    file is read (and its SHA-256 checked) only when something is missing.
+    """
+    from edgekit.convert.sources import tflite_file
+
+    inp = data.get("input", {})
+    out = data.get("output", {})
+    if not isinstance(inp, dict) or not isinstance(out, dict):
+        return dict(data), ()  # read_card names the malformed table
+    wanted = [k for k in ("name", "size", "mean", "std") if k not in inp]
+    if not wanted and "names" in out and "labels" in data:
+        return dict(data), ()
+    file, raw = tflite_file(data.get("source", {}), str(card))
+    told = read_tflite(raw, file.name)
+    meta = told.metadata
+    filled = dict(inp)
+    filled.setdefault("name", told.input_name)
+    shape = told.input_shape
+    if "size" not in inp and len(shape) == 4 and shape[1] > 0 and shape[2] > 0:
+        filled["size"] = [shape[1], shape[2]]
+    norm = meta.normalization() if meta is not None else None
+    if ("mean" not in inp or "std" not in inp) and norm is None:
+        raise BuildError(
+            f"{card}: [input] gives no mean and std, and {file.name} carries no normalization metadata",
+            "give mean and std in [input], in pixel units: (x - mean) / std",
+        )
+    if norm is not None:
+        filled.setdefault("mean", list(norm[0]))
+        filled.setdefault("std", list(norm[1]))
+    if meta is not None and meta.inputs and meta.inputs[0].color_space == "RGB":
+        filled.setdefault("color", "RGB")
+    result = {**data, "input": filled, "output": {"names": list(told.output_names), **out}}
+    return result, (meta.labels() if meta is not None and "labels" not in data else ())
