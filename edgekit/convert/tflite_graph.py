@@ -213,12 +213,23 @@ class _Concat(nn.Module):
 
 
 class _ResizeBilinear(nn.Module):
-    def __init__(self, size: tuple[int, int], align_corners: bool) -> None:
+    """RESIZE_BILINEAR to ``size``, or by an integer ``scale`` (the same source coordinates).
+
+    A scale exports as ONNX Resize ``scales`` (1, 1, sy, sx), right for any batch; a size as
+    the batch-of-one's whole output shape, which would pin the ONNX graph's batch to 1.
+    """
+
+    def __init__(
+        self, size: tuple[int, int], align_corners: bool, scale: tuple[int, int] | None = None
+    ) -> None:
         super().__init__()
-        self.size, self.align_corners = size, align_corners
+        self.size, self.align_corners, self.scale = size, align_corners, scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's align_corners=False is TF's half_pixel_centers (both clamp at the border).
+        if self.scale is not None:
+            factor = (float(self.scale[0]), float(self.scale[1]))
+            return F.interpolate(x, scale_factor=factor, mode="bilinear", align_corners=False)
         return F.interpolate(x, size=self.size, mode="bilinear", align_corners=self.align_corners)
 
 
@@ -442,7 +453,10 @@ class _Reader:
                 "(TF1's legacy sampling) is not supported",
                 _HINT,
             )
-        layer = _ResizeBilinear((int(size[0]), int(size[1])), align)
+        out_h, out_w = int(size[0]), int(size[1])
+        _, h, w, _ = self.shape(ins[0])
+        scale = (out_h // h, out_w // w) if not align and out_h % h == 0 and out_w % w == 0 else None
+        layer = _ResizeBilinear((out_h, out_w), align, scale)
         self.steps.append((layer, (ins[0],), outs[0]))
 
 
