@@ -16,11 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edgekit.bundle import read_manifest
 from edgekit.convert.modelcard import card_for_file, read_card
 from edgekit.convert.sources import load_pytorch, tflite_file
 from edgekit.errors import BuildError
 from edgekit.runtime.detection import Detection, Detector
 from edgekit.runtime.preprocessing import preprocess
+
+from conftest import edgekit
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -199,3 +202,14 @@ def test_the_palm_card_takes_the_build_path_to_onnx(tmp_path: Path) -> None:
     interp.invoke()
     for o, g in zip(interp.get_output_details(), got, strict=True):
         np.testing.assert_allclose(g, interp.get_tensor(o["index"]), rtol=1e-4, atol=1e-3, err_msg=o["name"])
+
+
+def test_build_tflite_takes_what_the_file_says(cache_env: dict[str, str], tmp_path: Path) -> None:
+    """``edgekit build --tflite`` on the palm detector without --mean/--std/--labels: the manifest has the file's."""
+    full = mediapipe_file("palm_detection/palm_detection_full.tflite")
+    out = tmp_path / "palm"
+    r = edgekit(cache_env, "build", "--tflite", str(full), "--device", "x86_64-cpu", "-o", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest = read_manifest(out)
+    assert tuple(manifest.labels) == ("palm",)
+    assert (list(manifest.preprocess.mean), list(manifest.preprocess.std)) == ([0.0] * 3, [255.0] * 3)
