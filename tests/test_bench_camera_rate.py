@@ -34,7 +34,7 @@ from edgekit.bench.stats import summarize
 from edgekit.bundle import read_manifest
 from edgekit.runtime.matching import candidates_for
 from edgekit.runtime.measured import measured_order
-from edgekit.runtime.pacing import WARM_MAX_DUTY
+from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 from edgekit.runtime.profiles import get_profile
 
 import tiny_model
@@ -105,8 +105,9 @@ def test_bench_reports_the_camera_rate_beside_single_stream(
         assert paced["fps"] == fps and paced["queries"] == 8
         assert 0 < paced["p50_ms"] <= paced["p90_ms"] <= paced["p99_ms"]
         assert isinstance(paced["overruns"], int) and 0 <= paced["overruns"] <= 8
-        # The tiny model's passes fit in their share of the period: the headline is the warm run's.
-        assert 0 < paced["warm_pass_ms"] < WARM_MAX_DUTY * 1000 / fps
+        # The headline is the warm run's (how many passes fit is this machine's business: the
+        # rule is checked on stand-ins of set latency below).
+        assert paced["warm_pass_ms"] > 0
         # The wake-up cost is the cold paced p50 less the back-to-back p50 of the same candidate.
         assert paced["wakeup_ms"] == pytest.approx(paced["cold_p50_ms"] - c["summary"]["p50_ms"], abs=2e-4)
         assert c["summary"]["count"] >= 20  # SingleStream is still there, as before
@@ -132,6 +133,30 @@ def test_bench_reports_the_camera_rate_beside_single_stream(
     assert len(body) == len(ran) and sum("✓" in r for r in body) == 1
     assert "✓" in next(r for r in body if r.startswith(f"| {report['fastest']}"))
     assert perf_report.camera_rate_rows({**report, "camera_rate_fps": 0}) == []
+
+
+def test_warm_passes_run_while_they_fit_their_share_of_the_period(tiny_bundle: Path) -> None:
+    """The warm-pass rule on stand-ins of set latency: as many passes as fit in ``WARM_MAX_DUTY``
+    of the period, at most ``WARM_MAX_PASSES``; none once not even one fits."""
+    manifest = read_manifest(tiny_bundle)
+    art = manifest.artifact("onnxruntime-fp32")
+    real = registry.get(art.backend).load(tiny_bundle / art.path, {})
+    spec = real.inputs[0]
+    samples = [np.zeros([d or 1 for d in spec.shape], spec.dtype)]
+    try:
+        # 5 fps: 200 ms frames, 67 ms for warm passes; a pass of 4 ms and more: the cap of three fits.
+        fits = worker.paced_queries(SlowSession(real, 4), samples, 5.0, 8)["paced_warm"]
+        # 10 fps: 33 ms for warm passes; a pass of 50 ms and more never fits.
+        over = worker.paced_queries(SlowSession(real, 50), samples, 10.0, 8)["paced_warm"]
+    finally:
+        real.close()
+    bursts = 3 + 8 - 1  # one before each query (warm-up ones too) but the first
+    assert 4 * WARM_MAX_PASSES <= 1000 / 5 * WARM_MAX_DUTY  # the premise: three fit
+    # The first burst is one pass (nothing timed yet), every later one the cap.
+    assert fits["warm_passes"] == 1 + (bursts - 1) * WARM_MAX_PASSES
+    assert fits["warm_pass_ms"] >= 4 * WARM_MAX_PASSES  # a burst's median: three passes of 4 ms or more
+    # Too slow: the one pass tried before anything was timed, then none.
+    assert over["warm_passes"] == 1
 
 
 def test_fps_zero_is_back_to_back_only(tiny_bundle: Path, cache_env: dict[str, str]) -> None:
