@@ -257,8 +257,9 @@ def test_the_x86_bundle_carries_both_int8_recipes_and_bf16(x86_bundle: tuple[Pat
     """Each artifact is gated, or says why not: only a CPU lacking what it needs leaves it to the device."""
     from edgekit._core.cpu import this_cpu
     from edgekit.bundle import read_manifest
+    from edgekit.convert.gate import host_gap
 
-    bundle, _ = x86_bundle
+    bundle, summary = x86_bundle
     arts = {a.name: a for a in read_manifest(bundle).artifacts}
     assert arts["onnxruntime-int8-full"].requires == ("int8-dot",)
     assert arts["openvino-int8-full"].requires == ("int8-dot",)
@@ -267,13 +268,39 @@ def test_the_x86_bundle_carries_both_int8_recipes_and_bf16(x86_bundle: tuple[Pat
     assert "7-bit" in arts["onnxruntime-int8"].notes["weights"]
     assert "full 8-bit" in arts["onnxruntime-int8-full"].notes["weights"]
     here = this_cpu()
+    reports = {r["path"]: r for r in summary["artifacts"] if r["path"]}
     for a in arts.values():
-        if all(here.has(c) for c in a.requires) and a.arch in ("any", "x86_64"):
+        # The builder's own rule (its gate's): gated where this host computes it as the device will.
+        gap = host_gap(a, here)
+        if gap is None:
             assert a.accuracy is not None and a.accuracy.passed, a.name
+        else:
+            assert a.accuracy is None and reports[Path(a.path).name]["not_measured"] == gap, a.name
     # A full-range ORT model is gated on every host: natively, or unfused where the kernels saturate.
     full = arts["onnxruntime-int8-full"]
     assert full.accuracy is not None and full.accuracy.passed
     assert ("gate_ran" in full.notes) == (not here.has("int8-dot"))
+
+
+def test_the_gate_leaves_what_a_cpu_cannot_compute_to_the_device() -> None:
+    """The builder's rule (``gate.host_gap``) on the CPUs a build runs on: fp16 and bf16 IRs are gated
+    only where the CPU computes in them, full-range int8 only with int8-dot (ONNX Runtime's unfused)."""
+    from edgekit.convert.artifact import Artifact
+    from edgekit.convert.gate import host_gap
+
+    fp16 = Artifact(Path("m.xml"), "openvino", "fp16", requires=("fp16",))  # rpi5's
+    bf16 = Artifact(Path("m.xml"), "openvino", "bf16")  # without the profile's requires: the rule adds it
+    full = {b: Artifact(Path("m"), b, "int8", variant="full") for b in ("onnxruntime", "openvino")}
+    assert host_gap(fp16, cpu("sapphire-rapids"), "x86_64") is None
+    assert host_gap(bf16, cpu("zen4"), "x86_64") is None
+    for name, art in (("zen4", fp16), ("epyc-avx2", bf16), ("epyc-avx2", full["openvino"])):
+        gap = host_gap(art, cpu(name), "x86_64")
+        assert gap is not None and gap.startswith("this host lacks") and "edgekit bench" in gap, (name, art)
+    assert "fp16 (none of avx512_fp16, amx_fp16)" in (host_gap(fp16, cpu("zen4"), "x86_64") or "")
+    assert host_gap(full["onnxruntime"], cpu("epyc-avx2"), "x86_64") is None  # gated unfused
+    lib = Artifact(Path("m.so"), "tvm", "fp32", arch="aarch64")
+    assert host_gap(lib, cpu("zen4"), "x86_64") == "built for aarch64, this host is x86_64"
+    assert host_gap(fp16, cpu("cortex-a76"), "aarch64") is None
 
 
 def test_on_an_avx2_cpus_kernels_full_range_int8_fails_the_gate_and_the_portable_recipe_passes(
@@ -307,12 +334,12 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
 ) -> None:
     """On a CPU without int8-dot the build runs the QDQ graph unfused, and leaves OpenVINO's to the device."""
     pytest.importorskip("openvino")
-    import edgekit.convert.builder as builder
+    import edgekit.convert.gate as gate
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
     from edgekit.convert.report import BuildRequest
 
-    monkeypatch.setattr(builder, "this_cpu", lambda: cpu("epyc-avx2"))
+    monkeypatch.setattr(gate, "this_cpu", lambda: cpu("epyc-avx2"))
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
     result = build(
         BuildRequest(

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from edgekit.commands.build_progress import PlainProgress, stage_table
 from edgekit.commands.common import JsonOpt, console, err_console, print_json, stdout_to_stderr
 from edgekit.errors import BuildError
 
@@ -161,7 +162,7 @@ def build_command(
     )
     if as_json:
         with stdout_to_stderr():
-            result = build(req)
+            result = build(req, PlainProgress())
             chosen = _select_fastest(target, sign_key, quiet=True) if select else None
         print_json({**result.to_dict(), "selection": chosen})
         return
@@ -224,6 +225,8 @@ def _select_fastest(bundle: Path, sign_key: Path | None, quiet: bool) -> dict[st
 def _with_progress(req: Any, run: Any) -> Any:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    if not err_console.is_terminal:  # a pipe or a CI log: plain lines, not a spinner no one sees
+        return run(req, PlainProgress())
     with Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -236,6 +239,10 @@ def _with_progress(req: Any, run: Any) -> Any:
         def progress(step: str, status: str) -> None:
             if status == "start":
                 tasks[step] = bar.add_task(f"{step} …", total=1)
+            elif status.startswith("images "):
+                bar.update(tasks[step], description=f"{step} … {status.removeprefix('images ')} images")
+            elif step not in tasks:  # left out before it started (a TVM library with no schedules)
+                bar.add_task(f"{step} [yellow]– {status}[/]", total=1, completed=1)
             else:
                 mark = {"done": "[green]✓[/]", "cached": "[cyan]✓ cached[/]"}.get(
                     status, f"[yellow]– {status}[/]"
@@ -265,6 +272,8 @@ def _summary(result: dict[str, Any]) -> None:
             a["skipped"] or a["not_measured"] or a["notes"].get("edgetpu", "") or "",
         )
     console.print(table)
+    if result.get("stages"):
+        console.print(stage_table(result["stages"]))
     if detector:
         console.print(
             "[dim]matched: the fp32 model's decisive detections (score at least 0.1 above the threshold) "

@@ -17,40 +17,39 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.cpu import this_cpu
-from edgekit._core.elf import host_arch
 from edgekit._core.io import sha256_file
 from edgekit._core.packages import installed_versions
-from edgekit.convert.accuracy import compare, run_batch, run_outputs
+from edgekit.convert.accuracy import run_batch, run_outputs
 from edgekit.convert.accuracy_detection import detection_head
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.bundling import write
 from edgekit.convert.cache import BuildCache, step_key
+from edgekit.convert.gate import Judge, classifier_judge, detection_judge, evaluate, failure_row
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
 from edgekit.convert.latency import measure
 from edgekit.convert.recipes import litert_artifacts, plan_recipes, recipe_artifacts, recipe_of
-from edgekit.convert.report import ArtifactReport, BuildRequest, BuildResult
+from edgekit.convert.report import ArtifactReport, BuildRequest, BuildResult, StageTime
 from edgekit.errors import BuildError, EdgekitError
-from edgekit.runtime.profiles import get_profile, pin_precision
+from edgekit.runtime.profiles import get_profile
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import DetectionHead
-    from edgekit.convert.accuracy import GateAccuracy
     from edgekit.convert.modelcard import ModelCard
-
-Judge = Callable[["Session"], "GateAccuracy"]  # an artifact's session -> its gate result
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str, str], None]  # (step, status) — status "start", "done", "cached", "skipped: why"
+# (step, status): status "start", "done", "cached", "skipped: why", or "images N/M" while a step runs
+Progress = Callable[[str, str], None]
 
 
 def _nothing(step: str, status: str) -> None:
@@ -66,6 +65,7 @@ class _Build:
         self.cache = BuildCache(enabled=req.use_cache)
         self.stem = req.card.name
         self.source_hash = ""  # set by fp32_onnx(): what the model's weights and card hash to
+        self.stages: list[StageTime] = []  # each step's time, in order
         self.stage = Path(
             tempfile.mkdtemp(
                 prefix=".edgekit-build-", dir=req.out.parent if req.out.parent.exists() else None
@@ -73,10 +73,21 @@ class _Build:
         )
 
     def step(self, name: str, key: str, produce: Callable[[Path], Sequence[Artifact]]) -> list[Artifact]:
-        self.progress(name, "start")
-        made = self.cache.run(name, key, self.stage, produce)
-        self.progress(name, "cached" if self.cache.hits and self.cache.hits[-1] == name else "done")
+        with self.timed(*_stage_of(name)) as end:
+            made = self.cache.run(name, key, self.stage, produce)
+            end["cached"] = bool(self.cache.hits and self.cache.hits[-1] == name)
         return made
+
+    @contextmanager
+    def timed(self, stage: str, artifact: str = "") -> Iterator[dict[str, Any]]:
+        """Report a step's start and end and keep its time; the block may set ``cached`` or ``status``."""
+        label = f"{stage} {artifact}".strip()
+        end: dict[str, Any] = {"cached": False, "status": ""}
+        self.progress(label, "start")
+        t0 = time.perf_counter()
+        yield end
+        self.stages.append(StageTime(stage, artifact, time.perf_counter() - t0, end["cached"]))
+        self.progress(label, end["status"] or ("cached" if end["cached"] else "done"))
 
     # -- the fp32 reference ------------------------------------------------------------
 
@@ -129,6 +140,20 @@ class _Build:
         return calib, evals
 
 
+def _ticker(progress: Progress, label: str) -> Callable[[int, int], None]:
+    """A step's images-done report: ``images N/M``."""
+    return lambda done, todo: progress(label, f"images {done}/{todo}")
+
+
+def _stage_of(step: str) -> tuple[str, str]:
+    """A cached step's stage and artifact: ``fp32-onnx`` is the export, an int8 recipe a quantization."""
+    if step == "fp32-onnx":
+        return "export", step
+    if "int8" in step:
+        return "quantize", step
+    return ("compile" if step.startswith(("tvm", "tensorrt")) else "convert"), step
+
+
 def output_names(card: ModelCard, module: Any) -> str | tuple[str, ...]:
     """The fp32 ONNX's output names: the module's own ``output_names`` (a detector returning a
     tuple names each element), else the card's ``[output] names``, else the detection head's,
@@ -151,109 +176,6 @@ def _module_hash(module: Any) -> str:
         h.update(name.encode())
         h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
-
-
-def _evaluate(b: _Build, report: ArtifactReport, eval_batch: np.ndarray, judge: Judge) -> None:
-    from edgekit.backends import registry
-
-    a = report.artifact
-    assert a is not None
-    if a.arch not in ("any", host_arch()):
-        report.not_measured = f"built for {a.arch}, this host is {host_arch()}"
-        return
-    backend = registry.get(a.backend)
-    # Load it computing in the precision it is named for, as a device does (pinned, never the default).
-    options: dict[str, Any] = pin_precision(a.backend, a.precision, {})
-    avail = backend.available(options)
-    if not avail.ok:
-        report.not_measured = f"{a.backend} cannot run here: {avail.reason}"
-        return
-    cpu = this_cpu()
-    lacking = [c for c in a.requires if not cpu.has(c)]
-    if (
-        a.backend == "openvino"
-        and a.precision in ("bf16", "fp16")
-        and a.precision not in lacking
-        and not cpu.has(a.precision)
-    ):
-        lacking.append(a.precision)
-    saturates = a.variant == "full" and cpu.arch == "x86_64" and not cpu.has("int8-dot")
-    if saturates and a.backend == "onnxruntime":
-        # The QDQ graph run unfused computes in float what a CPU with int8-dot computes in int32:
-        # the numbers the device will see, which this host's saturating kernels cannot give.
-        options["optimization"] = "disable"
-        report.evaluated_as = (
-            "the QDQ graph unfused (this host's int8 kernels saturate on full-range weights)"
-        )
-        report.artifact = replace(a, notes={**a.notes, "gate_ran": report.evaluated_as})
-    elif lacking or saturates:
-        need = ", ".join(f"{c} ({cpu.why(c)})" for c in (lacking or ["int8-dot"]))
-        report.not_measured = f"this host lacks {need}: gate it on the device (edgekit bench)"
-        return
-    path = a.path
-    if a.kind == "tflite-edgetpu":  # compiled for the TPU: check its CPU source model instead
-        src = a.notes.get("source_model")
-        if not src:
-            report.not_measured = "an Edge TPU model runs only on an Edge TPU"
-            return
-        path = a.path.with_name(str(src))
-    try:
-        with backend.load(path, options) as session:
-            report.accuracy = judge(session)
-            # An unfused stand-in's speed says nothing of the device's.
-            if b.req.measure_latency and not report.evaluated_as:
-                report.latency = measure(session, eval_batch)
-    except EdgekitError as err:
-        raise BuildError(
-            f"the {report.recipe} artifact {path.name} was built but does not run: {err.message}",
-            "this is a converter problem: report it with the model and the build log",
-        ) from err
-
-
-def _detection_judge(
-    req: BuildRequest, head: DetectionHead, ref_session: Session, evals: ImageSet, eval_batch: np.ndarray
-) -> Judge:
-    """The detection gate against the fp32 ONNX's detections (``ref_session``) on ``evals``."""
-    from edgekit.convert.accuracy_detection import DetectionReference, align_outputs
-
-    ref_specs = ref_session.outputs
-    reference = DetectionReference(
-        head,
-        req.card.preprocess,
-        req.card.labels,
-        run_outputs(ref_session, eval_batch),
-        [o.name for o in ref_specs],
-        [(int(img.shape[0]), int(img.shape[1])) for img in evals.images],
-    )
-
-    def judge(session: Session) -> GateAccuracy:
-        try:
-            order = align_outputs(ref_specs, session.outputs)
-        except ValueError as err:
-            raise BuildError(
-                f"{session.artifact.name}: {err}",
-                "this is a converter problem: report it with the model and the build log",
-            ) from err
-        outputs = run_outputs(session, eval_batch)
-        return reference.compare([outputs[k] for k in order], evals.names, evals.smoke, req.threshold)
-
-    return judge
-
-
-def _failure_row(recipe: str, acc: GateAccuracy, threshold: float) -> str:
-    """One line of the failed-gate error: the numbers and the images they come from."""
-    det = acc.detection
-    if det is None:
-        return (
-            f"  {recipe:18} top-1 agreement {acc.top1_agreement:.1%} < {threshold:.0%}"
-            f" (flipped: {', '.join(acc.flipped) or '-'}; max logit diff {acc.max_abs_logit_diff:.3f})"
-        )
-    return (
-        f"  {recipe:18} matched {det.matched} of {det.decisive} decisive fp32 detections "
-        f"({acc.top1_agreement:.1%}, needs {threshold:.0%}), missed {det.missed}, extra {det.extra} (needs 0)"
-        f"; mean IoU {det.mean_iou:.3f}, max score drift {det.max_score_drift:.3f}"
-        f" (images: {', '.join(acc.flipped) or '-'})"
-    )
 
 
 def build(req: BuildRequest, progress: Progress = _nothing) -> BuildResult:
@@ -340,8 +262,9 @@ def _build_tflite(b: _Build) -> BuildResult:
         for r in plan_recipes(b.profile)
         if not r.startswith("litert-")
     ]
-    bundle = write(req, b.profile, dest, src_hash, [report], evals)
-    return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names))
+    with b.timed("bundle"):
+        bundle = write(req, b.profile, dest, src_hash, [report], evals)
+    return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names), b.stages)
 
 
 def _check_head_fits(
@@ -403,40 +326,34 @@ def _build(b: _Build) -> BuildResult:
         if rep.artifact is not None and needs:
             rep.artifact = replace(rep.artifact, requires=needs)
 
-    progress = b.progress
-    progress("fp32 reference", "start")
     from edgekit.backends import open_session
 
     head = detection_head(req.card)
     judge: Judge
-    with open_session(fp32, "onnxruntime") as ref_session:
+    with b.timed("reference", "fp32-onnx"), open_session(fp32, "onnxruntime") as ref_session:
         if head is None:
-            reference = run_batch(ref_session, eval_batch)
-
-            def judge(session: Session) -> GateAccuracy:
-                logits = run_batch(session, eval_batch)
-                return compare(logits, reference, evals.names, evals.smoke, req.threshold)
+            judge = classifier_judge(req, ref_session, evals, eval_batch)
         else:
-            judge = _detection_judge(req, head, ref_session, evals, eval_batch)
-    progress("fp32 reference", "done")
+            judge = detection_judge(req, head, ref_session, evals, eval_batch)
     ordered = [reports[r] for r in recipes]
     for rep in ordered:
         if rep.artifact is None:
             continue
-        progress(f"evaluate {rep.recipe}", "start")
-        _evaluate(b, rep, eval_batch, judge)
-        progress(f"evaluate {rep.recipe}", "done" if rep.accuracy else f"skipped: {rep.not_measured}")
+        with b.timed("gate", rep.recipe) as end:
+            evaluate(req, rep, eval_batch, judge, _ticker(b.progress, f"gate {rep.recipe}"))
+            end["status"] = "" if rep.accuracy else f"skipped: {rep.not_measured}"
 
     failed = [r for r in ordered if r.accuracy and not r.accuracy.passed]
     if failed and not req.allow_accuracy_drop:
-        rows = "\n".join(_failure_row(r.recipe, r.accuracy, req.threshold) for r in failed if r.accuracy)
+        rows = "\n".join(failure_row(r.recipe, r.accuracy, req.threshold) for r in failed if r.accuracy)
         raise BuildError(
             f"accuracy gate failed for {len(failed)} artifact(s) on {evals.names and len(evals.names)} "
             f"{'smoke-set' if evals.smoke else 'evaluation'} images:\n{rows}",
             "give more representative --calibration images, leave that precision out with --precisions, "
             "or accept the drop with --allow-accuracy-drop (it is recorded in the manifest)",
         )
-    progress("bundle", "start")
-    bundle = write(req, b.profile, fp32, fp32_hash, ordered, evals)
-    progress("bundle", "done")
-    return BuildResult(bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names))
+    with b.timed("bundle"):
+        bundle = write(req, b.profile, fp32, fp32_hash, ordered, evals)
+    return BuildResult(
+        bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names), b.stages
+    )

@@ -37,6 +37,7 @@ class BuildRequest:
     allow_accuracy_drop: bool = False
     use_cache: bool = True
     measure_latency: bool = True
+    gate_budget_s: float = 120.0  # an artifact slower than this on the eval set is gated on a sample
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ArtifactReport:
     not_measured: str = ""
     skipped: str = ""
     evaluated_as: str = ""  # how the gate ran it when not as the device will (empty: as the device will)
+    gate_sample: str = ""  # which of the images the gate judged it on, when not all (a slow artifact)
 
     def to_dict(self) -> dict[str, Any]:
         a = self.artifact
@@ -66,10 +68,29 @@ class ArtifactReport:
             else None,
             "not_measured": self.not_measured or None,
             "evaluated_as": self.evaluated_as or None,
+            "gate_sample": self.gate_sample or None,
             "variant": a.variant if a else None,
             "requires": list(a.requires) if a else [],
             "skipped": self.skipped or None,
             "notes": dict(a.notes) if a else {},
+        }
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """How long one step of the build took (``artifact`` empty for a step of the whole build)."""
+
+    stage: str  # export, convert, quantize, compile, reference, gate, bundle
+    artifact: str
+    seconds: float
+    cached: bool = False  # read back from the build cache
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "artifact": self.artifact or None,
+            "seconds": round(self.seconds, 3),
+            "cached": self.cached,
         }
 
 
@@ -83,6 +104,7 @@ class BuildResult:
     cache_hits: list[str] = field(default_factory=list)
     smoke_set: bool = True
     eval_images: int = 0
+    stages: list[StageTime] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,4 +114,5 @@ class BuildResult:
             "smoke_set": self.smoke_set,
             "cache_hits": self.cache_hits,
             "artifacts": [r.to_dict() for r in self.reports],
+            "stages": [t.to_dict() for t in self.stages],
         }
