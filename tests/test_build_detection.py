@@ -104,7 +104,6 @@ def test_every_artifact_of_the_profile_is_built_and_passes_the_detection_gate(
         "onnxruntime-fp32",
         "openvino-fp32",
         "litert-fp32",
-        "tvm-fp32",
         "onnxruntime-int8",
         "openvino-int8",
         "litert-int8",
@@ -123,7 +122,11 @@ def test_every_artifact_of_the_profile_is_built_and_passes_the_detection_gate(
         assert det.matched == det.decisive_detections and det.mean_iou >= 0.8, (a.name, det)
         assert a.latency is not None and a.latency.p50_ms > 0, a.name
         gated += 1
-    assert gated >= 7  # fp32 on four backends, int8 on three
+    assert gated >= 6  # fp32 on three backends, int8 on three
+    # No TVM schedules ship for BlazeFace: an untuned host library could never be chosen, so by
+    # default it is not built (nor gated), and the report says how to get it.
+    assert reports["tvm-fp32"]["path"] is None and "no tuned schedules" in reports["tvm-fp32"]["skipped"]
+    assert "--tvm-untuned" in reports["tvm-fp32"]["skipped"]
 
 
 @pytest.mark.slow

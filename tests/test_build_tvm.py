@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from edgekit._core.elf import elf_arch, host_arch
 from edgekit._core.io import sha256_file
+from edgekit.bundle import read_manifest
 from edgekit.convert import tvm_cpu
 from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
 from edgekit.convert.artifact import Artifact
+from edgekit.convert.report import BuildResult
 from edgekit.errors import BuildError
 from edgekit.runtime.profiles import get_profile
 
@@ -257,3 +260,64 @@ def test_tvm_imports_an_int8_qdq_model_as_float_convolutions(tiny: TinyArtifacts
     assert {"relax.quantize", "relax.dequantize"} <= ops
     assert conv_inputs and set(conv_inputs) == {"float32"}
     assert "fp32" in INT8_NOT_BUILT
+
+
+def _tiny_build(
+    tiny: TinyArtifacts,
+    out: Path,
+    device: str,
+    backends: tuple[str, ...] = ("onnxruntime", "tvm"),
+    **options: Any,
+) -> BuildResult:
+    from edgekit.convert.builder import build
+    from edgekit.convert.modelcard import card_for_file
+    from edgekit.convert.report import BuildRequest
+
+    card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
+    return build(
+        BuildRequest(
+            card=card,
+            device=device,
+            out=out,
+            onnx=tiny.onnx,
+            backends=backends,
+            precisions=("fp32",),
+            use_cache=False,
+            measure_latency=False,
+            **options,
+        )
+    )
+
+
+def test_an_untuned_library_for_this_host_is_left_out_unless_asked_for(
+    tiny: TinyArtifacts, tmp_path: Path
+) -> None:
+    from edgekit.convert.recipes import UNTUNED_TVM
+
+    # The tiny model has no shipped schedules and this run's cache none: plain loops, never chosen.
+    result = _tiny_build(tiny, tmp_path / "default", "x86_64-cpu")
+    reports = {r.recipe: r for r in result.reports}
+    assert reports["tvm-fp32"].artifact is None and reports["tvm-fp32"].skipped == UNTUNED_TVM
+    assert "--tune-trials N" in UNTUNED_TVM and "--tvm-untuned" in UNTUNED_TVM
+    assert [a.name for a in read_manifest(result.bundle).artifacts] == ["onnxruntime-fp32"]
+    assert "compile" not in {s.stage for s in result.stages}
+    with pytest.raises(BuildError, match="no artifact to bundle: tvm-fp32: no tuned schedules") as err:
+        _tiny_build(tiny, tmp_path / "tvm-only", "x86_64-cpu", backends=("tvm",))
+    assert not (tmp_path / "tvm-only").exists() and "--backends" in err.value.hint
+
+    asked = _tiny_build(tiny, tmp_path / "untuned", "x86_64-cpu", tvm_untuned=True)
+    lib = next(r for r in asked.reports if r.recipe == "tvm-fp32")
+    assert lib.artifact is not None and lib.artifact.arch == host_arch()
+    assert str(lib.artifact.notes["schedules"]).startswith("untuned")
+    assert lib.accuracy is not None and lib.accuracy.passed  # built on request: gated as any other
+    assert ("compile", "tvm-fp32") in {(s.stage, s.artifact) for s in asked.stages}
+
+
+def test_a_library_for_another_arch_is_built_untuned_all_the_same(
+    tiny: TinyArtifacts, tmp_path: Path, aarch64_cc: str
+) -> None:
+    # It cannot run here anyway, and whatever schedules it gets are its only chance on the device.
+    result = _tiny_build(tiny, tmp_path / "rpi5", "rpi5")
+    lib = next(r for r in result.reports if r.recipe == "tvm-fp32")
+    assert lib.artifact is not None and lib.artifact.arch == "aarch64" and not lib.skipped
+    assert lib.accuracy is None and lib.not_measured.startswith("built for aarch64")

@@ -84,6 +84,9 @@ def build_command(
     tune_trials: Annotated[
         int, typer.Option(help="MetaSchedule trials for TVM (0: apply a cached/shipped database).")
     ] = 0,
+    tvm_untuned: Annotated[
+        bool, typer.Option(help="Build this host's TVM library even with no tuned schedules (slow).")
+    ] = False,
     sign_key: Annotated[
         Path | None, typer.Option(help="Ed25519 private key to sign the bundle (edgekit keys generate).")
     ] = None,
@@ -154,6 +157,7 @@ def build_command(
         backends=_list(backends),
         precisions=_list(precisions),
         tune_trials=tune_trials,
+        tvm_untuned=tvm_untuned,
         sign_key=sign_key,
         serial=serial,
         threshold=threshold,

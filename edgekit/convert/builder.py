@@ -34,7 +34,13 @@ from edgekit.convert.cache import BuildCache, step_key
 from edgekit.convert.gate import Judge, classifier_judge, detection_judge, evaluate, failure_row
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
 from edgekit.convert.latency import measure
-from edgekit.convert.recipes import litert_artifacts, plan_recipes, recipe_artifacts, recipe_of
+from edgekit.convert.recipes import (
+    litert_artifacts,
+    plan_recipes,
+    recipe_artifacts,
+    recipe_of,
+    untuned_tvm,
+)
 from edgekit.convert.report import ArtifactReport, BuildRequest, BuildResult, StageTime
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.runtime.profiles import get_profile
@@ -318,8 +324,16 @@ def _build(b: _Build) -> BuildResult:
             for r, a in litert_artifacts(b, litert_recipes, fp32, calib, calib_hash).items():
                 reports[r] = ArtifactReport(r, a)
     for r in recipes:
-        if r not in reports:
+        if r not in reports and (why := untuned_tvm(b, r, fp32_hash)):
+            reports[r] = ArtifactReport(r, None, skipped=why)
+            b.progress(f"compile {r}", f"skipped: {why}")
+        elif r not in reports:
             reports[r] = ArtifactReport(r, recipe_artifacts(b, r, fp32, fp32_hash, calib, calib_hash)[0])
+    if all(rep.artifact is None for rep in reports.values()):
+        raise BuildError(
+            "no artifact to bundle: " + "; ".join(f"{r}: {rep.skipped}" for r, rep in reports.items()),
+            "build other backends too (leave out --backends), or follow the hint of the one left out",
+        )
     for r, rep in reports.items():
         # What the profile's candidates for this recipe need of a CPU travels with the artifact.
         needs = tuple(dict.fromkeys(x for c in b.profile.candidates if recipe_of(c) == r for x in c.requires))

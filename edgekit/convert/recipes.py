@@ -83,6 +83,34 @@ def plan_recipes(
     return recipes
 
 
+UNTUNED_TVM = (
+    "no tuned schedules for this model on this CPU; tune with --tune-trials N "
+    "or build it untuned with --tvm-untuned"
+)
+
+
+def untuned_tvm(b: BuildSteps, recipe: str, fp32_hash: str) -> str | None:
+    """Why the build leaves ``recipe`` out: a TVM library for this host with no tuned schedules.
+
+    Untuned TVM code is plain loops, tens of times slower than every other artifact of the
+    bundle, so selection never picks it, and gating it took most of a build (14.5 of 20
+    minutes on YOLOv8s).  A library for another architecture (rpi5, jetson) is still built:
+    any schedules it gets are its best chance, and it is gated on the device.
+    """
+    from edgekit._core.elf import host_arch
+    from edgekit.convert import tvm_database
+
+    target = dict(b.profile.tvm_target)
+    if recipe != "tvm-fp32" or b.req.tune_trials or b.req.tvm_untuned:
+        return None
+    if tvm_database.target_arch(target) != host_arch():
+        return None
+    model_dir = b.req.card.path.parent if b.req.card.path else None
+    if tvm_database.find_database(fp32_hash, target, model_dir=model_dir) is not None:
+        return None
+    return UNTUNED_TVM
+
+
 def recipe_artifacts(
     b: BuildSteps, recipe: str, fp32: Path, fp32_hash: str, calib: np.ndarray, calib_hash: str
 ) -> list[Artifact]:

@@ -31,6 +31,7 @@ class BuildRequest:
     backends: tuple[str, ...] = ()  # empty: every backend the profile names
     precisions: tuple[str, ...] = ()
     tune_trials: int = 0
+    tvm_untuned: bool = False  # build a host-arch TVM library even with no tuned schedules for it
     sign_key: Path | None = None
     serial: int | None = None  # the bundle's build counter (None: UTC seconds at the build)
     threshold: float = DEFAULT_THRESHOLD
