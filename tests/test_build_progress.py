@@ -116,3 +116,33 @@ def test_the_gate_sample_is_stated_in_the_report_and_the_manifest(
     (art,) = read_manifest(result.bundle).artifacts
     assert art.notes["gate_sample"] == got["gate_sample"]
     assert art.accuracy is not None and art.accuracy.eval_images == MIN_SAMPLE
+
+
+def test_calibration_and_the_gate_report_the_images_they_have_done(
+    tiny: TinyArtifacts, tmp_path: Path
+) -> None:
+    from edgekit.convert.builder import build
+    from edgekit.convert.modelcard import card_for_file
+    from edgekit.convert.report import BuildRequest
+
+    seen: list[tuple[str, str]] = []
+    card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
+    req = BuildRequest(
+        card=card,
+        device="x86_64-cpu",
+        out=tmp_path / "b",
+        onnx=tiny.onnx,
+        backends=("onnxruntime", "openvino"),
+        precisions=("int8",),
+        allow_accuracy_drop=True,
+        use_cache=False,
+        measure_latency=False,
+    )
+    result = build(req, lambda step, status: seen.append((step, status)))
+    n = result.eval_images  # the smoke set: calibration and evaluation both
+    for recipe in ("onnxruntime-int8", "openvino-int8"):
+        ours = [status for step, status in seen if step == f"quantize {recipe}"]
+        assert ours[0] == "start" and ours[-1] == "done", ours
+        assert f"images 1/{n}" in ours and f"images {n}/{n}" in ours, ours
+    gate = [status for step, status in seen if step == "gate onnxruntime-int8"]
+    assert gate[0] == "start" and f"images {n}/{n}" in gate and gate[-1] == "done", gate

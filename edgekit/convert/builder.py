@@ -72,6 +72,7 @@ class _Build:
         self.stem = req.card.name
         self.source_hash = ""  # set by fp32_onnx(): what the model's weights and card hash to
         self.stages: list[StageTime] = []  # each step's time, in order
+        self.current = ""  # the step in progress, for tick()
         self.stage = Path(
             tempfile.mkdtemp(
                 prefix=".edgekit-build-", dir=req.out.parent if req.out.parent.exists() else None
@@ -90,10 +91,17 @@ class _Build:
         label = f"{stage} {artifact}".strip()
         end: dict[str, Any] = {"cached": False, "status": ""}
         self.progress(label, "start")
-        t0 = time.perf_counter()
-        yield end
+        t0, self.current = time.perf_counter(), label
+        try:
+            yield end
+        finally:
+            self.current = ""
         self.stages.append(StageTime(stage, artifact, time.perf_counter() - t0, end["cached"]))
         self.progress(label, end["status"] or ("cached" if end["cached"] else "done"))
+
+    def tick(self, done: int, todo: int) -> None:
+        if self.current:
+            self.progress(self.current, f"images {done}/{todo}")
 
     # -- the fp32 reference ------------------------------------------------------------
 
@@ -144,11 +152,6 @@ class _Build:
         evals = load_dir(self.req.eval) if self.req.eval else smoke
         assert calib is not None and evals is not None
         return calib, evals
-
-
-def _ticker(progress: Progress, label: str) -> Callable[[int, int], None]:
-    """A step's images-done report: ``images N/M``."""
-    return lambda done, todo: progress(label, f"images {done}/{todo}")
 
 
 def _stage_of(step: str) -> tuple[str, str]:
@@ -354,7 +357,7 @@ def _build(b: _Build) -> BuildResult:
         if rep.artifact is None:
             continue
         with b.timed("gate", rep.recipe) as end:
-            evaluate(req, rep, eval_batch, judge, _ticker(b.progress, f"gate {rep.recipe}"))
+            evaluate(req, rep, eval_batch, judge, b.tick)
             end["status"] = "" if rep.accuracy else f"skipped: {rep.not_measured}"
 
     failed = [r for r in ordered if r.accuracy and not r.accuracy.passed]

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,12 +67,14 @@ def quantize_onnx_int8(
     *,
     float_layers: int = FLOAT_LAYERS,
     full_range: bool = False,
+    on_image: Callable[[int, int], object] | None = None,
 ) -> Artifact:
     """Quantize the fp32 ONNX ``fp32`` to an int8 QDQ model at ``out``, calibrated on ``calibration``.
 
     ``calibration`` is a preprocessed batch (N, ...) fed one image at a time to ``input_name``.
     The input and output stay float32, so a device feeds the int8 model what it feeds fp32.
     ``full_range``: 8-bit weights everywhere and no float layers, for CPUs with int8-dot.
+    ``on_image(done, of)`` is called as each calibration image is read (the build's progress).
     """
     from onnxruntime import __version__ as ort_version
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -95,7 +97,7 @@ def quantize_onnx_int8(
             quantize_static(
                 model,
                 tmp,
-                _Reader(calibration, input_name),
+                _Reader(calibration, input_name, on_image),
                 quant_format=QuantFormat.QDQ,
                 per_channel=True,
                 activation_type=QuantType.QUInt8,
@@ -202,13 +204,20 @@ def _without_preprocess_advice() -> Iterator[None]:
 class _Reader:
     """ORT's CalibrationDataReader protocol over a batch: one image per call, then None."""
 
-    def __init__(self, batch: np.ndarray, input_name: str) -> None:
+    def __init__(
+        self, batch: np.ndarray, input_name: str, on_image: Callable[[int, int], object] | None = None
+    ) -> None:
         self._items: Iterator[dict[str, np.ndarray]] = iter(
             {input_name: batch[i : i + 1]} for i in range(len(batch))
         )
+        self._n, self._read, self._on_image = len(batch), 0, on_image
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._items, None)
+        item = next(self._items, None)
+        if item is not None and self._on_image is not None:
+            self._read += 1
+            self._on_image(self._read, self._n)
+        return item
 
 
 def check_calibration(path: Path, model: Any, calibration: np.ndarray, input_name: str | None = None) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,10 +79,13 @@ def quantize_openvino_int8(
     *,
     float_layers: int = FLOAT_LAYERS,
     full_range: bool = False,
+    on_image: Callable[[int, int], object] | None = None,
 ) -> Artifact:
     """Quantize the fp32 ONNX to an int8 OpenVINO IR with NNCF, calibrated on ``calibration`` (N, ...).
 
     ``full_range``: 8-bit weights everywhere and no float layers, for CPUs with int8-dot.
+    ``on_image(done, of)`` is called as NNCF takes each calibration image, on each of its passes
+    (statistics, then bias correction): the build's own progress beside NNCF's bars.
     """
     import nncf
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
@@ -96,7 +99,7 @@ def quantize_openvino_int8(
         with _quiet_nncf():
             quantized = nncf.quantize(
                 model,
-                nncf.Dataset([calibration[i : i + 1] for i in range(len(calibration))]),
+                nncf.Dataset(_Images(calibration, on_image)),
                 preset=nncf.QuantizationPreset.PERFORMANCE,  # symmetric activations: what the CPU plugin runs fastest
                 subset_size=len(calibration),  # a few dozen images: use them all
                 fast_bias_correction=True,
@@ -125,6 +128,23 @@ def quantize_openvino_int8(
         **({"float_heads": float_heads, "float_heads_recipe": heads.RECIPE} if float_heads else {}),
     }
     return _artifact(xml, "int8", notes, variant="full" if full_range else "")
+
+
+class _Images:
+    """The calibration batch one image at a time, each pass from the start, telling ``on_image``."""
+
+    def __init__(self, batch: np.ndarray, on_image: Callable[[int, int], object] | None) -> None:
+        self.batch, self.on_image = batch, on_image
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        n = len(self.batch)
+        for i in range(n):
+            if self.on_image is not None:  # before: NNCF stops taking after its last image
+                self.on_image(i + 1, n)
+            yield self.batch[i : i + 1]
+
+    def __len__(self) -> int:
+        return len(self.batch)
 
 
 def _float_heads(model: Any) -> list[str]:

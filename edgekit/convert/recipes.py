@@ -38,6 +38,9 @@ class BuildSteps(Protocol):
 
     def step(self, name: str, key: str, produce: Callable[[Path], Sequence[Artifact]]) -> list[Artifact]: ...
 
+    def tick(self, done: int, todo: int) -> None:
+        """The step in progress has ``done`` of its ``todo`` images (calibration): for the progress."""
+
 
 def recipe_of(c: Candidate) -> str:
     """Which artifact a candidate loads: ``backend-precision[-variant]``, or ``litert-edgetpu`` for the Edge TPU."""
@@ -134,6 +137,7 @@ def recipe_artifacts(
                     calib,
                     req.card.input_name,
                     full_range=full,
+                    on_image=b.tick,
                 )
             ],
         )
@@ -146,7 +150,9 @@ def recipe_artifacts(
             return b.step(
                 recipe,
                 step_key(recipe, [fp32_hash, calib_hash], cache_params(fp32)),
-                lambda d: [openvino_ir.quantize_openvino_int8(fp32, d, calib, full_range=full)],
+                lambda d: [
+                    openvino_ir.quantize_openvino_int8(fp32, d, calib, full_range=full, on_image=b.tick)
+                ],
             )
         return b.step(
             recipe,
