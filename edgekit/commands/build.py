@@ -273,7 +273,7 @@ def _summary(result: dict[str, Any]) -> None:
             *(_detection_cells(acc) if detector else _top1_cells(acc)),
             f"{lat['p50']:.2f}" if lat else "-",
             f"{lat['p99']:.2f}" if lat else "-",
-            a["skipped"] or a["not_measured"] or a["notes"].get("edgetpu", "") or "",
+            a["skipped"] or a["not_measured"] or a.get("gate_sample") or a["notes"].get("edgetpu", "") or "",
         )
     console.print(table)
     if result.get("stages"):
