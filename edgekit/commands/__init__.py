@@ -18,6 +18,7 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.deploy",
     "edgekit.commands.bench",
     "edgekit.commands.select",
+    "edgekit.commands.eval",
 )
 
 
