@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from detector_bundle import build_blazeface
+from detector_bundle import BLAZEFACE, blazeface_key, build_blazeface
 
 from edgekit.bundle import read_manifest
-from edgekit.errors import EdgekitError
+from edgekit.errors import BuildError, EdgekitError
 
 from conftest import edgekit
 
@@ -235,3 +235,68 @@ def test_eval_refuses_a_classifier_bundle(tiny: Any, tmp_path: Path, images: Pat
     assert "detector" in err.value.hint
     r = edgekit(dict(os.environ), "eval", str(classifier), "--coco", str(own_boxes), "--images", str(images))
     assert r.returncode != 0 and "classifier" in r.stderr and "Traceback" not in r.stderr
+
+
+def _gated_build(out: Path, ann: Path, images: Path, max_drop: float, allow: bool = False) -> Path:
+    from edgekit.convert.builder import build
+    from edgekit.convert.coco_gate import CocoGate
+    from edgekit.convert.modelcard import read_card
+    from edgekit.convert.report import BuildRequest
+
+    return build(
+        BuildRequest(
+            card=read_card(BLAZEFACE),
+            device="x86_64-cpu",
+            out=out,
+            backends=("onnxruntime",),
+            precisions=("fp32",),
+            sign_key=blazeface_key(out.parent)[0],
+            measure_latency=False,
+            allow_accuracy_drop=allow,
+            coco=CocoGate(ann, images, max_drop),
+        )
+    ).bundle
+
+
+def test_the_build_gate_is_map50_against_fp32_with_labels(
+    tmp_path: Path, images: Path, own_boxes: Path
+) -> None:
+    # A drop of at most -1 points asks the artifact to beat fp32 by a point: the fp32 artifact
+    # itself loses 0, so it fails the gate as an artifact that lost accuracy would.
+    with pytest.raises(BuildError) as err:
+        _gated_build(tmp_path / "strict", own_boxes, images, -1.0)
+    assert "mAP50 100.00 against fp32's 100.00" in err.value.message
+    assert not (tmp_path / "strict").exists()
+    shipped = _gated_build(tmp_path / "allowed", own_boxes, images, -1.0, allow=True)
+    art = read_manifest(shipped).artifacts[0]
+    assert art.accuracy is not None and not art.accuracy.passed and art.accuracy.allowed_drop
+    assert art.notes["map_gate"]["passed"] is False and art.notes["map_gate"]["drop_points"] == 0.0
+
+    # The command line: the same gate, passed at the default 1 point, and its numbers in the report.
+    key = blazeface_key(tmp_path)[0]
+    out = tmp_path / "passed"
+    r = edgekit(
+        dict(os.environ),
+        *("build", "--model", str(BLAZEFACE), "--device", "x86_64-cpu", "-o", str(out)),
+        *("--backends", "onnxruntime", "--precisions", "fp32", "--sign-key", str(key), "--json"),
+        *("--eval-coco", str(own_boxes), "--eval-images", str(images)),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    reported = json.loads(r.stdout)["artifacts"][0]["accuracy"]["map_gate"]
+    art = read_manifest(out).artifacts[0]
+    assert art.accuracy is not None and art.accuracy.passed and not art.accuracy.allowed_drop
+    gate = art.notes["map_gate"]
+    assert gate == reported
+    assert (gate["map50"], gate["fp32_map50"], gate["max_drop_points"], gate["images"]) == (1.0, 1.0, 1.0, 6)
+
+
+def test_build_flags_for_labels_go_together(images: Path, own_boxes: Path) -> None:
+    from edgekit.convert.coco_gate import gate_request
+
+    assert gate_request(None, None, 1.0, None) is None
+    with pytest.raises(BuildError, match="go together"):
+        gate_request(own_boxes, None, 1.0, None)
+    with pytest.raises(BuildError, match="--class-map"):
+        gate_request(None, None, 1.0, "face=person")
+    gate = gate_request(own_boxes, images, 0.5, None)
+    assert gate is not None and gate.max_map_drop == 0.5

@@ -77,6 +77,23 @@ def build_command(
     eval_dir: Annotated[
         Path | None, typer.Option("--eval", help="Directory of evaluation images (default: smoke set).")
     ] = None,
+    eval_coco: Annotated[
+        Path | None,
+        typer.Option(
+            "--eval-coco",
+            help="COCO-format labels of --eval-images: a detector's gate becomes mAP50 against fp32.",
+        ),
+    ] = None,
+    eval_images: Annotated[
+        Path | None, typer.Option("--eval-images", help="The folder of the --eval-coco images.")
+    ] = None,
+    max_map_drop: Annotated[
+        float, typer.Option("--max-map-drop", help="Points of mAP50 an artifact may lose against fp32.")
+    ] = 1.0,
+    class_map: Annotated[
+        str | None,
+        typer.Option("--class-map", help='Model classes to --eval-coco categories: "CLASS=CATEGORY,...".'),
+    ] = None,
     backends: Annotated[str | None, typer.Option(help="Only these backends, comma-separated.")] = None,
     precisions: Annotated[
         str | None, typer.Option(help="Only these precisions, comma-separated (fp32,fp16,int8).")
@@ -118,6 +135,7 @@ def build_command(
 ) -> None:
     """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
     from edgekit.convert.builder import build
+    from edgekit.convert.coco_gate import gate_request
     from edgekit.convert.modelcard import card_for_file, read_card
     from edgekit.convert.report import BuildRequest
     from edgekit.runtime.profiles import get_profile
@@ -163,6 +181,7 @@ def build_command(
         threshold=threshold,
         allow_accuracy_drop=allow_accuracy_drop,
         use_cache=not no_cache,
+        coco=gate_request(eval_coco, eval_images, max_map_drop, class_map),
     )
     if as_json:
         with stdout_to_stderr():
@@ -290,6 +309,9 @@ def _summary(result: dict[str, Any]) -> None:
             "[dim]top-1 vs fp32: agreement on the images where fp32 is decisive (its two best classes at least "
             "10 points of probability apart); near-ties are listed in the manifest, not gated.[/]"
         )
+    for a in result["artifacts"]:
+        if (a["accuracy"] or {}).get("map_gate"):
+            console.print(_map_line(a["recipe"], a["accuracy"]["map_gate"]))
     if result["smoke_set"]:
         console.print(
             f"[dim]accuracy measured on the built-in smoke set ({result['eval_images']} images from scikit-image): "
@@ -318,4 +340,13 @@ def _detection_cells(acc: dict[str, Any] | None) -> tuple[str, str, str, str, st
         str(det["missed"]),
         f"[{'red' if det['extra'] else 'green'}]{det['extra']}[/]",
         f"{det['max_score_drift']:.3f}",
+    )
+
+
+def _map_line(recipe: str, m: dict[str, Any]) -> str:
+    colour = "green" if m["passed"] else "red"
+    return (
+        f"{recipe}: [{colour}]mAP50 {100 * m['map50']:.1f}[/] (fp32 {100 * m['fp32_map50']:.1f}: "
+        f"{0.0 - m['drop_points']:+.2f} points, {0.0 - m['max_drop_points']:+g} allowed), mAP50-95 "
+        f"{100 * m['map50_95']:.1f} on {m['images']} labelled images"
     )

@@ -25,6 +25,7 @@ from edgekit.runtime.tensors import from_output, to_input
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.convert.coco_gate import MapGateResult
     from edgekit.runtime.detection_gate import DetectionAgreement
 
 DEFAULT_THRESHOLD = 0.98
@@ -47,9 +48,15 @@ class GateAccuracy:
     #: share of decisive reference detections matched, ``decisive_images`` the images holding
     #: one, ``flipped`` the images with a miss or an extra, ``max_abs_logit_diff`` over every raw output.
     detection: DetectionAgreement | None = None
+    #: With labelled images (``--eval-coco``): the mAP50 gate that decided ``passed`` (``coco_gate``).
+    map_gate: MapGateResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {**asdict(self), "flipped": list(self.flipped)}
+        if self.map_gate is None:
+            del d["map_gate"]
+        else:
+            d["map_gate"] = self.map_gate.to_dict()
         if self.detection is None:
             del d["detection"]  # a classifier's report reads as it did before detection existed
         else:

@@ -241,6 +241,11 @@ def _build_tflite(b: _Build) -> BuildResult:
 
     req = b.req
     assert req.tflite is not None
+    if req.coco is not None:
+        raise BuildError(
+            "--eval-coco gates artifacts against the fp32 ONNX, and a .tflite is bundled as its own reference",
+            "leave --eval-coco out, and measure the bundle with edgekit eval BUNDLE --coco ... instead",
+        )
     src_hash = sha256_file(req.tflite)
     dest = b.stage / f"{b.stem}{req.tflite.suffix}"
     shutil.copyfile(req.tflite, dest)
@@ -303,6 +308,11 @@ def _build(b: _Build) -> BuildResult:
     req = b.req
     if req.tflite is not None:
         return _build_tflite(b)
+    if req.coco is not None and detection_head(req.card) is None:
+        raise BuildError(
+            f"--eval-coco measures a detector's mAP, and {req.card.name} is a classifier",
+            "leave --eval-coco out: a classifier's gate is top-1 agreement with fp32 (--eval DIR)",
+        )
     recipes = plan_recipes(b.profile, req.backends, req.precisions)
     fp32 = b.fp32_onnx()
     fp32_hash = sha256_file(fp32)
@@ -352,6 +362,10 @@ def _build(b: _Build) -> BuildResult:
             judge = classifier_judge(req, ref_session, evals, eval_batch)
         else:
             judge = detection_judge(req, head, ref_session, evals, eval_batch)
+            if req.coco is not None:
+                from edgekit.convert.coco_gate import map_judge
+
+                judge = map_judge(req.coco, req.card, head, ref_session, judge)
     ordered = [reports[r] for r in recipes]
     for rep in ordered:
         if rep.artifact is None:

@@ -52,6 +52,7 @@ def write(
     from edgekit.bundle import Accuracy, Latency
     from edgekit.convert.accuracy_detection import detection_head
     from edgekit.convert.bundle_writer import ArtifactResults, bundle_meta, write_bundle
+    from edgekit.convert.coco_gate import with_map_note
 
     meta = bundle_meta(
         req.card,
@@ -69,7 +70,7 @@ def write(
         acc = r.accuracy
         items.append(
             (
-                r.artifact,
+                with_map_note(r.artifact, acc),
                 ArtifactResults(
                     latency=Latency(p50_ms=r.latency.p50_ms, p99_ms=r.latency.p99_ms, runs=r.latency.runs)
                     if r.latency

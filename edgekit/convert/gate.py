@@ -242,6 +242,8 @@ def detection_judge(
 def failure_row(recipe: str, acc: GateAccuracy, threshold: float) -> str:
     """One line of the failed-gate error: the numbers and the images they come from."""
     det = acc.detection
+    if acc.map_gate is not None:
+        return acc.map_gate.failure_row(recipe)
     if det is None:
         return (
             f"  {recipe:18} top-1 agreement {acc.top1_agreement:.1%} < {threshold:.0%}"

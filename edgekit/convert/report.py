@@ -12,6 +12,7 @@ from typing import Any
 
 from edgekit.convert.accuracy import DEFAULT_THRESHOLD, GateAccuracy
 from edgekit.convert.artifact import Artifact
+from edgekit.convert.coco_gate import CocoGate
 from edgekit.convert.latency import MeasuredLatency
 from edgekit.convert.modelcard import ModelCard
 
@@ -39,6 +40,7 @@ class BuildRequest:
     use_cache: bool = True
     measure_latency: bool = True
     gate_budget_s: float = 120.0  # an artifact slower than this on the eval set is gated on a sample
+    coco: CocoGate | None = None  # labelled images: the detection gate is mAP50 against fp32
 
 
 @dataclass

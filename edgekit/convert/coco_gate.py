@@ -1,0 +1,153 @@
+"""The build's detection gate on labelled images: an artifact may lose at most ``max_map_drop`` points of mAP50.
+
+With ``edgekit build --eval-coco ann.json --eval-images DIR`` the fp32 ONNX and every
+artifact are scored on those images (``edgekit.convert.coco_eval``: the device's
+preprocessing and decoder, score >= 0.001, 300 detections an image, pycocotools).  An
+artifact whose mAP50 is more than ``max_map_drop`` points below fp32's fails the gate as the
+agreement gate's failures do (the build stops, or ships it under ``--allow-accuracy-drop``,
+recorded).  The fp32-agreement numbers are still measured and recorded beside it; they no
+longer decide.  The manifest's ``Accuracy`` has no field for mAP and devices refuse fields
+they do not know, so the numbers travel in the artifact's free-form ``notes`` as ``map_gate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from edgekit.backends.base import Session
+    from edgekit.bundle.manifest import DetectionHead
+    from edgekit.convert.accuracy import GateAccuracy
+    from edgekit.convert.artifact import Artifact
+    from edgekit.convert.modelcard import ModelCard
+
+#: Points of mAP50 an artifact may lose against fp32 by default: quantization costs YOLO-family
+#: detectors about this much on COCO when it goes well.
+DEFAULT_MAX_MAP_DROP = 1.0
+NOTE = "map_gate"
+
+
+@dataclass(frozen=True)
+class CocoGate:
+    """What ``--eval-coco``/``--eval-images``/``--max-map-drop``/``--class-map`` ask of the build."""
+
+    annotations: Path
+    images: Path
+    max_map_drop: float = DEFAULT_MAX_MAP_DROP
+    class_map: str | None = None
+
+
+@dataclass(frozen=True)
+class MapGateResult:
+    """One artifact's mAP on the labelled images against the fp32 reference's, and the verdict."""
+
+    map50: float
+    map50_95: float
+    fp32_map50: float
+    fp32_map50_95: float
+    max_drop: float  # points of mAP50
+    images: int
+    boxes: int
+    annotations: str  # the file's name
+
+    @property
+    def drop(self) -> float:
+        """Points of mAP50 lost against fp32 (negative: gained)."""
+        return 100 * (self.fp32_map50 - self.map50)
+
+    @property
+    def passed(self) -> bool:
+        return self.drop <= self.max_drop
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "map50": round(self.map50, 5),
+            "map50_95": round(self.map50_95, 5),
+            "fp32_map50": round(self.fp32_map50, 5),
+            "fp32_map50_95": round(self.fp32_map50_95, 5),
+            "drop_points": round(self.drop, 3),
+            "max_drop_points": self.max_drop,
+            "passed": self.passed,
+            "images": self.images,
+            "boxes": self.boxes,
+            "annotations": self.annotations,
+        }
+
+    def failure_row(self, recipe: str) -> str:
+        """One line of the failed-gate error."""
+        return (
+            f"  {recipe:18} mAP50 {100 * self.map50:.2f} against fp32's {100 * self.fp32_map50:.2f}: "
+            f"{self.drop:.2f} points lost, at most {self.max_drop:g} allowed "
+            f"({self.images} labelled images of {self.annotations}; mAP50-95 {100 * self.map50_95:.2f})"
+        )
+
+
+def map_judge(
+    gate: CocoGate,
+    card: ModelCard,
+    head: DetectionHead,
+    ref_session: Session,
+    agreement: Callable[[Session], GateAccuracy],
+) -> Callable[[Session], GateAccuracy]:
+    """The build's judge with labels: ``agreement``'s result, passed or failed by mAP50 against fp32.
+
+    The fp32 reference (``ref_session``) is scored here, once, before any artifact.
+    """
+    from edgekit.convert.coco_data import class_ids, load_coco
+    from edgekit.convert.coco_eval import evaluate
+
+    coco = load_coco(gate.annotations, gate.images)
+    mapping = class_ids(card.labels, coco, gate.class_map)
+    ref = evaluate(ref_session, head, card.preprocess, coco, mapping)
+
+    def judge(session: Session) -> GateAccuracy:
+        acc = agreement(session)
+        got = evaluate(session, head, card.preprocess, coco, mapping)
+        result = MapGateResult(
+            map50=got.map50,
+            map50_95=got.map50_95,
+            fp32_map50=ref.map50,
+            fp32_map50_95=ref.map50_95,
+            max_drop=gate.max_map_drop,
+            images=got.images,
+            boxes=got.boxes,
+            annotations=gate.annotations.name,
+        )
+        return replace(acc, passed=result.passed, map_gate=result)
+
+    return judge
+
+
+def with_map_note(artifact: Artifact, acc: GateAccuracy | None) -> Artifact:
+    """``artifact`` with its mAP gate's numbers in its notes (the manifest's place for them), when it had one."""
+    if acc is None or acc.map_gate is None:
+        return artifact
+    return replace(artifact, notes={**artifact.notes, NOTE: acc.map_gate.to_dict()})
+
+
+def gate_request(
+    annotations: Path | None, images: Path | None, max_map_drop: float, class_map: str | None
+) -> CocoGate | None:
+    """``edgekit build``'s labelled-images flags as a :class:`CocoGate` (None without them), checked."""
+    from edgekit.errors import BuildError
+
+    if annotations is None and images is None:
+        if class_map is not None:
+            raise BuildError(
+                "--class-map maps classes for --eval-coco", "give --eval-coco and --eval-images too"
+            )
+        return None
+    if annotations is None or images is None:
+        raise BuildError(
+            "--eval-coco and --eval-images go together: the annotations and the folder of their images",
+            "for example --eval-coco val/annotations.json --eval-images val/images",
+        )
+    # Read and checked now, not after minutes of conversion.
+    from edgekit.convert.coco_data import load_coco
+
+    load_coco(annotations, images)
+    return CocoGate(annotations, images, max_map_drop, class_map)
