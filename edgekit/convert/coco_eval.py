@@ -5,9 +5,10 @@ bundle's resize or letterbox), run, and decoded by the bundle's own
 :class:`edgekit.runtime.detection.Detector` (decoder, NMS, boxes mapped back to the image's
 pixels), with the score threshold lowered to ``EVAL_SCORE_THRESHOLD`` and up to
 ``EVAL_MAX_DETECTIONS`` kept, as Ultralytics' ``val`` does: mAP integrates over the whole
-precision/recall curve, so the low-score tail counts.  pycocotools' ``COCOeval`` then gives
-mAP50-95 (COCO's AP, IoU 0.50:0.95) and mAP50, over the categories the model's classes map to
-(``edgekit.convert.coco_data.class_ids``).
+precision/recall curve, so the low-score tail counts.  NMS keeps the bundle's own IoU
+threshold (Ultralytics' val uses 0.7): the boxes measured are the ones a device would give.
+pycocotools' ``COCOeval`` then gives mAP50-95 (COCO's AP, IoU 0.50:0.95) and mAP50, over the
+categories the model's classes map to (``edgekit.convert.coco_data.class_ids``).
 """
 
 from __future__ import annotations
