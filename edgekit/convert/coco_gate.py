@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    import numpy as np
 
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import DetectionHead
     from edgekit.convert.accuracy import GateAccuracy
     from edgekit.convert.artifact import Artifact
+    from edgekit.convert.gate import Judge
     from edgekit.convert.modelcard import ModelCard
 
 #: Points of mAP50 an artifact may lose against fp32 by default: quantization costs YOLO-family
@@ -91,8 +92,8 @@ def map_judge(
     card: ModelCard,
     head: DetectionHead,
     ref_session: Session,
-    agreement: Callable[[Session], GateAccuracy],
-) -> Callable[[Session], GateAccuracy]:
+    agreement: Judge,
+) -> Judge:
     """The build's judge with labels: ``agreement``'s result, passed or failed by mAP50 against fp32.
 
     The fp32 reference (``ref_session``) is scored here, once, before any artifact.
@@ -104,8 +105,10 @@ def map_judge(
     mapping = class_ids(card.labels, coco, gate.class_map)
     ref = evaluate(ref_session, head, card.preprocess, coco, mapping)
 
-    def judge(session: Session) -> GateAccuracy:
-        acc = agreement(session)
+    def judge(session: Session, outputs: list[np.ndarray], chosen: list[int]) -> GateAccuracy:
+        # The agreement gate judges the eval set's outputs (or the sample ``chosen``); the mAP
+        # is scored on every labelled image, however slow the artifact: labels are the user's claim.
+        acc = agreement(session, outputs, chosen)
         got = evaluate(session, head, card.preprocess, coco, mapping)
         result = MapGateResult(
             map50=got.map50,
