@@ -1,10 +1,11 @@
 """Which layers an int8 recipe keeps in float as a detector's output heads (``edgekit.convert.heads``).
 
 Graphs built here with onnx.helper: a detector's two convolution heads reshaped and
-concatenated into ``[1, N, K]`` outputs, a classifier ending in a Gemm (rank-2 logits: no head),
-an output computed by a Sigmoid (not a shape-only op: no head behind it).  Then the ONNX
-Runtime and OpenVINO int8 recipes on the small detector: its heads stay float on int8
-features.  (What BlazeFace's int8 artifacts compute is checked on the real model in
+concatenated into ``[1, N, K]`` outputs (scores as logits or through a Sigmoid), a classifier
+ending in a Gemm (rank-2 logits: no head), and a YOLOv8-like detector whose output
+concatenates boxes decoded by a DFL (Softmax, a 1x1 convolution with weights 0..R-1, anchor
+arithmetic, strides) with Sigmoid class scores.  Then the ONNX Runtime and OpenVINO int8
+recipes on them: the heads stay float on int8 features.  (What BlazeFace's int8 artifacts compute is checked on the real model in
 test_build_detection.py.)
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from yolo_v8_model import SCALES, SIZE, yolo_v8_like, yolo_v8_module
 
 from edgekit.convert.heads import RECIPE, cache_params, onnx_heads, walk
 from edgekit.convert.onnx_int8 import quantize_onnx_int8
@@ -117,18 +119,39 @@ def test_a_detectors_heads_are_its_output_convolutions_and_the_shape_ops_after_t
     assert not {"feat0", "feat1", "feat2", "add1", "relu1", "pool1"} & set(found)
 
 
-def test_a_classifier_and_an_output_behind_a_sigmoid_have_no_head(tmp_path: Path) -> None:
+def test_a_classifier_has_no_head_and_a_sigmoid_is_walked_through(tmp_path: Path) -> None:
     assert onnx_heads(onnx.load(str(classifier(tmp_path / "c.onnx")))) == []
-    # The scores come out of a Sigmoid: only the boxes' path is a head.
+    # The scores come out of a Sigmoid: it is computed in float from the float score heads.
     found = onnx_heads(onnx.load(str(detector(tmp_path / "s.onnx", sigmoid_scores=True))))
-    assert set(found) == {"box_s0", "box_s1", "box_s0_t", "box_s0_r", "box_s1_t", "box_s1_r", "boxes_cat"}
+    assert set(found) == {*HEADS, *SHAPES, "boxes_cat", "scores_cat", "sigmoid"}
 
 
-def test_walk_keeps_a_shape_node_only_when_a_head_lies_behind_it() -> None:
-    edges = {"out": ["cat"], "cat": ["r1", "r2"], "r1": ["conv"], "r2": ["add"], "add": ["conv"], "conv": []}
-    kinds = {"cat": "shape", "r1": "shape", "r2": "shape", "conv": "head", "add": ""}
+def test_walk_keeps_a_pass_node_only_when_a_head_lies_behind_it() -> None:
+    edges = {"cat": ["r1", "r2"], "r1": ["conv"], "r2": ["input"], "conv": ["input"], "input": []}
+    kinds = {"cat": "pass", "r1": "pass", "r2": "pass", "conv": "head", "input": ""}
     found = walk(["cat"], lambda n: edges[n], lambda n: kinds[n])
     assert sorted(found) == ["cat", "conv", "r1"]
+
+
+def test_walk_goes_on_behind_a_decoder_fed_by_a_softmax_only() -> None:
+    edges = {
+        "mul": ["dfl", "sig"],
+        "dfl": ["t"],  # the DFL's convolution reads a Softmax through a Transpose
+        "t": ["softmax"],
+        "softmax": ["box"],
+        "sig": ["cls"],
+        "box": ["feat"],
+        "cls": ["feat"],
+        "feat": ["input"],
+        "input": [],
+    }
+    kinds = {"softmax": "softmax", "dfl": "head", "box": "head", "cls": "head", "feat": "head", "input": ""}
+    found = walk(["mul"], lambda n: edges[n], lambda n: kinds.get(n, "pass"))
+    assert sorted(found) == ["box", "cls", "dfl", "mul", "sig", "softmax", "t"]  # not the features
+    # A head reading two joined inputs (an attention's scores times values) is no decoder.
+    edges |= {"dfl": ["matmul"], "matmul": ["softmax", "feat"]}
+    found = walk(["mul"], lambda n: edges[n], lambda n: kinds.get(n, "pass"))
+    assert sorted(found) == ["cls", "dfl", "mul", "sig"]
 
 
 def _calibration() -> np.ndarray:
@@ -233,3 +256,88 @@ def test_a_new_float_head_recipe_rebuilds_a_detectors_int8_steps_and_nothing_els
     assert hits("again") == ["fp32-onnx", "litert", "onnxruntime-int8", "onnxruntime-int8-full"]
     monkeypatch.setattr(heads, "RECIPE", heads.RECIPE + 1)
     assert hits("new-recipe") == ["fp32-onnx"]  # the same fp32 model, every int8 step made anew
+
+
+# -- a YOLOv8-like detector: DFL boxes and Sigmoid scores in one output ------------------------
+
+YOLO_HEADS = [f"{branch}_{scale}_out" for scale, _, _ in SCALES for branch in ("box", "cls")]
+YOLO_FEATURES = ["stem", "down", *(f"{b}_{scale}_0" for scale, _, _ in SCALES for b in ("box", "cls"))]
+
+
+def test_a_yolo_v8_output_keeps_its_head_convolutions_and_its_dfl_float(tmp_path: Path) -> None:
+    found = onnx_heads(onnx.load(str(yolo_v8_like(tmp_path / "y.onnx"))))
+    assert {*YOLO_HEADS, "dfl", "dfl_softmax", "split", "scores", "scaled", "out"} <= set(found)
+    assert not {*YOLO_FEATURES, *(f"{f}_silu" for f in YOLO_FEATURES), "points"} & set(found)
+
+
+def _yolo_calibration() -> np.ndarray:
+    return RNG.uniform(0, 1, (16, 3, SIZE, SIZE)).astype(np.float32)
+
+
+def test_onnx_int8_of_a_yolo_v8_keeps_boxes_in_pixels_and_scores_apart(tmp_path: Path) -> None:
+    fp32 = yolo_v8_like(tmp_path / "y.onnx")
+    calib = _yolo_calibration()
+    art = quantize_onnx_int8(fp32, tmp_path / "y-int8.onnx", calib, "x", float_layers=0)
+    assert {*YOLO_HEADS, "dfl"} <= set(art.notes["float_heads"])
+    assert art.notes["float_heads_recipe"] == RECIPE
+    model = onnx.load(str(art.path))
+    quantized = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert {"stem_silu_y", "down_silu_y"} <= quantized  # the features are int8
+    assert not {"output0", "scores_y", "dfl_softmax_y", "scaled_y"} & quantized
+    x = calib[:4]
+    for i in range(len(x)):
+        got, want = _run(art.path, x[i : i + 1])[0], _run(fp32, x[i : i + 1])[0]
+        # One 8-bit scale over pixels (0..64) and probabilities would put every score on a
+        # step of ~0.25; in float each anchor keeps its own score, near fp32's.
+        assert len(np.unique(got[0, 4:])) == got[0, 4:].size
+        assert np.abs(got[0, 4:] - want[0, 4:]).max() < 0.1
+        assert np.abs(got[0, :4] - want[0, :4]).max() < 4.0  # pixels, at stride 16 at most
+
+
+def test_openvino_int8_of_a_yolo_v8_ignores_its_heads_and_dfl(tmp_path: Path) -> None:
+    fp32 = yolo_v8_like(tmp_path / "y.onnx")
+    art = quantize_openvino_int8(fp32, tmp_path / "ov", _yolo_calibration(), float_layers=0)
+    float_heads = set(art.notes["float_heads"])
+    # OpenVINO splits a Conv's bias off into an Add named after the Conv.
+    assert {*(f"{h}/WithoutBiases" for h in YOLO_HEADS), *YOLO_HEADS, "dfl", "dfl_softmax"} <= float_heads
+    assert not {*YOLO_FEATURES, *(f"{f}/WithoutBiases" for f in YOLO_FEATURES)} & float_heads
+    import openvino as ov
+
+    model = ov.Core().read_model(str(art.path))
+    fake_quantized = {
+        consumer.get_node().get_friendly_name()
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "FakeQuantize"
+        for consumer in op.output(0).get_target_inputs()
+    }
+    assert {"stem/WithoutBiases", "down/WithoutBiases"} & fake_quantized, "the features are quantized"
+    assert not fake_quantized & float_heads
+
+
+def test_litert_int8_of_a_yolo_v8_computes_its_heads_dfl_and_decoding_in_float(tmp_path: Path) -> None:
+    """The calibrated model is edited: head convolutions and DFL in float, the decoding after them too."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from edgekit.convert.litert import convert_fp32, quantize_tflite
+    from edgekit.runtime.preprocessing import PreprocessSpec
+
+    spec = PreprocessSpec(size=(SIZE, SIZE), mean=(0, 0, 0), std=(255, 255, 255))
+    fp32 = convert_fp32(yolo_v8_module(), spec, tmp_path / "y.tflite")
+    calib = _yolo_calibration().transpose(0, 2, 3, 1).copy()
+    int8 = tmp_path / "y-int8.tflite"
+    _, float_heads = quantize_tflite(fp32, calib, {int8: "float32"})[int8]
+    assert len(float_heads) == 5 and "dfl" in float_heads[-1]  # four 1x1 head convolutions and the DFL's
+
+    def run(path: Path, x: np.ndarray) -> np.ndarray:
+        interpreter = Interpreter(str(path))
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], x)
+        interpreter.invoke()
+        return np.asarray(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]))
+
+    for i in range(3):
+        got, want = run(int8, calib[i : i + 1]), run(fp32, calib[i : i + 1])
+        # Calibrated as it is, the output's one int8 scale gave every score the same value.
+        assert len(np.unique(got[0, 4:])) == got[0, 4:].size
+        assert np.abs(got[0, 4:] - want[0, 4:]).max() < 0.05
+        assert np.abs(got[0, :4] - want[0, :4]).max() < 1.0

@@ -1,19 +1,26 @@
 """A detector's output heads: the layers whose results go straight to a graph output.
 
 A detector's outputs are dense predictions (one row per anchor or cell: box offsets and
-class logits, BlazeFace ``[1, 896, 16]`` and ``[1, 896, 1]``).  Quantized at the output with
-one 8-bit scale, BlazeFace's score logits (about -100..+10) land on a grid ~0.4 logits wide:
-near the threshold (logit 0, score 0.5) an int8 score takes only 0.500, 0.6, ... and a photograph
-without a face came out with one at exactly 0.500.  The int8 recipes therefore keep these
-head layers in float: the features stay int8, the boxes and logits are computed in fp32.
+class scores, BlazeFace ``[1, 896, 16]`` and ``[1, 896, 1]``, YOLOv8 ``[1, 4 + nc, 8400]``).
+Quantized at the output with one 8-bit scale, BlazeFace's score logits (about -100..+10) land
+on a grid ~0.4 logits wide: near the threshold (logit 0, score 0.5) an int8 score takes only
+0.500, 0.6, ... and a photograph without a face came out with one at exactly 0.500.  A YOLOv8
+output is worse: it concatenates boxes in input pixels (0..640) with class probabilities
+(0..1), so one int8 scale for both (~2.5 pixels a step) rounds every score to 0 and every
+box was lost.  The int8 recipes therefore keep these head layers, and everything computed
+from them up to the output, in float: the features stay int8, boxes and scores are fp32.
 
 A head is found from the graph, not from names: from each dense output (rank 3 or more) walk
-back through shape-only ops (Reshape, Transpose, Concat, ...) to the weighted layers that
-produce it.  A classifier's logits (``[N, C]``, rank 2) have no head here: top-1 is an argmax,
-not a threshold, and its int8 recipes were measured as they are.
+back through every op without weights ("pass" ops: Reshape, Concat, Sigmoid, Mul, Sub, Split,
+Softmax, ...) to the weighted layers (Conv, Gemm, MatMul with constant weights) that produce
+it.  YOLOv8's box decoding (DFL) has a weighted layer of its own: a 1x1 convolution with
+fixed weights 0..15 reading a Softmax over 16 bins.  A weighted layer fed by a Softmax is
+such a decoder: it is kept too, and the walk goes on behind the Softmax to the real head
+convolutions.  A classifier's logits (``[N, C]``, rank 2) have no head here: top-1 is an
+argmax, not a threshold, and its int8 recipes were measured as they are.
 
 ``walk`` is the graph-agnostic search; ``onnx_heads`` applies it to an ONNX graph (the
-OpenVINO recipe applies it to its own graph, whose ops have other names).
+OpenVINO and LiteRT recipes apply it to their own graphs, whose ops have other names).
 """
 
 from __future__ import annotations
@@ -24,11 +31,15 @@ from typing import Any, TypeVar
 
 # Version of the float-head recipe: in the int8 artifacts' notes of a detector and in its build
 # steps' cache key (cache_params): bump it when what stays float changes.
-RECIPE = 1
+# 2: every op without weights is walked through (YOLOv8's Sigmoid, DFL Softmax, anchor arithmetic).
+RECIPE = 2
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 
-ONNX_SHAPE_OPS = ("Reshape", "Transpose", "Concat", "Flatten", "Squeeze", "Unsqueeze", "Identity")
 ONNX_HEAD_OPS = ("Conv", "Gemm", "MatMul")
+# Ops every input of which is data (a Concat's parts, an Add's operands): the walk follows each
+# one that is not a constant.  Any other op's inputs after the first are parameters (Reshape's
+# shape, Slice's starts, Split's sizes): only its first input is followed.
+ONNX_ALL_DATA_OPS = ("Concat", "Add", "Sub", "Mul", "Div", "MatMul", "Max", "Min", "Sum", "Mean", "Where")
 
 N = TypeVar("N", bound=Hashable)
 
@@ -38,14 +49,34 @@ def walk(
     inputs_of: Callable[[N], Sequence[N]],
     kind: Callable[[N], str],
 ) -> list[N]:
-    """The nodes from each of ``outputs`` back through ``"shape"`` nodes to ``"head"`` nodes.
+    """The nodes from each of ``outputs`` back through ``"pass"`` nodes to ``"head"`` nodes.
 
     ``inputs_of(node)`` gives the nodes feeding ``node``'s data inputs (constants left out);
-    ``kind(node)`` says ``"head"``, ``"shape"`` or anything else (the walk stops there).  A
-    shape node is kept only when some head lies behind it: an output computed by other ops
-    (a Sigmoid, an Add of two branches) leaves nothing to keep in float on that path.
+    ``kind(node)`` says ``"head"`` (a weighted layer), ``"softmax"`` (a pass node that marks a
+    decoder: see below), ``"pass"`` (any other op computing from data) or anything else (a
+    graph input, a constant: the walk stops there).  A pass node is kept only when some head
+    lies behind it: an output computed from the input alone leaves nothing to keep in float.
+
+    A head fed by a softmax node (directly, or through nodes with a single data input) is a
+    decoder (YOLOv8's DFL): it is kept, and the walk goes on behind it.  Nodes that join two
+    data inputs (an attention's MatMul of scores and values) end that search: a transformer's
+    projection after its attention is a head, not a decoder.
     """
     found: dict[N, bool] = {}
+
+    def fed_by_softmax(node: N) -> bool:
+        sources = list(inputs_of(node))
+        seen: set[N] = set()
+        while len(sources) == 1 and sources[0] not in seen:
+            source = sources[0]
+            seen.add(source)
+            what = kind(source)
+            if what == "softmax":
+                return True
+            if what != "pass":
+                return False
+            sources = list(inputs_of(source))
+        return False
 
     def visit(node: N) -> bool:
         if node in found:
@@ -54,7 +85,10 @@ def walk(
         what = kind(node)
         if what == "head":
             found[node] = True
-        elif what == "shape":
+            if fed_by_softmax(node):
+                for i in inputs_of(node):
+                    visit(i)
+        elif what in ("pass", "softmax"):
             found[node] = any([visit(i) for i in inputs_of(node)])  # a list: visit every input
         return found[node]
 
@@ -66,9 +100,9 @@ def walk(
 def onnx_heads(model: Any) -> list[str]:
     """Names of the nodes of an ONNX graph that compute its dense outputs' heads, in graph order.
 
-    The head layers (Conv, Gemm, MatMul with an initializer weight) and the shape-only nodes
-    between them and the outputs; empty for a model whose outputs are all rank 2 or less.
-    Nodes must be named (``onnx_int8._name_nodes``).
+    The head layers (Conv, Gemm, MatMul with an initializer weight), a decoder's (the DFL's
+    Conv) and the nodes between them and the outputs; empty for a model whose outputs are all
+    rank 2 or less.  Nodes must be named (``onnx_int8._name_nodes``).
     """
     graph = model.graph
     weights = {t.name for t in graph.initializer}
@@ -77,15 +111,16 @@ def onnx_heads(model: Any) -> list[str]:
 
     def inputs_of(name: str) -> list[str]:
         node = nodes[name]
-        # Reshape's shape, Squeeze's axes...: only the first input carries data, except in Concat.
-        data = node.input if node.op_type == "Concat" else node.input[:1]
+        data = node.input if node.op_type in ONNX_ALL_DATA_OPS else node.input[:1]
         return [producer[i] for i in data if i in producer and i not in weights]
 
     def kind(name: str) -> str:
         node = nodes[name]
         if node.op_type in ONNX_HEAD_OPS and len(node.input) > 1 and node.input[1] in weights:
             return "head"
-        return "shape" if node.op_type in ONNX_SHAPE_OPS else ""
+        if node.op_type == "Softmax":
+            return "softmax"
+        return "pass" if node.op_type != "Constant" else ""
 
     dense = [o.name for o in graph.output if len(o.type.tensor_type.shape.dim) >= MIN_RANK]
     kept = set(walk([producer[o] for o in dense if o in producer], inputs_of, kind))

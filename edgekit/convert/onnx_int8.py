@@ -19,10 +19,12 @@ better; the numbers are in the issue-3 notes):
   measurable speed cost.  A model with few layers is quantized whole.
 - **MinMax calibration**: Percentile and Entropy were within 0.2 dB and 2-3x slower.
 - **A detector's output heads stay fp32** (``edgekit.convert.heads``): the layers whose
-  results go straight to a dense output (box offsets, score logits), with the shape-only ops
-  after them, in both recipes.  One 8-bit scale over BlazeFace's logits put its scores on a
-  grid ~0.4 logits wide (0.500, 0.805...) and invented a face at 0.500 in a photograph
-  without one.  A classifier has no such head and is quantized exactly as before.
+  results go straight to a dense output (box offsets, score logits), with every op after
+  them (reshapes, a Sigmoid, YOLOv8's DFL and anchor arithmetic), in both recipes.  One 8-bit
+  scale over BlazeFace's logits put its scores on a grid ~0.4 logits wide (0.500, 0.805...)
+  and invented a face at 0.500 in a photograph without one; over a YOLOv8 output (pixels
+  0..640 and probabilities 0..1) it lost every box.  A classifier has no such head and is
+  quantized exactly as before.
 - ``quant_pre_process`` is not run: on the already folded graph its output quantized to the
   very same model.
 

@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "fp16", "bf16")
 FLOAT_LAYERS = 6  # weighted layers kept in fp32 at the start of the int8 graph
 _WEIGHTED_OPS = ("Convolution", "GroupConvolution", "MatMul")
-# Between a head's layer and the output: OpenVINO's ONNX frontend splits a Conv's bias into an
-# Add after the Convolution, so an Add with a constant operand is part of the head here.
-_SHAPE_OPS = ("Reshape", "Transpose", "Concat", "Squeeze", "Unsqueeze", "Convert")
+# heads.walk on OpenVINO's graph: the ops whose every input is data (heads.ONNX_ALL_DATA_OPS;
+# OpenVINO's frontend splits a Conv's bias into an Add after the Convolution, walked through
+# the same way), and the ops the walk stops at (a ShapeOf's input is not what its output computes from).
+_ALL_DATA_OPS = ("Concat", "Add", "Subtract", "Multiply", "Divide", "MatMul", "Maximum", "Minimum", "Select")
+_NOT_PASS_OPS = ("Constant", "Parameter", "ShapeOf")
 
 
 def convert_openvino(fp32_onnx: Path, out_dir: Path, precision: str) -> Artifact:
@@ -151,17 +153,29 @@ def _float_heads(model: Any) -> list[str]:
     """Friendly names of the ops computing the model's dense outputs' heads (``heads.walk``), in graph order."""
     ops = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
 
+    def source(op: Any, i: int) -> Any:
+        return op.input(i).get_source_output().get_node()
+
+    def constant(node: Any) -> bool:
+        # A weight may be stored compressed (fp16) and widened by a Convert.
+        while node.get_type_name() == "Convert":
+            node = node.input(0).get_source_output().get_node()
+        return bool(node.get_type_name() == "Constant")
+
     def inputs_of(name: str) -> list[str]:
-        sources = [i.get_source_output().get_node() for i in ops[name].inputs()]
-        return [s.get_friendly_name() for s in sources if s.get_type_name() != "Constant"]
+        op = ops[name]
+        # A Reshape's shape, a Slice's bounds: only the first input of other ops is data.
+        data = range(op.get_input_size()) if op.get_type_name() in _ALL_DATA_OPS else range(1)
+        return [source(op, i).get_friendly_name() for i in data if not constant(source(op, i))]
 
     def kind(name: str) -> str:
         op = ops[name]
         what = op.get_type_name()
-        if what in _WEIGHTED_OPS:
+        if what in _WEIGHTED_OPS and op.get_input_size() > 1 and constant(source(op, 1)):
             return "head"
-        constant = any(i.get_source_output().get_node().get_type_name() == "Constant" for i in op.inputs())
-        return "shape" if what in _SHAPE_OPS or (what == "Add" and constant) else ""
+        if what in ("Softmax", "SoftMax"):  # opset 8's name, then opset 1's
+            return "softmax"
+        return "" if what in _NOT_PASS_OPS or op.get_input_size() == 0 else "pass"
 
     dense = [
         r.input_value(0).get_node().get_friendly_name()
