@@ -108,7 +108,9 @@ class Preprocess(Schema):
     resize: Literal["squash", "center-crop", "letterbox"] = "center-crop"
     # How a shrinking resize filters (edgekit.runtime.preprocessing.INTERPOLATIONS).  Not written when
     # "area", so a bundle that does not use it reads the same to devices that predate it.
-    interpolation: Literal["area", "box2-linear"] = Field(default="area", exclude_if=lambda v: v == "area")
+    interpolation: Literal["area", "box2-linear", "linear"] = Field(
+        default="area", exclude_if=lambda v: v == "area"
+    )
     # The letterbox's padding pixel value; not written when the default (YOLO's grey), so a bundle
     # that does not use it reads the same to devices that predate it.
     letterbox_fill: int = Field(

@@ -25,7 +25,9 @@ RESIZE_MODES = ("squash", "center-crop", "letterbox")
 # for 480x480 -> 224x224 here).  "box2-linear": halve with an exact 2x2 box (OpenCV's integer
 # fast path) while the image is at least twice the target, then bilinear (0.25 ms).  A bundle
 # records which one it was calibrated and gated with; a device never swaps one for the other.
-INTERPOLATIONS = ("area", "box2-linear")
+# "linear": OpenCV's INTER_LINEAR for every resize, shrinking too, as Ultralytics' LetterBox
+# (cv2.resize, then the bars): the pixels a YOLO model was trained and validated on.
+INTERPOLATIONS = ("area", "box2-linear", "linear")
 LAYOUTS = ("NCHW", "NHWC")
 COLORS = ("RGB", "BGR")
 
@@ -167,7 +169,8 @@ def placement(spec: PreprocessSpec, frame_h: int, frame_w: int) -> Placement:
         ch, cw = round(th * scale), round(tw * scale)
         return Placement(((frame_w - cw) // 2, (frame_h - ch) // 2, cw, ch), (0, 0, tw, th))
     if spec.resize == "letterbox":
-        # The whole frame, resized to fit, centred between bars.
+        # The whole frame, resized to fit, centred between bars: Ultralytics' LetterBox places it
+        # alike (its left = round((tw - nw) / 2 - 0.1) is this floor; right and bottom take the rest).
         scale = min(th / frame_h, tw / frame_w)
         nh, nw = max(1, round(frame_h * scale)), max(1, round(frame_w * scale))
         return Placement((0, 0, frame_w, frame_h), ((tw - nw) // 2, (th - nh) // 2, nw, nh))
@@ -217,7 +220,7 @@ def fit(image: np.ndarray, spec: PreprocessSpec, out: np.ndarray | None = None) 
         # same area weights as a bit-exact ONNX Runtime graph (15/7 periodic MatMuls) took
         # 1.2 ms, no real gain.
         shrinking = image.shape[0] > th or image.shape[1] > tw
-        method = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
+        method = cv2.INTER_AREA if shrinking and spec.interpolation != "linear" else cv2.INTER_LINEAR
         if shrinking and spec.interpolation == "box2-linear":
             image = _halve_while_twice(image, (th, tw))
             method = cv2.INTER_LINEAR
@@ -245,6 +248,9 @@ def _shrink(image: np.ndarray, size: tuple[int, int], interpolation: str) -> np.
 
     if interpolation == "box2-linear":
         return cv2.resize(_halve_while_twice(image, size), size[::-1], interpolation=cv2.INTER_LINEAR)
+    if interpolation == "linear":
+        # Ultralytics resizes only when the size changes; cv2 copies an unchanged size bit for bit anyway.
+        return cv2.resize(image, size[::-1], interpolation=cv2.INTER_LINEAR)
     return cv2.resize(image, size[::-1], interpolation=cv2.INTER_AREA)
 
 
