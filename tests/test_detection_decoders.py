@@ -401,6 +401,25 @@ def test_nms_agrees_with_the_textbook_loop_on_many_boxes(count: int) -> None:
     assert s.tolist() == scores[kept].tolist() and c.tolist() == classes[kept].tolist()
 
 
+def test_nms_separates_classes_by_shifting_them_apart_exactly() -> None:
+    # Past ROW_STEPS kept boxes the rest go through one matrix: a grid of 3 classes keeps dozens.
+    rng = np.random.default_rng(5)
+    xy = rng.uniform(0, 400, (150, 2)).astype(np.float32)
+    boxes = np.concatenate([xy, xy + rng.uniform(10, 40, (150, 2)).astype(np.float32)], axis=1)
+    scores, classes = rng.uniform(0.3, 1, 150), rng.integers(0, 3, 150)
+    kept = nms.hard_nms(boxes, scores, classes, 0.45, 10_000)
+    assert len(kept) > 3 * nms.ROW_STEPS
+    assert kept.tolist() == naive_hard_nms(boxes.astype(np.float64), scores, classes, 0.45)
+    shifted = nms.class_separated(boxes, classes)
+    assert shifted is not None
+    wide = boxes.astype(np.float64)  # the widths within a class are the very same numbers
+    assert np.array_equal(shifted[:, 2] - shifted[:, 0], wide[:, 2] - wide[:, 0])
+    # A coordinate that is not finite has no span: the classes are compared instead.
+    odd = np.array([[0, 0, 10, 10], [1, 1, 10, 10], [0, 0, np.inf, 10]], np.float64)
+    assert nms.class_separated(odd, np.array([0, 1, 0])) is None
+    assert nms.hard_nms(odd, np.array([0.9, 0.8, 0.1]), np.array([0, 1, 0]), 0.5, 10).tolist() == [0, 1, 2]
+
+
 # --- iou and match --------------------------------------------------------------------------
 
 
