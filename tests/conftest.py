@@ -100,6 +100,13 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """In-process code (telemetry spools, build steps) writes under a cache and state of this run, not ~."""
     os.environ["EDGEKIT_CACHE"] = str(tmp_path_factory.mktemp("run-cache"))
     os.environ["EDGEKIT_STATE"] = str(tmp_path_factory.mktemp("run-state"))
+    # The build cache's key (edgekit/convert/cache_trust.py) of this run, outside its caches. A
+    # cache kept in EDGEKIT_TEST_CACHE keeps the key that sealed it: EDGEKIT_CACHE_KEY_FILE (.ci/run
+    # sets it), else this user's own.
+    if not os.environ.get("EDGEKIT_TEST_CACHE"):
+        os.environ.setdefault(
+            "EDGEKIT_CACHE_KEY_FILE", str(tmp_path_factory.mktemp("cache-key") / "cache.key")
+        )
     # The trust store of this run (edgekit.bundle.trust): the `keys` fixture puts the session's
     # builder key in it, so bundles signed with it load like on a machine that trusts its builder.
     os.environ["EDGEKIT_TRUST"] = str(tmp_path_factory.mktemp("trusted-keys"))

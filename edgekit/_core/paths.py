@@ -18,6 +18,12 @@ def cache_root() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "edgekit"
 
 
+def config_root() -> Path:
+    """``$XDG_CONFIG_HOME/edgekit``, else ``~/.config/edgekit``: what is this user's and not to be shared (keys)."""
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".config") / "edgekit"
+
+
 def state_root() -> Path:
     """``$EDGEKIT_STATE``, else ``$XDG_STATE_HOME/edgekit``, else ``~/.local/state/edgekit`` (telemetry spools)."""
     root = os.environ.get("EDGEKIT_STATE")

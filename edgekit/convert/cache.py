@@ -5,12 +5,26 @@ the step name and parameters, the calibration data, and the versions of edgekit 
 the converter.  A hit copies the cached files into the output directory; a miss runs the
 step in a scratch directory and stores its artifacts.  Entries are written under a
 temporary name and renamed into place, so a crash never leaves an entry that looks whole.
+
+Nothing read from the cache is trusted before it is checked (:mod:`edgekit.convert.cache_trust`):
+each ``entry.json`` is sealed with an HMAC under this user's cache key, kept outside the
+cache (``~/.config/edgekit/cache.key``, or ``$EDGEKIT_CACHE_KEY_FILE``), and records the
+SHA-256 of every file it holds.  A hit copies each file into the build's own stage, hashing
+it as it goes, and only those checked copies are used — so a cached TVM library is loaded
+(by the accuracy gate and the latency measurement) only after its check, and a file changed
+in the cache meanwhile never reaches the build.  An entry that is damaged (a flipped byte, a
+missing file, a truncated or malformed ``entry.json``) or sealed under another key (written
+by another user, or restored from a CI cache without the key that wrote it) is discarded
+with a warning and the step built again.  A plain hash inside the entry would stop only bad
+luck: whoever can rewrite a cached file can rewrite its hash too, but not the seal without
+the key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -22,7 +36,10 @@ from typing import Any
 from edgekit._core.io import atomic_path
 from edgekit._core.paths import cache_root
 from edgekit._version import __version__
+from edgekit.convert import cache_trust as trust
 from edgekit.convert.artifact import Artifact
+
+log = logging.getLogger(__name__)
 
 ENTRY = "entry.json"
 
@@ -48,7 +65,8 @@ def step_key(step: str, inputs: Iterable[str], params: Mapping[str, Any]) -> str
 
 # What a cached step records of its artifacts; a new field is a new format, so that an entry
 # written before it (which would read back without it) is never taken for a current one.
-FORMAT = 2  # 2: an artifact's variant and requires
+# 2: an artifact's variant and requires; 3: sealed (edgekit.convert.cache_trust).
+FORMAT = trust.FORMAT
 
 
 def _to_json(a: Artifact, base: Path) -> dict[str, Any]:
@@ -82,47 +100,97 @@ def _from_json(d: Mapping[str, Any], base: Path) -> Artifact:
 
 
 class BuildCache:
-    """Cached build steps under ``root/steps/<key>/``."""
+    """Cached build steps under ``root/steps/<key>/``, each sealed under this user's cache key."""
 
     def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
         self.root = (root or cache_root()) / "steps"
         self.enabled = enabled
         self.hits: list[str] = []
+        self._key: bytes | None = None
+
+    def _secret(self) -> bytes | None:
+        """The cache key; None (and the cache off for this build, said once) when it cannot be trusted."""
+        if self._key is None and self.enabled:
+            try:
+                self._key = trust.load_key()
+            except trust.KeyUnusable as err:
+                log.warning("build cache not used: its key %s; every step is built", err)
+                self.enabled = False
+        return self._key
 
     def run(
         self, step: str, key: str, out_dir: Path, produce: Callable[[Path], Sequence[Artifact]]
     ) -> list[Artifact]:
-        """Artifacts of ``step`` in ``out_dir``: copied from the cache, or produced (in scratch) and cached."""
+        """Artifacts of ``step`` in ``out_dir``: copied from the cache and checked, or produced (in scratch) and cached."""
         entry = self.root / key
-        if self.enabled and (entry / ENTRY).is_file():
-            self.hits.append(step)
-            cached = [_from_json(d, entry) for d in json.loads((entry / ENTRY).read_text())["artifacts"]]
-            return [self._place(a, entry, out_dir) for a in cached]
+        secret = self._secret()
         out_dir.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{step}-", dir=out_dir))
         try:
+            # An entry is renamed into place whole: a folder without its entry.json is a damaged one.
+            if secret is not None and (entry.exists() or entry.is_symlink()):
+                try:
+                    cached = self._checked_copy(secret, entry, key, step, scratch)
+                except trust.Untrusted as why:
+                    log.warning(
+                        "build cache: the %s entry %s is not used (%s): building it again", step, entry, why
+                    )
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    scratch.mkdir()
+                else:
+                    self.hits.append(step)
+                    return [self._place(a, scratch, out_dir) for a in cached]
             made = list(produce(scratch))
-            if self.enabled:
-                self._store(made, scratch, entry, step)
+            if secret is not None:
+                self._store(secret, made, scratch, entry, key, step)
             return [self._place(a, scratch, out_dir) for a in made]
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def _store(self, made: Sequence[Artifact], scratch: Path, entry: Path, step: str) -> None:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+    @staticmethod
+    def _checked_copy(secret: bytes, entry: Path, key: str, step: str, scratch: Path) -> list[Artifact]:
+        """The entry's artifacts as copies in ``scratch`` that match its sealed hashes, else :class:`trust.Untrusted`."""
+        body = trust.open_sealed(secret, trust.read_entry(entry / ENTRY), key, step)
+        for rel, want in body["files"].items():
+            trust.copy_checked(entry / rel, scratch / rel, want)
+        return [_from_json(d, scratch) for d in body["artifacts"]]
+
+    def _store(
+        self, secret: bytes, made: Sequence[Artifact], scratch: Path, entry: Path, key: str, step: str
+    ) -> None:
         try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
+        except OSError as err:
+            log.warning(
+                "build cache: %s cannot be written (%s): the %s step is not cached", entry.parent, err, step
+            )
+            return
+        try:
+            files: dict[str, Any] = {}
             for a in made:
                 for f in a.all_files:
-                    dest = tmp / f.relative_to(scratch)
+                    rel = f.relative_to(scratch).as_posix()
+                    dest = tmp / rel
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(f, dest)
-            (tmp / ENTRY).write_text(
-                json.dumps({"step": step, "artifacts": [_to_json(a, scratch) for a in made]}, indent=1)
-            )
-            if entry.exists():
-                shutil.rmtree(entry)
+                    files[rel] = trust.record(dest)
+            body = {
+                "format": FORMAT,
+                "key": key,
+                "step": step,
+                "artifacts": [_to_json(a, scratch) for a in made],
+                "files": files,
+            }
+            (tmp / ENTRY).write_bytes(trust.seal(secret, body))
+            if entry.exists() or entry.is_symlink():
+                if entry.is_symlink() or not entry.is_dir():
+                    entry.unlink()
+                else:
+                    shutil.rmtree(entry)
             os.replace(tmp, entry)
+        except OSError as err:
+            log.warning("build cache: %s cannot be written (%s): the %s step is not cached", entry, err, step)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
