@@ -13,7 +13,12 @@ used only when every copy matches.  An entry written under another key, damaged,
 malformed is not trusted, and the step is built again.
 
 The key is trusted only when it is a regular file owned by this user that nobody else can
-read or write: one beside the cache, in a folder others can write, would protect nothing.
+read or write.  Where it lives is the whole defence: a key saved and restored with the cache
+(a file beside it in the same CI cache, even mode 0600) is one that whoever writes the cache
+writes too — CI jobs run as one user, so file modes do not keep them apart.  A CI that
+restores its cache from a store other jobs write keeps the key in its secrets and names the
+file it writes it to in ``$EDGEKIT_CACHE_KEY_FILE`` (``.ci/run``); a cache restored without
+its key is rebuilt, which costs time and trusts nothing.
 """
 
 from __future__ import annotations
