@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from edgekit._core.io import sha256_file
+from edgekit.errors import BuildError
 
 import tiny_model
 from conftest import edgekit
@@ -204,3 +205,46 @@ def test_the_demo_signs_with_a_key_kept_outside_the_cache(
     assert not private.is_relative_to(tmp_path / "cache") and not private.is_relative_to(demo_dir())
     assert private.is_relative_to(tmp_path / "config")
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
+
+
+def test_a_cached_tuning_database_is_used_only_as_sealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Schedules decide the code compiled into the library a build loads and signs: the same rule as steps."""
+    from edgekit.convert import tvm_database as tdb
+    from edgekit.runtime.profiles import get_profile
+
+    target, sha = dict(get_profile("x86_64-cpu").tvm_target), "cd" * 32
+    monkeypatch.setenv("EDGEKIT_CACHE_KEY_FILE", str(tmp_path / "mine.key"))
+    cached = tdb.cache_location(sha, target, tmp_path / "cache")
+    cached.mkdir(parents=True)
+    for name in tdb.TABLES:
+        (cached / name).write_text('{"schedule": 1}\n')
+    (cached / tdb.META_FILE).write_text(json.dumps({"target_key": tdb.target_key(target), "trials": 8}))
+
+    def found() -> tdb.TuningDatabase | None:
+        return tdb.find_database(sha, target, cache_dir=tmp_path / "cache")
+
+    with caplog.at_level("WARNING"):
+        assert found() is None  # written by someone, sealed by no one
+    assert "not sealed" in caplog.text
+    monkeypatch.setenv("EDGEKIT_CACHE_KEY_FILE", str(tmp_path / "theirs.key"))
+    tdb.seal_database(cached)
+    monkeypatch.setenv("EDGEKIT_CACHE_KEY_FILE", str(tmp_path / "mine.key"))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert found() is None
+    assert "not sealed with this user's cache key" in caplog.text
+
+    tdb.seal_database(cached)
+    db = found()
+    assert db is not None and db.source == "cache" and db.trials == 8
+    assert tdb.fingerprint(db)
+    (cached / tdb.RECORD_FILE).write_text('{"schedule": 2}\n')  # same size, other schedules
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert found() is None
+    assert "does not match the hash" in caplog.text
+    # Swapped after its check: refused when read, never applied.
+    with pytest.raises(BuildError, match="changed in the cache after its seal was checked"):
+        tdb.fingerprint(db)

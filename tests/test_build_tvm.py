@@ -73,6 +73,7 @@ def test_lookup_prefers_cache_then_exact_cpu_then_same_arch_then_declared_foreig
 
     # This model's cache entry wins over anything shipped.
     cached = _fake_db(tdb.cache_location(sha, X86, cache), "x86_64-haswell", 8, sha)
+    tdb.seal_database(cached)  # as tuning does: a cache database is used only under this user's seal
     found = tdb.find_database(sha, X86, cache_dir=cache, model_dir=models)
     assert found is not None and (found.source, found.path) == ("cache", cached)
 

@@ -143,31 +143,28 @@ def read_entry(path: Path) -> bytes:
     return raw
 
 
-def open_sealed(key: bytes, raw: bytes, entry_key: str, step: str) -> dict[str, Any]:
-    """The body of a sealed entry written under ``key`` for ``entry_key`` and ``step``, checked; else :class:`Untrusted`."""
+def unseal(key: bytes, raw: bytes, name: str, expect: Mapping[str, Any]) -> dict[str, Any]:
+    """The body of the sealed file ``name`` (its bytes ``raw``) if ``key`` sealed it and it says ``expect``; else :class:`Untrusted`.
+
+    Its ``files`` (path -> SHA-256 and size) are checked for shape; the caller checks the files.
+    """
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as err:
-        raise Untrusted(f"entry.json is not whole JSON ({err})") from err
+        raise Untrusted(f"{name} is not whole JSON ({err})") from err
     if not isinstance(doc, dict) or not isinstance(doc.get("mac"), str):
-        raise Untrusted("entry.json is not sealed (written by an older edgekit, or not by edgekit)")
+        raise Untrusted(f"{name} is not sealed (written by an older edgekit, or not by edgekit)")
     body = {k: v for k, v in doc.items() if k != "mac"}
     want = hmac.new(key, _canonical(body), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(want, doc["mac"]):
         raise Untrusted(
-            "entry.json is not sealed with this user's cache key (written by someone else, or altered)"
+            f"{name} is not sealed with this user's cache key (written by someone else, or altered)"
         )
-    if body.get("format") != FORMAT or body.get("key") != entry_key or body.get("step") != step:
-        raise Untrusted("entry.json is sealed for another step")
-    _check_shape(body)
-    return body
-
-
-def _check_shape(body: Mapping[str, Any]) -> None:
-    """A sealed body is ours; still, nothing in it is used before its shape is checked."""
-    files, artifacts = body.get("files"), body.get("artifacts")
-    if not isinstance(files, dict) or not isinstance(artifacts, list) or not artifacts:
-        raise Untrusted("entry.json lacks its files or artifacts")
+    if any(body.get(k) != v for k, v in expect.items()):
+        raise Untrusted(f"{name} is sealed for something else")
+    files = body.get("files")
+    if not isinstance(files, dict):
+        raise Untrusted(f"{name} lists no files")
     for rel, rec in files.items():
         _check_rel(rel)
         if not (
@@ -176,13 +173,23 @@ def _check_shape(body: Mapping[str, Any]) -> None:
             and len(rec["sha256"]) == 64
             and isinstance(rec.get("size"), int)
         ):
-            raise Untrusted(f"entry.json records no hash for {rel}")
+            raise Untrusted(f"{name} records no hash for {rel}")
+    return body
+
+
+def open_sealed(key: bytes, raw: bytes, entry_key: str, step: str) -> dict[str, Any]:
+    """The body of a step's ``entry.json`` sealed under ``key`` for ``entry_key`` and ``step``, checked; else :class:`Untrusted`."""
+    body = unseal(key, raw, "entry.json", {"format": FORMAT, "key": entry_key, "step": step})
+    files, artifacts = body["files"], body.get("artifacts")
+    if not isinstance(artifacts, list) or not artifacts:
+        raise Untrusted("entry.json lists no artifacts")
     for a in artifacts:
         if not isinstance(a, dict) or any(not isinstance(a.get(k), t) for k, t in _ARTIFACT_FIELDS.items()):
             raise Untrusted("entry.json holds a malformed artifact")
         for rel in [a["path"], *a["files"]]:
             if not isinstance(rel, str) or rel not in files:
                 raise Untrusted(f"entry.json names a file it holds no hash of: {rel!r}")
+    return body
 
 
 def _check_rel(rel: object) -> None:
@@ -228,3 +235,21 @@ def copy_checked(src: Path, dest: Path, want: Mapping[str, Any]) -> None:
     if not hmac.compare_digest(h.hexdigest(), want["sha256"]):
         dest.unlink(missing_ok=True)
         raise Untrusted(f"{src.name} does not match the hash its entry recorded")
+
+
+def read_checked(src: Path, want: Mapping[str, Any]) -> bytes:
+    """The bytes of ``src`` if their hash and size are ``want``'s (read once: what is checked is what is used)."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError as err:
+        raise Untrusted(f"{src.name} is missing") from err
+    except OSError as err:
+        raise Untrusted(f"{src.name} cannot be read ({err.strerror})") from err
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size != want["size"]:
+            raise Untrusted(f"{src.name} is not the file its seal recorded")
+        data = f.read(want["size"] + 1)
+    if not hmac.compare_digest(hashlib.sha256(data).hexdigest(), want["sha256"]):
+        raise Untrusted(f"{src.name} does not match the hash its seal recorded")
+    return data

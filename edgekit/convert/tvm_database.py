@@ -8,7 +8,11 @@ repo: ~3.5 MB of JSON is ~0.2 MB) plus ``tuning.json`` saying what it was tuned 
 (model SHA-256, target, trials, host, the CPU's flags).  They live in:
 
 - the cache, ``<cache>/tvm-tuning/<sha256(onnx)[:16]>-<target key>/`` (``$EDGEKIT_CACHE``
-  or ``~/.cache/edgekit``): written by every tuning run on this machine;
+  or ``~/.cache/edgekit``): written by every tuning run on this machine, and sealed
+  (``seal.json``: an HMAC under this user's cache key over each file's SHA-256, as build
+  steps are, :mod:`edgekit.convert.cache_trust`).  Schedules decide the code compiled into
+  the library the build then loads and signs, so a cached database that is not sealed by
+  this user, or whose files changed, is not used (a warning says why);
 - next to a model card, ``models/<name>/tvm-tuning/<target key>/``: shipped in the repo.
 
 Database lookup in TVM ignores the target (a workload matches on its TIR alone), so
@@ -31,9 +35,10 @@ with the one a build is for is :mod:`edgekit.convert.tvm_cpu`.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import logging
 import re
-import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,13 +47,18 @@ from typing import Any
 
 from edgekit._core.elf import host_arch, normalize_arch
 from edgekit._core.paths import cache_root
+from edgekit.convert import cache_trust as trust
 from edgekit.errors import BuildError
+
+log = logging.getLogger(__name__)
 
 TUNING_DIR = "tvm-tuning"
 META_FILE = "tuning.json"
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 TABLES = (WORKLOAD_FILE, RECORD_FILE)
+SEAL_FILE = "seal.json"
+_SEAL = {"format": 1, "kind": "tvm-tuning"}
 
 
 def target_arch(target: Mapping[str, Any]) -> str:
@@ -79,6 +89,9 @@ class TuningDatabase:
     path: Path
     source: str
     meta: Mapping[str, Any] = field(default_factory=dict)
+    # A cache database: each file's SHA-256 as its checked seal recorded, so what is read later
+    # is what was checked (a file swapped in the cache meanwhile is refused).
+    sealed: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def tuned_on(self) -> str:
@@ -98,15 +111,26 @@ class TuningDatabase:
         plain = self.path / name
         return plain if plain.is_file() else self.path / f"{name}.gz"
 
+    def raw_table(self, name: str) -> bytes:
+        """One table's file as it is stored (gzipped when shipped so); a sealed one as its seal recorded."""
+        src = self.table(name)
+        data = src.read_bytes()
+        if self.sealed and self.sealed.get(src.name) != hashlib.sha256(data).hexdigest():
+            raise BuildError(
+                f"{src} changed in the cache after its seal was checked",
+                "something else is writing the build cache: build again",
+            )
+        return data
+
+    def read_table(self, name: str) -> bytes:
+        """One table, uncompressed."""
+        data = self.raw_table(name)
+        return gzip.decompress(data) if self.table(name).suffix == ".gz" else data
+
     def copy_tables(self, dest: Path) -> None:
         """Write both tables, uncompressed, into ``dest`` (a MetaSchedule work directory)."""
         for name in TABLES:
-            src = self.table(name)
-            if src.suffix == ".gz":
-                with gzip.open(src, "rb") as f:
-                    (dest / name).write_bytes(f.read())
-            else:
-                shutil.copyfile(src, dest / name)
+            (dest / name).write_bytes(self.read_table(name))
 
     def open(self) -> Any:
         """The database as a MetaSchedule ``JSONDatabase`` (read into memory; files left as they are)."""
@@ -159,8 +183,10 @@ def find_database(
     ``foreign`` is true, one tuned on another architecture (the caller records that).
     """
     cached = cache_location(onnx_sha256, target, cache_dir)
-    if (cached / RECORD_FILE).is_file():
-        return read_database(cached, "cache")
+    if cached.exists() or cached.is_symlink():
+        ours = cached_database(cached)
+        if ours is not None:
+            return ours
     if model_dir is None:
         return None
     shipped = shipped_databases(model_dir)
@@ -181,6 +207,46 @@ def fingerprint(db: TuningDatabase | None) -> str | None:
     """A short hash of a database's records, for cache keys of builds that apply it."""
     if db is None:
         return None
-    import hashlib
+    return hashlib.sha256(db.raw_table(RECORD_FILE)).hexdigest()[:16]
 
-    return hashlib.sha256(db.table(RECORD_FILE).read_bytes()).hexdigest()[:16]
+
+def seal_database(path: Path, name: str | None = None) -> None:
+    """Seal a database written into the cache (``seal.json``) so later builds here trust it.
+
+    ``name``: the folder name it will have (a database is written under a temp name and
+    renamed into place); the seal names it, so it cannot be moved to another model or target.
+    """
+    try:
+        key = trust.load_key()
+    except trust.KeyUnusable as err:
+        log.warning(
+            "the TVM tuning database %s is not sealed (cache key: %s): builds will not reuse it", path, err
+        )
+        return
+    files = {f: trust.record(path / f) for f in (*TABLES, META_FILE) if (path / f).is_file()}
+    (path / SEAL_FILE).write_bytes(trust.seal(key, {**_SEAL, "name": name or path.name, "files": files}))
+
+
+def cached_database(path: Path) -> TuningDatabase | None:
+    """The cache's database at ``path`` if this user's cache key sealed it and its files are as sealed; else a warning and None."""
+    try:
+        key = trust.load_key()
+        if not (path / SEAL_FILE).exists():
+            raise trust.Untrusted(
+                f"it is not sealed (no {SEAL_FILE}: written by an older edgekit, or by someone else)"
+            )
+        body = trust.unseal(key, trust.read_entry(path / SEAL_FILE), SEAL_FILE, {**_SEAL, "name": path.name})
+        files = body["files"]
+        if not all(t in files for t in (*TABLES, META_FILE)):
+            raise trust.Untrusted(f"{SEAL_FILE} does not cover the tables and {META_FILE}")
+        checked = {f: trust.read_checked(path / f, rec) for f, rec in files.items()}
+        try:
+            meta = json.loads(checked[META_FILE])
+        except ValueError as err:
+            raise trust.Untrusted(f"{META_FILE} is not JSON") from err
+        if not isinstance(meta, dict):
+            raise trust.Untrusted(f"{META_FILE} is not a JSON object")
+    except (trust.KeyUnusable, trust.Untrusted) as why:
+        log.warning("the cached TVM tuning database %s is not used (%s)", path, why)
+        return None
+    return TuningDatabase(path, "cache", meta, sealed={f: rec["sha256"] for f, rec in files.items()})

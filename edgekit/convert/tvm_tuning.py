@@ -35,6 +35,7 @@ from edgekit.convert.tvm_database import (
     TABLES,
     TUNING_DIR,
     TuningDatabase,
+    seal_database,
     target_arch,
     target_key,
 )
@@ -378,6 +379,7 @@ def tune(
             "seeded_from": f"{seed.source}:{seed.path.name}" if seed else None,
         }
         (staged / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        seal_database(staged, out.name)  # a later build reuses it only under this user's seal
         staged.chmod(0o755)  # mkdtemp makes it private
         if out.exists():
             shutil.rmtree(out)
@@ -409,8 +411,7 @@ def ship(db: TuningDatabase, model_dir: Path, *, cpu: Mapping[str, Any] | None =
     staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
         for name in TABLES:
-            src = db.table(name)
-            data = gzip.decompress(src.read_bytes()) if src.suffix == ".gz" else src.read_bytes()
+            data = db.read_table(name)
             # mtime=0: the same database gives the same bytes, so the repo sees no change.
             (staged / f"{name}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
         (staged / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
