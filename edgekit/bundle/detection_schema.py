@@ -67,7 +67,9 @@ class DetectionHead(Schema):
       against ``anchors`` with ``box_coder``;
     - ``yolo``: one tensor, ``[1, 4 + classes, N]`` (``yolo_layout = "channels-first"``, the
       common Ultralytics export) or ``[1, N, 5 + classes]`` (``"rows"``: box, objectness,
-      classes), boxes as centre x, centre y, width, height in input pixels;
+      classes), boxes as centre x, centre y, width, height in input pixels; or ``[1, N, 6]``
+      (``"end2end"``: NMS already in the graph, as YOLOv10/YOLO26 and ``nms=True`` exports give:
+      rows of x0, y0, x1, y1, score, class, padded with zero scores);
     - ``tflite-postprocess``: the model ends in TFLite's ``TFLite_Detection_PostProcess`` (boxes
       ``[ymin, xmin, ymax, xmax]`` in [0, 1], classes, scores, count): passed through.
 
@@ -90,14 +92,14 @@ class DetectionHead(Schema):
     outputs: tuple[str, ...] = Field(default=(), max_length=8)
     anchors: SsdAnchors | None = None
     box_coder: BoxCoder | None = None
-    yolo_layout: Literal["channels-first", "rows"] | None = None
+    yolo_layout: Literal["channels-first", "rows", "end2end"] | None = None
 
     @model_validator(mode="after")
     def _decoder_has_its_parameters(self) -> DetectionHead:
         if self.decoder == "ssd" and (self.anchors is None or self.box_coder is None):
             raise ValueError("an ssd decoder needs anchors and box_coder")
         if self.decoder == "yolo" and self.yolo_layout is None:
-            raise ValueError("a yolo decoder needs yolo_layout ('channels-first' or 'rows')")
+            raise ValueError("a yolo decoder needs yolo_layout ('channels-first', 'rows' or 'end2end')")
         return self
 
     @classmethod

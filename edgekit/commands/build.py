@@ -131,12 +131,21 @@ def build_command(
             "that passes the accuracy gate, so the device runs what was measured best.",
         ),
     ] = None,
+    write_card: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-card",
+            help="With --onnx: write the card inferred from the file (a folder's model.toml, or a .toml path), "
+            "each value commented with where it came from, and build nothing; edit it, then --model.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
     from edgekit.convert.builder import build
     from edgekit.convert.coco_gate import gate_request
     from edgekit.convert.modelcard import card_for_file, read_card
+    from edgekit.convert.onnx_card import card_for_onnx
     from edgekit.convert.report import BuildRequest
     from edgekit.runtime.profiles import get_profile
 
@@ -148,20 +157,26 @@ def build_command(
     profile = get_profile(device)
     if select is not None:
         _check_select(select, profile.arch)
+    size = _floats(input_size, "--input-size", 2)
+    flags: dict[str, Any] = {
+        "input_size": (int(size[0]), int(size[1])) if size else None,
+        "mean": _floats(mean, "--mean", 3),
+        "std": _floats(std, "--std", 3),
+        "layout": layout,
+        "labels": labels,
+    }
+    if write_card is not None:
+        _write_card(onnx, write_card, flags, as_json)
+        return
     if model is not None:
         card = read_card(model)
     else:
         file = onnx or tflite
         assert file is not None
-        size = _floats(input_size, "--input-size", 2)
-        card = card_for_file(
-            file,
-            input_size=(int(size[0]), int(size[1])) if size else None,
-            mean=_floats(mean, "--mean", 3),  # type: ignore[arg-type]
-            std=_floats(std, "--std", 3),  # type: ignore[arg-type]
-            layout=layout,
-            labels=labels,
-        )
+        card = card_for_onnx(file, **flags) if onnx is not None else card_for_file(file, **flags)
+    inferred = [f.to_dict() for f in card.extra.get("inferred", ())]
+    for fact in card.extra.get("inferred", ()) if not as_json else ():
+        err_console.print(f"[dim]inferred:[/] {fact.line()}", highlight=False)
     target = out or Path("bundles") / f"{card.name}-{profile.name}"
     target.parent.mkdir(parents=True, exist_ok=True)
     req = BuildRequest(
@@ -187,7 +202,7 @@ def build_command(
         with stdout_to_stderr():
             result = build(req, PlainProgress())
             chosen = _select_fastest(target, sign_key, quiet=True) if select else None
-        print_json({**result.to_dict(), "selection": chosen})
+        print_json({**result.to_dict(), "selection": chosen, "inferred": inferred})
         return
     result = _with_progress(req, build)
     _summary(result.to_dict())
@@ -197,6 +212,21 @@ def build_command(
             f"selected by measurement: [bold]{chosen['artifact']}[/] with {chosen['threads']} threads "
             f"(p90 {chosen['p90_ms']:.2f} ms, {chosen['ranked_by']}), recorded in the bundle"
         )
+
+
+def _write_card(onnx: Path | None, dest: Path, flags: dict[str, Any], as_json: bool) -> None:
+    """``--write-card``: the card inferred from ``--onnx``, written to edit; nothing is built."""
+    from edgekit.convert.onnx_card import write_card
+
+    if onnx is None:
+        raise BuildError("--write-card writes the card inferred from an ONNX file", "give --onnx FILE")
+    path, facts = write_card(onnx, dest, **flags)
+    if as_json:
+        print_json({"card": str(path), "inferred": [f.to_dict() for f in facts]})
+        return
+    for fact in facts:
+        err_console.print(f"[dim]inferred:[/] {fact.line()}", highlight=False)
+    console.print(f"wrote {path}: edit it, then edgekit build --model {path.parent} --device DEVICE")
 
 
 def _check_select(select: str, profile_arch: str) -> None:

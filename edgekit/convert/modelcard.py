@@ -162,7 +162,11 @@ def _check_file_source(path: Path, source: Mapping[str, Any]) -> None:
 
 
 def read_card(location: Path) -> ModelCard:
-    """Read a model card from its directory or its ``model.toml``."""
+    """Read a model card from its directory or its ``model.toml``.
+
+    A ``[source] kind = "onnx"`` card (an ONNX file inside a PyPI package) gives only what the
+    file cannot say; the rest is read from the file (:mod:`edgekit.convert.file_card`).
+    """
     path = location / CARD_FILE if location.is_dir() else location
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -170,12 +174,27 @@ def read_card(location: Path) -> ModelCard:
         raise BuildError(f"no model card at {path}", f"a model directory holds {CARD_FILE}; {_HINT}") from err
     except tomllib.TOMLDecodeError as err:
         raise BuildError(f"{path}: not valid TOML: {err}", _HINT) from err
-    file_labels: tuple[str, ...] = ()
-    if isinstance(data.get("source"), dict) and data["source"].get("kind") == "tflite":
+    extra: dict[str, Any] = {}
+    source = data.get("source")
+    if isinstance(source, dict) and source.get("kind") == "tflite":
         # What the .tflite says (input size and normalization, labels, output names) need not be in the card.
         from edgekit.convert.tflite_metadata import fill_card
 
         data, file_labels = fill_card(path, data)
+        if file_labels and "labels" not in data:
+            data = {**data, "labels": list(file_labels)}
+    elif isinstance(source, dict) and source.get("kind") == "onnx":
+        from edgekit.convert.file_card import complete_from_package
+
+        data, extra["inferred"] = complete_from_package(path, data)
+    return card_from_data(path, data, extra)
+
+
+def card_from_data(path: Path, data: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> ModelCard:
+    """A card from its ``model.toml`` data (``path`` names it in errors; relative labels files are beside it).
+
+    ``labels`` is a labels file's path, or the names themselves as a list.
+    """
     inp = _need(path, data, "input", dict)
     try:
         spec = PreprocessSpec.from_dict(inp)
@@ -183,12 +202,14 @@ def read_card(location: Path) -> ModelCard:
         raise BuildError(
             f"{path}: field 'input' is incomplete ({err})", "give size, mean, std (and layout, color, resize)"
         ) from err
-    labels = file_labels
-    if "labels" in data:
+    labels: tuple[str, ...] = ()
+    if isinstance(data.get("labels"), list):
+        labels = tuple(str(n) for n in data["labels"])
+    elif "labels" in data:
         labels = read_labels((path.parent / str(data["labels"])).resolve())
     out = data.get("output", {})
     source = _need(path, data, "source", dict)
-    from_file = source.get("kind") == "file"
+    from_file = source.get("kind") in ("file", "onnx")
     if from_file:
         _check_file_source(path, source)
     task, head = read_detection(path, data)
@@ -219,11 +240,17 @@ def read_card(location: Path) -> ModelCard:
         task=task,
         detection=head,
         output_names=tuple(names),
+        extra=dict(extra or {}),
     )
 
 
 def source_file(card: ModelCard) -> Path | None:
-    """A ``[source] kind = "file"`` card's model file, relative paths from the card's folder; None for other sources."""
+    """A ``[source] kind = "file"`` card's model file (relative paths from the card's folder), a ``kind =
+    "onnx"`` card's file in its package (its SHA-256 checked); None for other sources."""
+    if card.source.get("kind") == "onnx":
+        from edgekit.convert.sources import package_file
+
+        return package_file(card.source, str(card.path or card.name), "onnx")[0]
     if card.source.get("kind") != "file" or card.path is None:
         return None
     file = card.source.get("file")

