@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit.commands.build_progress import PlainProgress, stage_table
@@ -176,7 +177,7 @@ def build_command(
         card = card_for_onnx(file, **flags) if onnx is not None else card_for_file(file, **flags)
     inferred = [f.to_dict() for f in card.extra.get("inferred", ())]
     for fact in card.extra.get("inferred", ()) if not as_json else ():
-        err_console.print(f"[dim]inferred:[/] {fact.line()}", highlight=False)
+        err_console.print(f"[dim]inferred:[/] {escape(fact.line())}", highlight=False)
     target = out or Path("bundles") / f"{card.name}-{profile.name}"
     target.parent.mkdir(parents=True, exist_ok=True)
     req = BuildRequest(
@@ -225,7 +226,7 @@ def _write_card(onnx: Path | None, dest: Path, flags: dict[str, Any], as_json: b
         print_json({"card": str(path), "inferred": [f.to_dict() for f in facts]})
         return
     for fact in facts:
-        err_console.print(f"[dim]inferred:[/] {fact.line()}", highlight=False)
+        err_console.print(f"[dim]inferred:[/] {escape(fact.line())}", highlight=False)
     console.print(f"wrote {path}: edit it, then edgekit build --model {path.parent} --device DEVICE")
 
 

@@ -123,13 +123,16 @@ def infer_input(
 
 
 def _layout(out: TensorFacts, nc: int, md: Mapping[str, str], where: str, nc_from: str) -> tuple[str, str]:
-    """The yolo layout of ``out`` for ``nc`` classes and why, or a BuildError naming both class counts."""
+    """The yolo layout of ``out`` for ``nc`` classes and why, or a BuildError naming both class counts.
+
+    The boxes' axis may be free (a dynamic export: ``[batch, 84, anchors]``); the class axis is not.
+    """
     a, b = out.shape[1], out.shape[2]
-    assert isinstance(a, int) and isinstance(b, int)
+    fa, fb = isinstance(a, int), isinstance(b, int)
     shape = out.shape_text()
     end2end = flag(md.get("end2end"), "end2end")
     nms = flag(md.get("args"), "nms")
-    if b == 6 and (end2end or nms or (end2end is None and a <= _END2END_MAX_ROWS)):
+    if b == 6 and (end2end or nms or (end2end is None and fa and a <= _END2END_MAX_ROWS)):  # type: ignore[operator]
         why = (
             f"{_MD} 'end2end'"
             if end2end
@@ -138,11 +141,19 @@ def _layout(out: TensorFacts, nc: int, md: Mapping[str, str], where: str, nc_fro
             else f"output '{out.name}' {shape}"
         )
         return "end2end", f"{why}: rows of x0, y0, x1, y1, score, class; NMS is in the graph"
-    if a == 4 + nc and b > a:
+    if a == 4 + nc and (not fb or b > a):  # type: ignore[operator]
         return "channels-first", f"output '{out.name}' {shape} = [1, 4 + {nc} classes, {b} boxes]"
-    if b == 5 + nc and a > b:
+    if b == 5 + nc and (not fa or a > b):  # type: ignore[operator]
         return "rows", f"output '{out.name}' {shape} = [1, {a} boxes, 5 + {nc} classes] (with objectness)"
-    implied, form = (a - 4, "[1, 4 + classes, boxes]") if a < b else (b - 5, "[1, boxes, 5 + classes]")
+    if fa and (not fb or a < b):  # type: ignore[operator]
+        implied, form = int(a) - 4, "[1, 4 + classes, boxes]"  # type: ignore[arg-type]
+    elif fb:
+        implied, form = int(b) - 5, "[1, boxes, 5 + classes]"  # type: ignore[arg-type]
+    else:
+        raise BuildError(
+            f"{where}: output '{out.name}' {shape} has no fixed class axis",
+            "re-export the model with dynamic=False",
+        )
     raise BuildError(
         f"{where}: {nc_from} gives {nc} classes, but output '{out.name}' {shape} has {implied} ({form})",
         "the file's class names and its graph disagree: pass --labels FILE with one name per class "
@@ -153,7 +164,8 @@ def _layout(out: TensorFacts, nc: int, md: Mapping[str, str], where: str, nc_fro
 def infer_detector(facts: FileFacts, card: Inferred, labels: tuple[str, ...] | None) -> None:
     """An Ultralytics ``task = detect`` export's labels, preprocessing and ``[detection]`` table into ``card``."""
     md, where = facts.metadata, facts.path.name
-    heads = [o for o in facts.outputs if detector_like(o)]
+    # An Ultralytics detect export has one output; its boxes' axis may be free (dynamic=True).
+    heads = [o for o in facts.outputs if len(o.shape) == 3]
     if len(heads) != 1:
         shapes = ", ".join(f"'{o.name}' {o.shape_text()}" for o in facts.outputs)
         raise BuildError(
@@ -302,3 +314,30 @@ def complete_from_package(path: Path, data: Mapping[str, Any]) -> tuple[dict[str
     inferred = infer(read_facts(file))
     facts = [f for f in inferred.facts if not (f.key and _given(data, f.key))]
     return merged(inferred.data, data), facts
+
+
+def guess_detector(facts: FileFacts) -> FileFacts | None:
+    """For ``--write-card`` of a file without ``task`` metadata whose output looks like a YOLO head:
+    the facts with ``task`` and placeholder ``names`` guessed from the output's shape (None if none looks so).
+
+    The card written from them says which values are guesses; nothing is built from a guess.
+    """
+    from dataclasses import replace
+
+    head = next((o for o in facts.outputs if detector_like(o)), None)
+    if head is None or "task" in facts.metadata:
+        return None
+    a, b = head.shape[1], head.shape[2]
+    assert isinstance(a, int) and isinstance(b, int)
+    nc = a - 4 if a < b else 1 if b == 6 and a <= _END2END_MAX_ROWS else b - 5
+    names = "{" + ", ".join(f"{i}: 'class{i}'" for i in range(max(nc, 1))) + "}"
+    guessed = {"task": "detect", "names": names}
+    return replace(facts, metadata={**facts.metadata, **guessed, "edgekit_guessed": "task names"})
+
+
+def mark_guesses(inferred: Inferred) -> None:
+    """Facts that rest on ``guess_detector``'s guess (all but the input's shape and the flags) say so."""
+    for i, f in enumerate(inferred.facts):
+        if not f.origin.startswith(("input '", "--", "output '")):
+            origin = f"GUESSED (the file does not say; {f.origin}): check it"
+            inferred.facts[i] = Fact(f.what, f.value, origin, f.key)

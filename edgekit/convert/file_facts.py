@@ -167,4 +167,5 @@ def detector_like(out: TensorFacts) -> bool:
     if not isinstance(a, int) or not isinstance(b, int):
         return False
     small, large = min(a, b), max(a, b)
-    return small >= 5 and large >= 100 and large > small
+    # A 64x64 YOLO has 84 boxes (8x8 + 4x4 + 2x2), 4 + classes or 5 + classes values each.
+    return small >= 5 and large >= 20 and large >= 2 * small

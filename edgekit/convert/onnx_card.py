@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from edgekit._core.io import sha256_file
-from edgekit.convert.file_card import Fact, Inferred, check_not_a_detector, infer
+from edgekit.convert.file_card import (
+    Fact,
+    Inferred,
+    check_not_a_detector,
+    guess_detector,
+    infer,
+    mark_guesses,
+)
 from edgekit.convert.modelcard import CARD_FILE, ModelCard, card_for_file, card_from_data, read_labels
 from edgekit.errors import BuildError
 
@@ -24,13 +31,21 @@ def _inferred(
     std: tuple[float, float, float] | None,
     layout: str | None,
     labels: Path | None,
+    guess: bool = False,
 ) -> Inferred | None:
-    """The card the file and flags say, or None when the file has no ``task`` metadata (nor a detector's head)."""
+    """The card the file and flags say, or None when the file has no ``task`` metadata (nor a detector's head).
+
+    ``guess``: a file without ``task`` whose output looks like a YOLO head gets a card guessed
+    from that shape (for ``--write-card``, to be checked), rather than an error.
+    """
     from edgekit.convert.file_facts import read_facts
     from edgekit.convert.onnx_export import check_onnx
 
     check_onnx(model)
     facts = read_facts(model)
+    guessed = guess_detector(facts) if guess else None
+    if guessed is not None:
+        facts = guessed
     if "task" not in facts.metadata:
         check_not_a_detector(facts)
         return None
@@ -42,6 +57,8 @@ def _inferred(
         layout=layout,
         labels=read_labels(labels) if labels else None,
     )
+    if guessed is not None:
+        mark_guesses(inferred)
     inferred.data = {
         "name": model.stem,
         "version": "0",
@@ -130,7 +147,9 @@ def write_card(
 ) -> tuple[Path, list[Fact]]:
     """Write ``model``'s inferred card to ``dest`` (a folder, or a ``.toml`` path), the file named
     relative to it and pinned by SHA-256; returns the card's path and the facts."""
-    inferred = _inferred(model, input_size=input_size, mean=mean, std=std, layout=layout, labels=labels)
+    inferred = _inferred(
+        model, input_size=input_size, mean=mean, std=std, layout=layout, labels=labels, guess=True
+    )
     if inferred is None:
         raise BuildError(
             f"{model.name} does not say what it is (no ONNX metadata 'task'): there is no card to infer",
