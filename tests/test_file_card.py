@@ -235,6 +235,21 @@ def test_the_written_card_reads_back_as_the_inferred_one(tmp_path: Path) -> None
     assert infer(read_facts(model)).data["detection"]["yolo_layout"] == "channels-first"
 
 
+def test_write_card_from_the_command_line_builds_nothing(tmp_path: Path, cache_env: dict[str, str]) -> None:
+    model = _graph(tmp_path / "v8.onnx", (1, 7, 84), _ultralytics())
+    out = tmp_path / "bundle"
+    r = edgekit(
+        cache_env,
+        *("build", "--onnx", str(model), "--device", "x86_64-cpu", "-o", str(out)),
+        *("--write-card", str(tmp_path / "card"), "--json"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout)
+    assert result["card"] == str(tmp_path / "card" / "model.toml") and not out.exists()
+    assert [f["fact"] for f in result["inferred"]][:2] == ["task", "labels"]
+    assert read_card(tmp_path / "card").labels == ("cat", "dog", "bird")
+
+
 def test_build_onnx_with_no_card_makes_a_detection_bundle_with_the_files_names(
     tmp_path: Path, cache_env: dict[str, str]
 ) -> None:

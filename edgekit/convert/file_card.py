@@ -36,6 +36,7 @@ SCORE_THRESHOLD, IOU_THRESHOLD, MAX_DETECTIONS = 0.25, 0.7, 300
 #: An end-to-end head (NMS in the graph) gives at most this many rows; a v5 head has thousands.
 _END2END_MAX_ROWS = 1000
 _MD = "ONNX metadata"
+_ORDER = ("task", "labels", "detection.decoder", "detection.yolo_layout", "input.size", "input.layout")
 
 
 @dataclass(frozen=True)
@@ -258,14 +259,17 @@ def infer(
             "edgekit builds Ultralytics detection models (task 'detect'); export a detect model, "
             "or write a card for this one",
         )
-    for key, text in (("description", md.get("description")), ("license", md.get("license"))):
-        if text:
-            card.put(key, text, key, repr(text[:60]), f"{_MD} '{key}'")
+    if md.get("description"):
+        card.data["description"] = md["description"]
+    if md.get("license"):
+        card.put("license", md["license"], "license", repr(md["license"][:60]), f"{_MD} 'license'")
     by = " ".join(f"{k} {md[k]}" for k in ("author", "version", "date") if k in md)
     if by:
         card.data["attribution"] = f"Exported from {by} ({_MD})."
     infer_detector(facts, card, labels)
     ultralytics_preprocessing(card, mean, std)
+    # What the model is first, then how it is fed and decoded.
+    card.facts.sort(key=lambda f: _ORDER.index(f.key) if f.key in _ORDER else len(_ORDER))
     return card
 
 
