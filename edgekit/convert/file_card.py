@@ -215,11 +215,15 @@ def infer_detector(facts: FileFacts, card: Inferred, labels: tuple[str, ...] | N
 
 
 def ultralytics_preprocessing(card: Inferred, mean: Any, std: Any) -> None:
-    """Ultralytics' LetterBox: RGB, aspect kept, grey 114 bars, pixels / 255 (flags override mean/std)."""
+    """Ultralytics' LetterBox: RGB, aspect kept, bilinear resize, grey 114 bars, pixels / 255 (flags override mean/std).
+
+    Bilinear (``interpolation = "linear"``), not edgekit's default area filter: the pixels the
+    model was trained and validated on are LetterBox's, which shrinks with cv2.INTER_LINEAR.
+    """
     origin = "Ultralytics' preprocessing"
     inp = card.data.setdefault("input", {})
-    inp.update(color="RGB", resize="letterbox", letterbox_fill=114)
-    card.facts.append(Fact("preprocessing", "RGB, letterbox with grey 114", origin, "input.resize"))
+    inp.update(color="RGB", resize="letterbox", letterbox_fill=114, interpolation="linear")
+    card.facts.append(Fact("preprocessing", "RGB, bilinear letterbox with grey 114", origin, "input.resize"))
     m = [float(v) for v in mean] if mean is not None else [0.0, 0.0, 0.0]
     s = [float(v) for v in std] if std is not None else [255.0, 255.0, 255.0]
     shown = f"mean {m[0]:g}, std {s[0]:g}" if len(set(m)) == 1 and len(set(s)) == 1 else f"mean {m}, std {s}"
