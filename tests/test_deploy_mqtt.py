@@ -173,6 +173,7 @@ def command(**fields: Any) -> bytes:
         "schema": "edgekit/v1/cmd",
         "id": "d-1",
         "action": "deploy",
+        "fleet": "lab",
         "device": "cam-1",
         "url": "http://10.0.0.1:8765/artifacts/b.tar.gz",
         "sha256": "a" * 64,
@@ -197,6 +198,8 @@ def command(**fields: Any) -> bytes:
         (command(id=".."), "deploy id", None),
         (command(id="x" * 65), "deploy id", None),
         (command(device="cam-9"), "is for device 'cam-9'", "d-1"),
+        (command(fleet="prod"), "is for fleet 'prod', this device is in 'lab'", "d-1"),
+        (command(fleet=...), "names no fleet", "d-1"),
         (command(action="exec"), "unknown action", "d-1"),
         (command(url="file:///etc/shadow"), "not an http(s) URL", "d-1"),
         (command(url="ftp://h/b.tar.gz"), "not an http(s) URL", "d-1"),
@@ -217,7 +220,7 @@ def test_a_command_is_checked_field_by_field_and_answers_to_its_id_when_it_can(
     from edgekit.protocol.control import CommandError, parse_command
 
     with pytest.raises(CommandError) as caught:
-        parse_command(payload, "cam-1")
+        parse_command(payload, "cam-1", "lab")
     assert said in caught.value.message and caught.value.hint
     assert caught.value.deploy_id == answer_to
 
@@ -225,15 +228,15 @@ def test_a_command_is_checked_field_by_field_and_answers_to_its_id_when_it_can(
 def test_good_commands_parse_and_unknown_fields_are_ignored() -> None:
     from edgekit.protocol.control import parse_command, rollback_message
 
-    cmd = parse_command(command(extra={"future": 1}), "cam-1")
+    cmd = parse_command(command(extra={"future": 1}), "cam-1", "lab")
     assert (cmd.id, cmd.action, cmd.size, cmd.url) == (
         "d-1",
         "deploy",
         1000,
         "http://10.0.0.1:8765/artifacts/b.tar.gz",
     )
-    rb = rollback_message("d-1-rb", "cam-1")
-    assert parse_command(rb.to_json(), "cam-1") == rb
+    rb = rollback_message("d-1-rb", "cam-1", fleet="lab")
+    assert parse_command(rb.to_json(), "cam-1", "lab") == rb
 
 
 def test_the_wire_formats_follow_their_json_schemas() -> None:
@@ -247,7 +250,10 @@ def test_the_wire_formats_follow_their_json_schemas() -> None:
         schema = json.loads((schemas / name).read_text())
         jsonschema.Draft202012Validator(schema).validate(doc)
 
-    check("cmd.schema.json", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, 60).to_dict())
+    check(
+        "cmd.schema.json",
+        deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, 60, fleet="lab").to_dict(),
+    )
     check(
         "cmd-result.schema.json", result_message("cam-1", None, "command", final=True, ok=False, reason="x")
     )
@@ -611,7 +617,7 @@ def test_bad_commands_each_get_a_clear_answer_and_the_agent_stays_up(fleet: Flee
     url = f"{fleet.server}/artifacts/enl0-v1.tar.gz"
 
     def cmd(deploy_id: str, **fields: Any) -> bytes:
-        body = {"schema": "edgekit/v1/cmd", "id": deploy_id, "action": "deploy", "device": device,
+        body = {"schema": "edgekit/v1/cmd", "id": deploy_id, "action": "deploy", "fleet": FLEET, "device": device,
                 "url": url, "sha256": v1_sha, "size": v1_size} | fields  # fmt: skip
         return signed(body, fleet.keys[0])
 
@@ -737,7 +743,7 @@ def test_an_interrupted_download_resumes_with_a_range_request(fleet: Fleet) -> N
     flaky.cut = 1
     try:
         seen = len(fleet.observer.finals(device))
-        body = {"schema": "edgekit/v1/cmd", "id": "resume-1", "action": "deploy", "device": device,
+        body = {"schema": "edgekit/v1/cmd", "id": "resume-1", "action": "deploy", "fleet": FLEET, "device": device,
                 "url": flaky.url, "sha256": sha, "size": size}  # fmt: skip
         fleet.observer.publish(device, signed(body, fleet.keys[0]))
         got = fleet.observer.final(device, "resume-1", 300, after=seen)

@@ -100,7 +100,13 @@ class Site:
 
 
 def body(deploy_id: str, device: str, action: str = "rollback", **fields: Any) -> dict[str, Any]:
-    return {"schema": "edgekit/v1/cmd", "id": deploy_id, "action": action, "device": device} | fields
+    return {
+        "schema": "edgekit/v1/cmd",
+        "id": deploy_id,
+        "action": action,
+        "fleet": FLEET,
+        "device": device,
+    } | fields
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +293,8 @@ def test_the_command_queue_is_bounded_and_counts_what_it_drops(tmp_path: Path) -
     acked: list[int] = []
     client = SimpleNamespace(ack=lambda mid, qos: acked.append(mid))
     for n in range(10):  # never handled: no worker runs
-        agent._on_message(client, None, SimpleNamespace(payload=b'{"n": %d}' % n, mid=n, qos=1))
+        msg = SimpleNamespace(topic=agent.cmd_topic, payload=b'{"n": %d}' % n, mid=n, qos=1)
+        agent._on_message(client, None, msg)
     assert agent._queue.qsize() == 4 and agent.dropped == 6
     assert acked == [4, 5, 6, 7, 8, 9]  # dropped for good: the broker does not send them again
     assert json.loads(agent._status_payload("offline"))["state"] == "offline"

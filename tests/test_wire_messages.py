@@ -133,17 +133,23 @@ def test_birth_facts_the_fleet_would_refuse_fail_at_once(tmp_path: Path) -> None
 
 
 def test_what_an_agent_and_a_rollout_send_follows_its_model_and_schema() -> None:
-    both_accept("cmd", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5).to_dict())
-    both_accept("cmd", rollback_message("d-1-rb", "cam-1").to_dict())
+    both_accept(
+        "cmd", deploy_message("d-1", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, fleet="lab").to_dict()
+    )
+    both_accept("cmd", rollback_message("d-1-rb", "cam-1", fleet="lab").to_dict())
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from edgekit.deploy.command_trust import sign_command
 
     key = Ed25519PrivateKey.generate()
-    signed = sign_command(deploy_message("d-2", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, ttl_s=60), key)
+    signed = sign_command(
+        deploy_message("d-2", "cam-1", "https://h/a.tar.gz", "b" * 64, 5, ttl_s=60, fleet="lab"), key
+    )
     assert signed.signature and signed.nonce and signed.expires_at
     both_accept("cmd", signed.to_dict())
-    both_accept("cmd", sign_command(rollback_message("d-2-rb", "cam-1", ttl_s=60), key).to_dict())
+    both_accept(
+        "cmd", sign_command(rollback_message("d-2-rb", "cam-1", ttl_s=60, fleet="lab"), key).to_dict()
+    )
     health = HealthReport(True, p50_ms=4.2, p99_ms=9.7, budget_ms=33.3, top1_agreement=1.0, threshold=0.98,
                           frames=8, decisive_frames=8, runs=101, backend="onnxruntime", precision="fp32",
                           candidate="onnxruntime-fp32", load_ms=120.4)  # fmt: skip
@@ -193,7 +199,12 @@ def test_model_and_schema_refuse_the_same_broken_messages(tmp_path: Path) -> Non
     both_refuse("cmd-result", {"schema": "edgekit/v1/cmd-result", "device": "cam-1", "final": True,
                                "id": "../x"})  # fmt: skip
     both_refuse("agent", {"schema": "edgekit/v1/agent", "device": "cam-1", "state": "busy"})
-    both_refuse("cmd", {"schema": "edgekit/v1/cmd", "id": "d-1", "action": "deploy", "device": "cam-1"})
+    both_refuse(
+        "cmd",
+        {"schema": "edgekit/v1/cmd", "id": "d-1", "action": "deploy", "fleet": "lab", "device": "cam-1"},
+    )
+    # A command without its fleet (from a sender older than signed fleets): the model and schema refuse it.
+    both_refuse("cmd", {"schema": "edgekit/v1/cmd", "id": "d-1", "action": "rollback", "device": "cam-1"})
     both_refuse("health", {"frames": 3})
     assert parse_result(b'{"schema": "edgekit/v1/cmd-result", "device": "cam-1", "final": 1}') is None
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit.deploy.agent_wire import connect_kwargs, plain, status_payload
+from edgekit.deploy.agent_wire import agent_client_id, connect_kwargs, plain, status_payload
 from edgekit.deploy.command_trust import (
     DEFAULT_ROLLBACK_LIMIT,
     DEFAULT_ROLLBACK_WINDOW_S,
@@ -129,11 +129,9 @@ class Agent:
     # -- MQTT ----------------------------------------------------------------------------
 
     def _make_client(self) -> Any:
-        # Not the device id: the pipeline child connects with that one, and a broker disconnects
-        # the older of two clients with one id.  Not a clean session: the broker keeps commands
-        # for us while we are away.
+        # Not a clean session: the broker keeps commands for us while we are away.
         client = self.broker.client(
-            f"edgekit-agent-{self.config.device_id}", clean_session=False, max_delay_s=10
+            agent_client_id(self.config.fleet, self.config.device_id), clean_session=False, max_delay_s=10
         )
         client.manual_ack_set(True)  # a command is acknowledged once handled, not once received
         client.will_set(self.agent_topic, self._status_payload("offline"), qos=1, retain=True)
@@ -150,8 +148,8 @@ class Agent:
             )  # fmt: skip
             return
         log.info(
-            "agent: connected to %s as %s (session %s); commands on %s",
-            self.broker.describe(), self.config.device_id,
+            "agent: connected to %s as %s/%s (session %s); commands on %s",
+            self.broker.describe(), self.config.fleet, self.config.device_id,
             "resumed" if flags.session_present else "new", self.cmd_topic,
         )  # fmt: skip
         client.subscribe(self.cmd_topic, qos=1)
@@ -165,6 +163,14 @@ class Agent:
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         # paho's network thread: only queue it; a slow install must not stop keep-alives.
+        if msg.topic != self.cmd_topic:
+            # A session the broker kept can hold a subscription this agent never made (another
+            # fleet's, under an older client id): what arrives there is not for us.
+            log.warning("agent: ignored a message on %s: this agent takes commands on %s only",
+                        str(msg.topic)[:200], self.cmd_topic)  # fmt: skip
+            if msg.qos > 0:
+                client.ack(msg.mid, msg.qos)
+            return
         payload = bytes(msg.payload)
         digest = hashlib.sha256(payload).hexdigest()
         with self._queued_lock:
@@ -280,7 +286,7 @@ class Agent:
     def handle(self, payload: bytes) -> dict[str, Any]:
         """Handle one command payload; publishes progress and the final result, and returns the latter."""
         try:
-            cmd = parse_command(payload, self.config.device_id)
+            cmd = parse_command(payload, self.config.device_id, self.config.fleet)
         except CommandError as err:
             self.refused += 1
             log.warning(

@@ -1,5 +1,6 @@
 """What the agent says about itself on the wire, and how it connects: kept apart from ``edgekit.deploy.agent``.
 
+``agent_client_id`` is who the agent is to the broker (its fleet and device id);
 ``status_payload`` is the retained ``agent`` message (an ``AgentStatus``); ``connect_kwargs``
 the MQTT 5 CONNECT properties: a session the broker keeps while the agent is away, and a
 Maximum Packet Size so that the broker drops a command bigger than ``MAX_COMMAND_BYTES``
@@ -34,6 +35,18 @@ from edgekit.protocol.topics import SCHEMA_AGENT
 
 # The biggest PUBLISH the broker may send the agent: a command, its topic and the headers.
 MAX_PACKET_BYTES = MAX_COMMAND_BYTES + 1024
+
+
+def agent_client_id(fleet: str, device: str) -> str:
+    """The agent's MQTT client id: ``edgekit-agent:<fleet>:<device>``.
+
+    The fleet is in it: a device id is unique only within its fleet, and a broker disconnects
+    the older of two clients with one id and hands the newer one its kept session (and with
+    it the other's subscriptions and queued commands).  ``:`` is in no fleet or device name,
+    so two pairs never make one id.  Not the device id alone: the pipeline child connects with
+    that one.
+    """
+    return f"edgekit-agent:{fleet}:{device}"
 
 
 def connect_kwargs(protocol: str, session_expiry_s: int) -> dict[str, Any]:

@@ -5,6 +5,10 @@ Ed25519 over its canonical JSON (``edgekit.protocol.control.signed_bytes``: the 
 without ``signature``, keys sorted, no whitespace), after stamping it with ``expires_at``
 and a random ``nonce``.  The agent (``CommandGuard``) checks, in order:
 
+    whom        (``parse_command``, before these) the command names this device *and its fleet*:
+                both are signed, so a command signed for ``lab/cam-1`` is refused by ``prod/cam-1``,
+                and one that names no fleet (from before fleets were signed) is refused with a
+                line that says so rather than taken on trust
     signature   one of the state root's trusted keys (the keys it trusts for bundles) signed it;
                 an unsigned command is refused unless the agent runs with
                 --allow-unsigned-commands (a lab: anyone who can publish on .../cmd commands it)
@@ -66,7 +70,7 @@ def sign_command(cmd: Command, key: Ed25519PrivateKey) -> Command:
         )
     body = cmd.to_dict()
     body["signature"] = base64.b64encode(key.sign(signed_bytes(body))).decode("ascii")
-    return parse_command(json.dumps(body, separators=(",", ":")).encode(), cmd.device)
+    return parse_command(json.dumps(body, separators=(",", ":")).encode(), cmd.device, cmd.fleet)
 
 
 def load_signing_key(path: Path) -> Ed25519PrivateKey:

@@ -225,12 +225,17 @@ class Rollout:
     def _commands(self, devices: Sequence[str], artifact: Artifact) -> list[Command]:
         rid, ttl = self.report.deploy_id, self.options.timeout_s
         return [
-            self._signed(deploy_message(rid, d, artifact.url, artifact.sha256, artifact.size, ttl))
+            self._signed(
+                deploy_message(
+                    rid, d, artifact.url, artifact.sha256, artifact.size, ttl, fleet=self.options.fleet
+                )
+            )
             for d in devices
         ]
 
     def _rollbacks(self, rid: str, devices: Sequence[str]) -> list[Command]:
-        return [self._signed(rollback_message(rid, d, self.options.timeout_s)) for d in devices]
+        o = self.options
+        return [self._signed(rollback_message(rid, d, o.timeout_s, fleet=o.fleet)) for d in devices]
 
     def _send_and_wait(
         self, link: FleetLink, commands: Sequence[Command], phase: str, undo: bool = False

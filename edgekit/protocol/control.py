@@ -106,20 +106,21 @@ def signed_bytes(body: dict[str, Any]) -> bytes:
 
 
 def deploy_message(
-    deploy_id: str, device: str, url: str, sha256: str, size: int, ttl_s: float | None = None
+    deploy_id: str, device: str, url: str, sha256: str, size: int, ttl_s: float | None = None, *, fleet: str
 ) -> Command:
-    """A deploy command, checked as an agent will check it (a sender finds its mistakes first).
+    """A deploy command for ``fleet``/``device``, checked as an agent will check it (a sender finds its mistakes first).
 
     ``ttl_s``: the command carries ``expires_at`` (now + ``ttl_s``) and a ``nonce`` (to be signed).
     """
-    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "deploy", "device": device}
-    body |= {"url": url, "sha256": sha256, "size": size}
+    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "deploy"}
+    body |= {"fleet": fleet, "device": device, "url": url, "sha256": sha256, "size": size}
     return _stamped(body, ttl_s)
 
 
-def rollback_message(deploy_id: str, device: str, ttl_s: float | None = None) -> Command:
-    """A rollback command: switch ``device`` back to its other complete slot."""
-    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "rollback", "device": device}
+def rollback_message(deploy_id: str, device: str, ttl_s: float | None = None, *, fleet: str) -> Command:
+    """A rollback command: switch ``fleet``/``device`` back to its other complete slot."""
+    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "rollback"}
+    body |= {"fleet": fleet, "device": device}
     return _stamped(body, ttl_s)
 
 
@@ -129,7 +130,9 @@ def _stamped(body: dict[str, Any], ttl_s: float | None) -> Command:
     if ttl_s is not None:
         body["expires_at"] = round(now + ttl_s, 3)
         body["nonce"] = new_nonce()
-    return parse_command(json.dumps(body, separators=(",", ":")).encode(), str(body["device"]))
+    return parse_command(
+        json.dumps(body, separators=(",", ":")).encode(), str(body["device"]), str(body["fleet"])
+    )
 
 
 def _no_constants(name: str) -> Any:
@@ -198,8 +201,14 @@ def _refusal(err: ValidationError) -> tuple[str, str]:
     return message.format(_short(e["input"])), hint
 
 
-def parse_command(payload: bytes, device: str) -> Command:
-    """Check a command received by ``device``; raises ``CommandError`` saying what is wrong.
+def parse_command(payload: bytes, device: str, fleet: str) -> Command:
+    """Check a command received by ``device`` of ``fleet``; raises ``CommandError`` saying what is wrong.
+
+    The command must name both: a device id is unique only within its fleet, and what names
+    them is under the signature (``edgekit.deploy.command_trust``), so a command signed for
+    ``lab/cam-1`` is refused by ``prod/cam-1``.  One without a fleet (from a sender older than
+    this check, or made by hand) is refused too: taking it would let a command signed for any
+    fleet's ``cam-1`` be replayed here until it expires.
 
     The error carries the command's id when the id itself was readable and safe, so the
     agent can answer on ``cmd/result`` about that id.
@@ -232,8 +241,21 @@ def parse_command(payload: bytes, device: str) -> Command:
             "publish to edgekit/v1/<fleet>/<device>/cmd with that device's own id in the payload",
             deploy_id,
         )
+    if "fleet" not in body:
+        raise CommandError(
+            "the command names no fleet (an older edgekit deploy sent it, or it was made by hand); "
+            "a command must name its fleet so that one signed for another fleet cannot be replayed here",
+            f"upgrade edgekit where the command is sent from and send it again ({fleet!r} in its 'fleet')",
+            deploy_id,
+        )
+    if body.get("fleet") != fleet:
+        raise CommandError(
+            f"the command is for fleet {_short(body.get('fleet'))}, this device is in {fleet!r}",
+            "publish to edgekit/v1/<fleet>/<device>/cmd with that fleet's own name in the payload",
+            deploy_id,
+        )
     if body.get("action") == "rollback":  # a rollback names no bundle: whatever else it carries is ignored
-        kept = ("schema", "id", "action", "device", "issued_at", "expires_at", "nonce", "signature")
+        kept = ("schema", "id", "action", "fleet", "device", "issued_at", "expires_at", "nonce", "signature")
         body = {k: v for k, v in body.items() if k in kept}
     try:
         return Command.model_validate(body)

@@ -57,8 +57,15 @@ class Command(BaseModel):
     ``signature`` is the sender's Ed25519 signature (base64) over the command's canonical
     JSON: the whole object as received, ``signature`` left out, keys sorted, no whitespace
     (``edgekit.protocol.control.signed_bytes``); ``expires_at`` and a random ``nonce`` make
-    each signed command good once and for a while.  An agent checks it against its trusted
-    keys, and refuses unsigned commands unless run with ``--allow-unsigned-commands``.
+    each signed command good once and for a while.  ``fleet`` and ``device`` say whom it is
+    for, under the signature: a device id is unique only within its fleet.  An agent checks
+    the signature against its trusted keys, and refuses unsigned commands unless run with
+    ``--allow-unsigned-commands``.
+
+    Versioning: ``fleet`` was added to ``edgekit/v1/cmd`` as a required field.  A newer sender
+    still reaches an older agent (which ignores it, as it ignores every unknown field); a
+    command from an older sender (no ``fleet``) is refused by a newer agent with a message
+    that says so: upgrade the sender first, then the agents.
     """
 
     # Unlike the other messages, unknown fields are dropped: an agent acts only on what it knows.
@@ -84,6 +91,10 @@ class Command(BaseModel):
     schema_: Literal["edgekit/v1/cmd"] = Field(alias="schema")
     id: DeployId
     action: Literal["deploy", "rollback"]
+    fleet: Name = Field(
+        description="the fleet the command is for: signed with the rest, so a command signed for one "
+        "fleet cannot be replayed onto a device of the same id in another"
+    )
     device: Name
     url: Annotated[str, AfterValidator(check_url)] | None = Field(
         default=None,
