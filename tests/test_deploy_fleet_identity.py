@@ -113,14 +113,14 @@ class Site:
     work: Path
     agents: list[Agent]
 
-    def agent(self, fleet: str, device: str) -> Agent:
+    def agent(self, fleet: str, device: str, *extra: str, origin: str | None = None) -> Agent:
         """An ``edgekit agent run`` for ``fleet``/``device`` on its own (empty) state root, started."""
         root = self.work / "roots" / fleet / device
         if not root.exists():
             r = edgekit(self.env, "agent", "trust", str(self.keys[1]), "--root", str(root))
             assert r.returncode == 0, r.stderr
         argv = [*EDGEKIT, "agent", "run", "--root", str(root), "--mqtt", self.broker.url, "--fleet", fleet,
-                "--device-id", device, "--download-attempts", "1", "--artifact-origin", self.origin.origin]  # fmt: skip
+                "--device-id", device, "--download-attempts", "1", "--artifact-origin", origin or self.origin.origin, *extra]  # fmt: skip
         env = {**self.env, "EDGEKIT_STATE": str(self.work / "state" / fleet / device)}
         log = self.work / f"agent-{fleet}-{device}.log"
         agent = Agent(device, root, log, argv, env).start()
@@ -207,7 +207,7 @@ def test_a_deploy_signed_for_lab_is_refused_by_prod_and_one_without_a_fleet_too(
     assert wait_for(lambda: site.watcher.online("prod", "cam-3"), 60), prod.log.read_text()[-2000:]
 
     def answer(deploy_id: str) -> dict[str, Any]:
-        got = wait_for(lambda: site.watcher.answers(deploy_id), 60)
+        got: list[tuple[str, dict[str, Any]]] = wait_for(lambda: site.watcher.answers(deploy_id), 60)
         assert got, f"no answer to {deploy_id}: " + prod.log.read_text()[-2000:]
         assert [t for t, _ in got] == ["edgekit/v1/prod/cam-3/cmd/result"], got
         return got[0][1]

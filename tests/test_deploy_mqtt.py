@@ -265,13 +265,16 @@ def test_the_wire_formats_follow_their_json_schemas() -> None:
 def test_the_artifact_routes_serve_ranges_and_heads_and_refuse_paths_outside(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from edgekit.fleet.artifacts import artifacts_app
+    from edgekit.fleet.artifacts import artifacts_app, name_artifact
 
     folder = tmp_path / "artifacts"
     folder.mkdir()
     (folder / "b-1.tar.gz").write_bytes(bytes(range(256)) * 40)
     (tmp_path / "secret").write_text("key")
     (folder / "link.tar.gz").symlink_to(tmp_path / "secret")
+    (folder / "unnamed.tar.gz").write_bytes(b"not named by a rollout")
+    name_artifact(folder, "b-1.tar.gz", "0" * 64, 10240)
+    name_artifact(folder, "link.tar.gz", "0" * 64, 3)  # named, but a link: still not served
     client = TestClient(artifacts_app(folder))
     whole = client.get("/b-1.tar.gz")
     assert whole.status_code == 200 and len(whole.content) == 10240
@@ -282,7 +285,14 @@ def test_the_artifact_routes_serve_ranges_and_heads_and_refuse_paths_outside(tmp
     assert client.get("/b-1.tar.gz", headers={"Range": "bytes=20000-"}).status_code == 416
     head = client.head("/b-1.tar.gz")
     assert head.status_code == 200 and head.headers["content-length"] == "10240" and not head.content
-    for bad in ("/link.tar.gz", "/..%2Fsecret", "/.hidden", "/nope.tar.gz"):
+    for bad in (
+        "/link.tar.gz",
+        "/..%2Fsecret",
+        "/.hidden",
+        "/nope.tar.gz",
+        "/unnamed.tar.gz",
+        "/.edgekit-named.json",
+    ):
         assert client.get(bad).status_code in (400, 404), bad
     assert client.get("/").json() == {"artifacts": [{"name": "b-1.tar.gz", "size": 10240}]}
 
@@ -605,13 +615,17 @@ def logs(fleet: Fleet) -> str:
 def test_bad_commands_each_get_a_clear_answer_and_the_agent_stays_up(fleet: Fleet) -> None:
     device, agent = "cam-3", fleet.agents["cam-3"]
     before = agent.status()
+    from edgekit.fleet.artifacts import name_artifact
+
     v1_archive, v1_sha, v1_size = pack(fleet.v1, fleet.artifacts / "enl0-v1.tar.gz")
+    name_artifact(fleet.artifacts, v1_archive.name, v1_sha, v1_size)  # served: what a rollout does
     stranger = fleet.work / "stranger"
     from edgekit.bundle.keys import generate_keypair
 
     other_key, _ = generate_keypair(stranger)
     unknown = with_version(fleet.v1, fleet.work / "enl0-unknown-key", "9.9.9", other_key)
     _, unknown_sha, unknown_size = pack(unknown, fleet.artifacts / "enl0-unknown.tar.gz")
+    name_artifact(fleet.artifacts, "enl0-unknown.tar.gz", unknown_sha, unknown_size)
     flaky = FlakyServer(v1_archive, fleet.flaky_port)
     flaky.cut = 99  # every transfer breaks off halfway: a truncated download
     url = f"{fleet.server}/artifacts/enl0-v1.tar.gz"

@@ -8,6 +8,7 @@ the Host check, the SSE cap and the artifact listener.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import signal
@@ -36,6 +37,7 @@ from edgekit.testing.process import stop_process
 from conftest import EDGEKIT, ROOT, edgekit
 
 TOKEN = "s3cret-fleet-token-0123456789abcdef"
+ARTIFACT_TOKEN = "d0wnload-token-for-devices-0123456789"
 
 
 def status(device: str) -> bytes:
@@ -260,7 +262,7 @@ def test_devices_beyond_the_cap_are_rejected_and_counted() -> None:
 
 
 def no_token_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k != "EDGEKIT_FLEET_TOKEN"}
+    return {k: v for k, v in env.items() if k not in ("EDGEKIT_FLEET_TOKEN", "EDGEKIT_ARTIFACT_TOKEN")}
 
 
 def test_serving_off_loopback_without_a_token_is_refused_with_a_hint(
@@ -333,18 +335,33 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
 ARTIFACTS_PORT = free_port()
 
 
+def secret_file(path: Path, text: str) -> Path:
+    path.write_text(text + "\n")
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
-def guarded(tmp_path: Path, broker: Mosquitto, cache_env: dict[str, str]) -> Iterator[str]:
-    token = tmp_path / "fleet.token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    (tmp_path / "artifacts").mkdir()
-    (tmp_path / "artifacts" / "b.tar.gz").write_bytes(b"bundle bytes")
+def guarded(
+    tmp_path: Path, broker: Mosquitto, cache_env: dict[str, str], keys: tuple[Path, Path]
+) -> Iterator[str]:
+    from edgekit.fleet.artifacts import name_artifact
+
+    token = secret_file(tmp_path / "fleet.token", TOKEN)
+    download_token = secret_file(tmp_path / "artifact.token", ARTIFACT_TOKEN)
+    folder = tmp_path / "artifacts"
+    folder.mkdir()
+    (folder / "b.tar.gz").write_bytes(b"bundle bytes")
+    name_artifact(folder, "b.tar.gz", hashlib.sha256(b"bundle bytes").hexdigest(), 12)  # what a rollout does
+    # What an operator keeps beside the bundles (the review fetched both off the artifact port).
+    secret_file(folder / "fleet.token", TOKEN)
+    secret_file(folder / "builder.pem", keys[0].read_text())
+    (folder / "stray.tar.gz").write_bytes(b"never named by a rollout")
     yield from start_server(
         tmp_path, no_token_env(cache_env), broker,
         "--host", "0.0.0.0", "--token-file", str(token), "--allowed-host", "fleet.local",
-        "--max-streams", "2", "--artifacts", str(tmp_path / "artifacts"),
-        "--artifacts-port", str(ARTIFACTS_PORT),
+        "--max-streams", "2", "--artifacts", str(folder),
+        "--artifacts-port", str(ARTIFACTS_PORT), "--artifact-token-file", str(download_token),
     )  # fmt: skip
 
 
@@ -399,11 +416,34 @@ def test_live_streams_are_capped(guarded: str) -> None:
         second[0].close()
 
 
-def test_bundles_are_on_their_own_listener_without_the_token(guarded: str) -> None:
-    code, _, body = request(f"http://127.0.0.1:{ARTIFACTS_PORT}/artifacts/b.tar.gz")
+def test_the_artifact_port_serves_what_a_rollout_named_to_the_download_token_and_the_hosts(
+    guarded: str,
+) -> None:
+    bundles = f"http://127.0.0.1:{ARTIFACTS_PORT}/artifacts"
+    device = {"Authorization": f"Bearer {ARTIFACT_TOKEN}"}
+    # No token, a wrong one, the dashboard's: refused, whatever is asked for.
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789"},
+        {"Authorization": f"Bearer {TOKEN}"},
+    ):
+        for name in ("b.tar.gz", "fleet.token", "builder.pem", ""):
+            code, _, body = request(f"{bundles}/{name}", headers)
+            assert code == 401 and b"bundle bytes" not in body and TOKEN.encode() not in body, (headers, name)
+    # The token, but a Host the server does not answer to (DNS rebinding): refused.
+    for host in ("attacker.example", f"attacker.example:{ARTIFACTS_PORT}"):
+        assert request(f"{bundles}/b.tar.gz", {**device, "Host": host})[0] == 400
+    # The token and a good Host: what no rollout named is not there, the secrets least of all.
+    for name in ("fleet.token", "builder.pem", "stray.tar.gz", ".edgekit-named.json", "..%2Ffleet.token"):
+        code, _, body = request(f"{bundles}/{name}", device)
+        assert code in (400, 404) and TOKEN.encode() not in body and b"PRIVATE" not in body, (name, code)
+    code, _, body = request(f"{bundles}/b.tar.gz", device)
     assert code == 200 and body == b"bundle bytes"
-    assert request(f"http://127.0.0.1:{ARTIFACTS_PORT}/api/fleet")[0] == 404  # nothing else there
-    assert request(guarded + "/artifacts/b.tar.gz")[0] == 401
+    assert request(f"{bundles}/b.tar.gz", {**device, "Host": f"fleet.local:{ARTIFACTS_PORT}"})[0] == 200
+    code, _, body = request(f"{bundles}/", device)
+    assert code == 200 and json.loads(body) == {"artifacts": [{"name": "b.tar.gz", "size": 12}]}
+    assert request(f"http://127.0.0.1:{ARTIFACTS_PORT}/api/fleet", device)[0] == 404  # nothing else there
+    assert request(guarded + "/artifacts/b.tar.gz")[0] == 401  # not on the dashboard's port
 
 
 def test_the_loopback_default_needs_no_token_but_checks_the_host(
@@ -419,3 +459,15 @@ def test_artifacts_with_a_token_need_their_own_port(tmp_path: Path, cache_env: d
     env = {**no_token_env(cache_env), "EDGEKIT_FLEET_TOKEN": TOKEN}
     r = edgekit(env, "fleet", "serve", "--artifacts", str(tmp_path), "--db", str(tmp_path / "f.db"))
     assert r.returncode == 2 and "--artifacts-port" in r.stderr
+
+
+def test_the_artifact_port_off_loopback_needs_a_token_of_its_own(
+    tmp_path: Path, cache_env: dict[str, str]
+) -> None:
+    token = secret_file(tmp_path / "fleet.token", TOKEN)
+    serve = ["fleet", "serve", "--host", "0.0.0.0", "--token-file", str(token), "--artifacts", str(tmp_path),
+             "--artifacts-port", str(free_port()), "--db", str(tmp_path / "f.db")]  # fmt: skip
+    r = edgekit(no_token_env(cache_env), *serve)
+    assert r.returncode == 2 and "--artifact-token-file" in r.stderr, r.stderr
+    r = edgekit(no_token_env(cache_env), *serve, "--artifact-token-file", str(token))
+    assert r.returncode == 2 and "dashboard's token" in r.stderr, r.stderr

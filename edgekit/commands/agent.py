@@ -379,6 +379,15 @@ def run_agent_command(
             "None: every deploy is refused.",
         ),
     ] = None,
+    artifact_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--artifact-token-file",
+            envvar="EDGEKIT_ARTIFACT_TOKEN_FILE",
+            help="The artifact port's download token (edgekit fleet serve --artifact-token-file), sent with "
+            "each download; or set EDGEKIT_ARTIFACT_TOKEN.",
+        ),
+    ] = None,
     allow_unsigned_commands: Annotated[
         bool,
         typer.Option(
@@ -438,6 +447,9 @@ def run_agent_command(
                 "scheme://host[:port] of the artifact server, e.g. https://fleet.local:8443",
             ) from None
     window_s = parse_seconds(rollback_window, "--rollback-window")
+    from edgekit._core.tokens import ARTIFACT_TOKEN_ENV, read_token
+
+    artifact_token = read_token(artifact_token_file, ARTIFACT_TOKEN_ENV, "--artifact-token-file")
     broker = BrokerConfig.from_url(
         mqtt, ca_file=mqtt_ca, cert_file=mqtt_cert, key_file=mqtt_key, protocol=mqtt_protocol
     )
@@ -468,6 +480,7 @@ def run_agent_command(
         max_bundle_bytes=int(max_bundle_mb * 1024 * 1024),
         download_attempts=download_attempts,
         artifact_origins=origins,
+        artifact_token=artifact_token,
         allow_unsigned_commands=allow_unsigned_commands,
         rollback_limit=rollback_limit,
         rollback_window_s=window_s,

@@ -130,6 +130,7 @@ class FleetRequest:
     as_json: bool = False
     sign_key: Path | None = None
     unsigned: bool = False
+    artifact_token_file: Path | None = None
 
 
 def _fleet(req: FleetRequest) -> int:
@@ -248,6 +249,14 @@ def deploy_command(
             "--artifact-url", help="Fleet: URL of that folder for the agents.", rich_help_panel="Fleet"
         ),
     ] = None,
+    artifact_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--artifact-token-file",
+            help="Fleet: the artifact port's download token (or EDGEKIT_ARTIFACT_TOKEN), to check it serves the bundle.",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
     unsigned_commands: UnsignedOpt = False,
     as_json: JsonLinesOpt = False,
 ) -> None:
@@ -266,6 +275,7 @@ def deploy_command(
         "--slo-p95-ms": slo_p95_ms,
         "--artifacts": artifacts,
         "--artifact-url": artifact_url,
+        "--artifact-token-file": artifact_token_file,
         "--unsigned-commands": unsigned_commands,
     }
     _one_transport(host, fleet, fleet_only)
@@ -304,6 +314,7 @@ def deploy_command(
             as_json=as_json,
             sign_key=sign_key,
             unsigned=unsigned_commands,
+            artifact_token_file=artifact_token_file,
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
@@ -435,8 +446,10 @@ def _check_bundle(bundle: Path, profile: str | None) -> None:
 
 def _fleet_rollout(req: FleetRequest) -> int:
     """``edgekit deploy --fleet`` / ``edgekit deploy rollback --fleet``: progress lines, then the report."""
+    from edgekit._core.tokens import ARTIFACT_TOKEN_ENV, read_token
     from edgekit.deploy.rollout import run
 
+    token = read_token(req.artifact_token_file, ARTIFACT_TOKEN_ENV, "--artifact-token-file")
     show = FleetDisplay(req.as_json)
     report = run(
         req.fleet,
@@ -453,6 +466,7 @@ def _fleet_rollout(req: FleetRequest) -> int:
         action=req.action,
         sign_key=req.sign_key,
         unsigned=req.unsigned,
+        artifact_token=token,
         on_event=show,
     )
     show.finish(report.to_dict())

@@ -84,7 +84,16 @@ def serve_command(
         int | None,
         typer.Option(
             "--artifacts-port",
-            help="Serve --artifacts on this port instead, read-only and without the token (devices fetch there).",
+            help="Serve --artifacts on this port instead (devices fetch there): only what rollouts named, "
+            "read-only, with the --artifact-token-file token (needed off loopback) and the --allowed-host names.",
+        ),
+    ] = None,
+    artifact_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--artifact-token-file",
+            help="The download token of --artifacts-port (agents: --artifact-token-file); "
+            "or set EDGEKIT_ARTIFACT_TOKEN. Not the dashboard's token.",
         ),
     ] = None,
     token_file: Annotated[
@@ -116,7 +125,7 @@ def serve_command(
         raise EdgekitError(
             f"the fleet dashboard needs its extra: {err}", "pip install 'edgekit[fleet]'"
         ) from err
-    from edgekit.fleet.access import MAKE_ONE, allowed_hosts, is_loopback, read_token
+    from edgekit.fleet.access import ARTIFACT_TOKEN_ENV, MAKE_ONE, allowed_hosts, needs_token, read_token
     from edgekit.fleet.backends import open_store
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.mqtt import FleetSubscriber
@@ -125,7 +134,7 @@ def serve_command(
     from edgekit.protocol.broker import BrokerConfig
 
     token = read_token(token_file)
-    if token is None and not is_loopback(host):
+    if needs_token(host, token):
         raise EdgekitError(
             f"--host {host} would put the dashboard, its API, /metrics and /artifacts/ on the network "
             "with nothing to keep anyone out",
@@ -142,6 +151,26 @@ def serve_command(
         raise EdgekitError(
             "--artifacts-port without --artifacts", "add --artifacts DIR, the bundles to serve"
         )
+    if artifact_token_file is not None and artifacts_port is None:
+        raise EdgekitError(
+            "--artifact-token-file without --artifacts-port", "the download token guards --artifacts-port N"
+        )
+    artifact_token = None
+    if artifacts_port is not None:
+        artifact_token = read_token(artifact_token_file, ARTIFACT_TOKEN_ENV, "--artifact-token-file")
+        # The one rule of fleet serve, for this listener too: off loopback, a token or nothing.
+        if needs_token(host, artifact_token):
+            raise EdgekitError(
+                f"--artifacts-port on --host {host} would hand the bundles to anyone who reaches the port",
+                f"give it a download token with --artifact-token-file PATH or {ARTIFACT_TOKEN_ENV} "
+                f"({MAKE_ONE.replace('fleet.token', 'artifact.token')}); the agents get the same file "
+                "with edgekit agent run --artifact-token-file",
+            )
+        if artifact_token is not None and artifact_token == token:
+            raise EdgekitError(
+                "--artifact-token-file holds the dashboard's token",
+                "give the devices a token of their own: the dashboard's lets its holder read the whole fleet",
+            )
     if max_devices < 1 or max_streams < 1:
         raise EdgekitError("--max-devices and --max-streams must be 1 or more", "e.g. --max-devices 10000")
     hosts = allowed_hosts(host, allowed_host or ())
@@ -191,12 +220,19 @@ def serve_command(
         allowed_hosts=hosts,
         max_sse=max_streams,
     )
-    bundles = _artifact_server(artifacts, host, artifacts_port) if artifacts_port is not None else None
+    bundles = None
+    if artifacts_port is not None:
+        bundles = _artifact_server(artifacts, host, artifacts_port, artifact_token, hosts)
     err_console.print(
         f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {_describe_db(db)}; "
         f"dashboard on http://{host}:{port}/  (metrics: /metrics)"
         + (" — token required" if token else "")
-        + (f"; bundles on http://{host}:{artifacts_port}/artifacts/" if artifacts_port is not None else "")
+        + (
+            f"; bundles on http://{host}:{artifacts_port}/artifacts/"
+            + (" (download token required)" if artifact_token else "")
+            if artifacts_port is not None
+            else ""
+        )
     )
     if host in ("0.0.0.0", "::") and not allowed_host:
         err_console.print(
@@ -213,13 +249,13 @@ def serve_command(
         store.close()
 
 
-def _artifact_server(folder: Path | None, host: str, port: int) -> Any:
-    """``/artifacts/`` alone on its own port, on a thread: read-only, no token (see ``--artifacts-port``).
+def _artifact_server(folder: Path | None, host: str, port: int, token: str | None, hosts: list[str]) -> Any:
+    """``/artifacts/`` alone on its own port, on a thread (see ``--artifacts-port``).
 
-    Devices download bundles without the dashboard's token (the agent has no way to hold it, and
-    it would let every device read the whole fleet): what is served here is not secret — an
-    install is verified by the bundle's signature and the command's SHA-256, not by who could
-    download it — and this listener serves nothing else (no API, no telemetry, no writes).
+    Guarded as the dashboard is (``edgekit.fleet.access``: the ``Host`` names, and a token off
+    loopback), but with the download token the agents hold, not the dashboard's (which would
+    let every device read the whole fleet).  It serves only the archives rollouts named in
+    the folder (``edgekit.fleet.artifacts``), and nothing else: no API, no telemetry, no writes.
     """
     import threading
 
@@ -227,10 +263,13 @@ def _artifact_server(folder: Path | None, host: str, port: int) -> Any:
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
+    from edgekit.fleet.access import access_middleware
     from edgekit.fleet.artifacts import artifacts_app
 
     assert folder is not None
-    app = Starlette(routes=[Mount("/artifacts", app=artifacts_app(folder))])
+    app = Starlette(
+        routes=[Mount("/artifacts", app=artifacts_app(folder))], middleware=access_middleware(token, hosts)
+    )
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     threading.Thread(target=server.run, name="edgekit-fleet-artifacts", daemon=True).start()
     return server

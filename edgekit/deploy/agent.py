@@ -86,6 +86,8 @@ class AgentConfig:
     child_args: Sequence[str] = field(default_factory=tuple)
     # Where bundles may come from: scheme://host[:port] each; none: every deploy is refused.
     artifact_origins: Sequence[str] = field(default_factory=tuple)
+    # The artifact port's download token (edgekit fleet serve --artifact-token-file): sent to the origins.
+    artifact_token: str | None = field(default=None, repr=False)
     allow_unsigned_commands: bool = False  # a lab only: anyone who can publish on .../cmd commands it
     rollback_limit: int = DEFAULT_ROLLBACK_LIMIT
     rollback_window_s: float = DEFAULT_ROLLBACK_WINDOW_S
@@ -399,6 +401,7 @@ class Agent:
                 attempts=self.config.download_attempts,
                 backoff_s=self.config.download_backoff_s,
                 progress=fetched,
+                token=self.config.artifact_token,
             )
         except DownloadError as err:
             log.warning("agent: deploy %s: %s (%s)", cmd.id, err.message, err.detail)

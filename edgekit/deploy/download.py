@@ -14,6 +14,10 @@ and the agent's limit before and during the transfer (a server that sends more i
 off), and the SHA-256 of the whole file against the command's before the file is renamed
 to ``<key>.tar.gz``.  A failed download deletes its part: nothing of it is kept.
 
+With a ``token`` (the artifact port's download token, ``--artifact-token-file``) each request
+carries ``Authorization: Bearer <token>``; it goes only to the allowed origins, as every
+request does.
+
 What a refusal says (``DownloadError.message``, sent back on ``cmd/result``) holds nothing
 the server said: no status, size, hash or whether a port was open, only ``refused: origin
 not allowed``, ``download failed`` or ``hash mismatch`` and what the command itself said.
@@ -154,6 +158,7 @@ def download(
     timeout_s: float = 30.0,
     backoff_s: float = 1.0,
     progress: Progress | None = None,
+    token: str | None = None,
 ) -> Path:
     """Download ``url`` to ``incoming/<key>.tar.gz`` and return it; raises ``DownloadError``.
 
@@ -178,7 +183,7 @@ def download(
         return done  # fetched before an interruption of the install: no need to fetch again
     _clear_others(incoming, keep=(part.name, done.name))
     try:
-        return _fetch(url, part, done, sha256, size, allowed, attempts, timeout_s, backoff_s, progress)
+        return _fetch(url, part, done, sha256, size, allowed, attempts, timeout_s, backoff_s, progress, token)
     except BaseException:
         part.unlink(missing_ok=True)  # nothing of a failed download is kept, or resumed by another
         raise
@@ -195,12 +200,13 @@ def _fetch(
     timeout_s: float,
     backoff_s: float,
     progress: Progress | None,
+    token: str | None,
 ) -> Path:
     opener = _opener(allowed)
     last = "no attempt made"
     for attempt in range(1, attempts + 1):
         try:
-            _transfer(opener, url, part, size, timeout_s, progress)
+            _transfer(opener, url, part, size, timeout_s, progress, token)
             break
         except _Retry as why:
             last = str(why)
@@ -239,6 +245,7 @@ def _transfer(
     size: int,
     timeout_s: float,
     progress: Progress | None,
+    token: str | None = None,
 ) -> None:
     """One HTTP request appending to ``part``; returns when it holds ``size`` bytes, else raises."""
     have = _size(part)
@@ -250,6 +257,8 @@ def _transfer(
     headers = {"User-Agent": f"edgekit-agent/{__version__}", "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(url, headers=headers)
     try:
         response = opener.open(request, timeout=timeout_s)

@@ -1,7 +1,9 @@
 """The rollout's artifact: a bundle archive placed in the folder the fleet's artifact server serves.
 
-Its URL, SHA-256, size and signature go into each deploy command; ``check_served`` asks the
-server whether devices will find it there.
+Placing it also names it (``edgekit.fleet.artifacts.name_artifact``): the server serves only
+what a rollout named, never the folder's other files.  Its URL, SHA-256, size and signature
+go into each deploy command; ``check_served`` asks the server whether devices will find it
+there (with the download token, when the artifact port has one).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import DeployError
-from edgekit.fleet.artifacts import safe_artifact_name
+from edgekit.fleet.artifacts import name_artifact, safe_artifact_name
 
 
 @dataclass(frozen=True)
@@ -70,15 +72,17 @@ def publish_artifact(bundle: Path, directory: Path, base_url: str) -> Artifact:
         name = f"{stem[:80] or 'bundle'}-{sha[:12]}.tar.gz"
         assert safe_artifact_name(name), name
         target = directory / name
+        size = staged.stat().st_size
         staged.replace(target)  # same folder: atomic, so the server never serves half a file
-    size = target.stat().st_size
+    name_artifact(directory, name, sha, size)  # only now does the server serve it
     url = f"{base_url.rstrip('/')}/{name}"
     return Artifact(name, target, url, sha, size, manifest.model.name, manifest.model.version, signature)
 
 
-def check_served(artifact: Artifact, timeout_s: float = 10.0) -> str | None:
-    """HEAD the artifact's URL from here: None when it is served with the right size, else why not."""
-    request = urllib.request.Request(artifact.url, method="HEAD")
+def check_served(artifact: Artifact, timeout_s: float = 10.0, token: str | None = None) -> str | None:
+    """HEAD the artifact's URL from here (with ``token``, the download token): None when it is served right, else why not."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(artifact.url, method="HEAD", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             length = response.headers.get("Content-Length")

@@ -126,6 +126,7 @@ class RolloutOptions:
     slo_miss_rate: float = DEFAULT_MISS_RATE
     timeout_s: float = DEFAULT_TIMEOUT_S
     startup_grace_s: float = 120.0
+    artifact_token: str | None = None  # the artifact port's download token: to check the archive is served
     sign_key: Path | None = None  # Ed25519 private key the agents trust; None: unsigned commands
     unsigned: bool = False  # say so to send unsigned commands (agents with --allow-unsigned-commands)
 
@@ -193,7 +194,7 @@ class Rollout:
         from edgekit._core.redact import redact_url
 
         artifact = publish_artifact(o.bundle, o.artifacts, o.artifact_url)
-        problem = check_served(artifact)
+        problem = check_served(artifact, token=o.artifact_token)
         if problem is not None and "HTTP 404" in problem:
             raise DeployError(
                 redact_url(problem), "--artifact-url must be where the server serves --artifacts DIR"
@@ -419,6 +420,7 @@ def run(
     action: str = "deploy",
     sign_key: Path | None = None,
     unsigned: bool = False,
+    artifact_token: str | None = None,
     on_event: Event | None = None,
 ) -> RolloutReport:
     """A fleet deploy (``action="deploy"``) or rollback from command-line values (``"10%"``, ``"60s"``)."""
@@ -436,6 +438,7 @@ def run(
         slo_p95_ms=slo_p95_ms,
         sign_key=sign_key,
         unsigned=unsigned,
+        artifact_token=artifact_token,
     )
     if slo_p95_ms is not None and not slo_p95_ms > 0:
         raise DeployError(f"--slo-p95-ms {slo_p95_ms} is not positive", "a latency in ms, e.g. 30")

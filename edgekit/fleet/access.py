@@ -12,6 +12,11 @@ reaches it.  Bound to anything else it refuses to start without one (``--token-f
 Tokens are compared with ``hmac.compare_digest``.  Every request's ``Host`` must be one the
 server answers to (``TrustedHostMiddleware``: loopback names, the address it is bound to and
 ``--allowed-host``), so a web page cannot reach a loopback dashboard through DNS rebinding.
+
+The same rule guards each listener (``access_middleware``, ``needs_token``): the dashboard's
+port with the dashboard's token, and ``--artifacts-port`` with its own download token
+(``--artifact-token-file`` / ``EDGEKIT_ARTIFACT_TOKEN``, which agents hold: a device never
+holds the dashboard's token, which would let it read the whole fleet).
 """
 
 from __future__ import annotations
@@ -19,23 +24,31 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import os
-import stat
 from collections.abc import Iterable
 from http.cookies import CookieError, SimpleCookie
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
+from edgekit._core.tokens import ARTIFACT_TOKEN_ENV, MAKE_ONE, MIN_TOKEN, TOKEN_ENV, read_token
 from edgekit.errors import EdgekitError
 
-TOKEN_ENV = "EDGEKIT_FLEET_TOKEN"
+__all__ = [
+    "ARTIFACT_TOKEN_ENV",
+    "MAKE_ONE",
+    "MIN_TOKEN",
+    "TOKEN_ENV",
+    "TokenMiddleware",
+    "access_middleware",
+    "allowed_hosts",
+    "is_loopback",
+    "needs_token",
+    "read_token",
+]
+
 COOKIE = "edgekit_fleet"
-MIN_TOKEN = 16
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 # Open to anyone who reaches the port: a load balancer's probe (it says "ok" and a counter, nothing more).
 OPEN_PATHS = frozenset({"/healthz"})
-MAKE_ONE = "make one: python -c 'import secrets; print(secrets.token_urlsafe(32))' > fleet.token; chmod 600 fleet.token"
 
 
 def is_loopback(host: str) -> bool:
@@ -64,30 +77,20 @@ def allowed_hosts(bind: str, extra: Iterable[str] = ()) -> list[str]:
     return hosts
 
 
-def read_token(token_file: Path | None) -> str | None:
-    """The token from ``token_file``, else ``$EDGEKIT_FLEET_TOKEN``, else None; refused when too short."""
-    if token_file is not None:
-        try:
-            st = token_file.stat()
-            text = token_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise EdgekitError(f"cannot read --token-file {token_file}: {err}", MAKE_ONE) from err
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise EdgekitError(
-                f"--token-file {token_file} can be read by other users",
-                f"chmod 600 {token_file}",
-            )
-        token, where = text.strip(), f"--token-file {token_file}"
-    elif os.environ.get(TOKEN_ENV):
-        token, where = os.environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
-    else:
-        return None
-    if len(token) < MIN_TOKEN or any(c.isspace() or not c.isprintable() for c in token):
-        raise EdgekitError(
-            f"the token in {where} is not usable: {MIN_TOKEN} or more printable characters, no spaces",
-            MAKE_ONE,
-        )
-    return token
+def needs_token(bind: str, token: str | None) -> bool:
+    """The one rule of every listener: off loopback, nobody is answered without a token."""
+    return token is None and not is_loopback(bind)
+
+
+def access_middleware(token: str | None, hosts: list[str]) -> list[Any]:
+    """The middleware that guards a listener: ``Host`` in ``hosts`` (checked first), then ``token`` if any."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+    guards = [Middleware(TrustedHostMiddleware, allowed_hosts=hosts)]
+    if token is not None:
+        guards.append(Middleware(TokenMiddleware, token=token))
+    return guards
 
 
 def _cookie_value(token: str) -> str:

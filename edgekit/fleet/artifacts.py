@@ -7,20 +7,39 @@ interruption, so a device on a bad link resumes instead of starting over; Starle
 ``FileResponse`` answers single and multiple ranges with 206 (and 416 for a range past
 the end) and ``HEAD`` with the headers alone.
 
-Only plain files directly in ``DIR`` are served, by a name of ``A-Z a-z 0-9 . _ -``:
-no sub-folders, no ``..``, no links leading out of the folder.  What is served is not
-secret (bundles are verified by signature on the device, not by who may download them);
-put the server behind TLS or a VPN when the network is not trusted.
+Only what a rollout named is served: ``edgekit deploy --fleet`` records each archive it puts
+in ``DIR`` (name, SHA-256, size) in ``DIR/.edgekit-named.json`` (``name_artifact``), and
+nothing else in the folder is (the operator's ``fleet.token``, a key, a database kept
+alongside: a 404 like any missing file).  A named file is served only while it is a plain
+file of the size named (not a link, not replaced by something else), by a name of
+``A-Z a-z 0-9 . _ -``: no sub-folders, no ``..``.  Who may ask is the listener's rule
+(``edgekit.fleet.access``: the token and the ``Host`` names of ``fleet serve``).  Bundles
+are verified by signature on the device, not by who may download them; put the server
+behind TLS or a VPN when the network is not trusted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import logging
 import re
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.io import write_atomic
+
+log = logging.getLogger(__name__)
+
 ARTIFACT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Starts with '.': never an artifact name, so the record itself is never served.
+NAMED_FILE = ".edgekit-named.json"
+_LOCK_FILE = ".edgekit-named.lock"
+_MAX_NAMED_BYTES = 16 << 20
 
 
 def safe_artifact_name(name: str) -> bool:
@@ -28,17 +47,75 @@ def safe_artifact_name(name: str) -> bool:
     return bool(ARTIFACT_NAME.fullmatch(name)) and ".." not in name
 
 
-def artifact_path(directory: Path, name: str) -> Path | None:
-    """The plain file ``directory/name`` when ``name`` is safe and it is one, else None."""
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Two rollouts naming archives at once must not lose one another's names."""
+    with (directory / _LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def named_artifacts(directory: Path) -> dict[str, dict[str, Any]]:
+    """What rollouts named in ``directory``: name -> {sha256, size, named_at}; {} when none (or unreadable)."""
+    path = directory / NAMED_FILE
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_NAMED_BYTES + 1)
+        body = json.loads(data) if len(data) <= _MAX_NAMED_BYTES else None
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        # Serving nothing is the safe side: the next rollout writes the record again.
+        log.warning(
+            "artifacts: %s cannot be read (%s): serving nothing until a rollout names again", path, err
+        )
+        return {}
+    named = body.get("artifacts") if isinstance(body, dict) else None
+    if not isinstance(named, dict):
+        return {}
+    return {
+        str(k): v
+        for k, v in named.items()
+        if safe_artifact_name(str(k)) and isinstance(v, dict) and isinstance(v.get("size"), int)
+    }
+
+
+def name_artifact(directory: Path, name: str, sha256: str, size: int) -> None:
+    """Record that a rollout serves ``directory/name`` (``size`` bytes): from now on it is served.
+
+    Names whose file is gone are forgotten at the same time, so the record stays the size
+    of the folder.
+    """
     if not safe_artifact_name(name):
+        raise ValueError(f"{name!r} is not an artifact name")
+    with _locked(directory):
+        named = {k: v for k, v in named_artifacts(directory).items() if (directory / k).is_file()}
+        named[name] = {"sha256": sha256, "size": int(size), "named_at": round(time.time(), 3)}
+        body = json.dumps({"artifacts": named}, indent=1, sort_keys=True).encode()
+        write_atomic(directory / NAMED_FILE, body, mode=0o644)
+
+
+def artifact_path(directory: Path, name: str, named: dict[str, dict[str, Any]] | None = None) -> Path | None:
+    """The plain file ``directory/name`` when a rollout named it and it is still what was named, else None.
+
+    ``named``: ``named_artifacts(directory)`` when the caller has it already.
+    """
+    if not safe_artifact_name(name):
+        return None
+    entry = (named_artifacts(directory) if named is None else named).get(name)
+    if entry is None:
         return None
     path = directory / name
     try:
         st = path.lstat()
     except OSError:
         return None
-    # A link could point anywhere on the server (its keys, /etc): only plain files are served.
-    return path if stat.S_ISREG(st.st_mode) else None
+    # A link could point anywhere on the server (its keys, /etc): only plain files are served,
+    # and only of the size the rollout named (another file put under its name is not served).
+    return path if stat.S_ISREG(st.st_mode) and st.st_size == entry["size"] else None
 
 
 def artifacts_app(directory: Path | str) -> Any:
@@ -70,10 +147,11 @@ def artifacts_app(directory: Path | str) -> Any:
         )
 
     async def index(request: Request) -> Response:
+        named = named_artifacts(folder)
         items = []
-        for entry in sorted(folder.iterdir()):
-            if artifact_path(folder, entry.name) is not None:
-                items.append({"name": entry.name, "size": entry.stat().st_size})
+        for name in sorted(named):
+            if artifact_path(folder, name, named) is not None:
+                items.append({"name": name, "size": named[name]["size"]})
         return JSONResponse({"artifacts": items})
 
     return Starlette(

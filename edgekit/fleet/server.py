@@ -30,7 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from edgekit._core.names import safe_name
-from edgekit.fleet.access import LOOPBACK_NAMES, TokenMiddleware
+from edgekit.fleet.access import LOOPBACK_NAMES, access_middleware
 from edgekit.fleet.view import FleetView
 
 log = logging.getLogger(__name__)
@@ -144,8 +144,6 @@ def create_app(
     With ``token`` every request but ``/healthz`` needs it; only ``allowed_hosts`` (default: loopback's
     names) are answered; at most ``max_sse`` event streams are open at once.
     """
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
-
     from edgekit.fleet import prometheus
 
     @asynccontextmanager
@@ -158,11 +156,14 @@ def create_app(
             if ticker is not None:
                 ticker.stop()
 
-    app = FastAPI(title="edgekit fleet", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    # The last added runs first: the Host is checked before the token.
-    if token is not None:
-        app.add_middleware(TokenMiddleware, token=token)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts or list(LOOPBACK_NAMES))
+    app = FastAPI(
+        title="edgekit fleet",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        middleware=access_middleware(token, allowed_hosts or list(LOOPBACK_NAMES)),
+    )
     streams = [0]  # open SSE streams (one event loop: no lock needed)
 
     def release() -> None:
