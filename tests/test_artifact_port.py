@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from test_deploy_fleet_identity import Site, site  # noqa: F401 - the fixture
 from test_deploy_mqtt import wait_for
 
@@ -105,3 +106,10 @@ def test_publishing_an_archive_names_it(tmp_path: Path, x86_bundle: tuple[Path, 
     # Replaced under its name by other bytes: no longer what was named, not served.
     artifact.path.write_bytes(b"other")
     assert artifact_path(folder, artifact.name) is None
+
+
+def test_the_pipeline_child_does_not_get_the_download_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgekit.deploy.supervisor import child_environment
+
+    monkeypatch.setenv("EDGEKIT_ARTIFACT_TOKEN", DOWNLOAD_TOKEN)
+    assert "EDGEKIT_ARTIFACT_TOKEN" not in child_environment(None, None)

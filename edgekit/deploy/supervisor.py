@@ -142,7 +142,10 @@ class PipelineSupervisor:
 def child_environment(password: str | None, source: str | None) -> dict[str, str]:
     """Our environment plus the secrets the child must not get on its command line:
     the MQTT password (``EDGEKIT_MQTT_PASSWORD``) and a source holding one (``EDGEKIT_SOURCE``)."""
+    from edgekit._core.tokens import ARTIFACT_TOKEN_ENV
+
     env = dict(os.environ)
+    env.pop(ARTIFACT_TOKEN_ENV, None)  # the agent's download token: the pipeline never downloads
     if password:
         env["EDGEKIT_MQTT_PASSWORD"] = password
     if source is not None and has_secret(source):
