@@ -315,11 +315,13 @@ def test_a_failing_listener_does_not_stop_collection(tmp_path: Path) -> None:
 
 
 def test_stats_before_any_window() -> None:
-    assert Collector(FleetStore()).stats() == {
+    stats = Collector(FleetStore()).stats()
+    assert stats.pop("quotas")["per_credential"] == 4
+    assert stats == {
         "seen": {},
         "rejected": {},
         "lag_ms": {"p50": None, "p99": None},
-        "devices": {"tracked": 0, "max": 10_000},
+        "devices": {"tracked": 0, "max": 10_000, "fleets": 0},
     }
 
 

@@ -249,7 +249,7 @@ def test_devices_beyond_the_cap_are_rejected_and_counted() -> None:
     assert c.handle("edgekit/v1/lab/c/status", status("c")) == "rejected:too-many-devices"
     assert c.handle("edgekit/v1/lab/a/status", status("a")) == "status"  # known ones go on
     assert c.stats()["rejected"] == {"too-many-devices": 1}
-    assert c.stats()["devices"] == {"tracked": 2, "max": 2}
+    assert c.stats()["devices"] == {"tracked": 2, "max": 2, "fleets": 1}
     # A restarted collector counts what the store already has.
     assert (
         Collector(c.store, max_devices=2)

@@ -117,6 +117,32 @@ def serve_command(
     max_streams: Annotated[
         int, typer.Option("--max-streams", help="At most this many live dashboards (SSE) at once, then 503.")
     ] = 64,
+    max_fleets: Annotated[
+        int, typer.Option("--max-fleets", help="Track at most this many fleets; more are rejected, counted.")
+    ] = 1_000,
+    per_credential: Annotated[
+        int,
+        typer.Option(
+            "--per-credential",
+            help="Fleets one device name may report in (with the README's ACL, one credential's devices).",
+        ),
+    ] = 4,
+    device_rate: Annotated[
+        float,
+        typer.Option(
+            "--device-rate", help="Messages per minute one device may send (burst: --device-burst)."
+        ),
+    ] = 300.0,
+    device_burst: Annotated[
+        int, typer.Option("--device-burst", help="Messages a device may send at once (a spool's replay).")
+    ] = 20_000,
+    device_bytes: Annotated[
+        str, typer.Option("--device-bytes", help="Bytes per minute one device may send (burst: 64 MiB).")
+    ] = "4MiB",
+    quiet: Annotated[
+        str,
+        typer.Option("--quiet", help="A device not heard from this long is aged out when room is needed."),
+    ] = "24h",
 ) -> None:
     """Collect fleet telemetry from MQTT and serve the dashboard (http://HOST:PORT/) and /metrics."""
     try:
@@ -129,6 +155,7 @@ def serve_command(
     from edgekit.fleet.backends import open_store
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.mqtt import FleetSubscriber
+    from edgekit.fleet.quotas import Quotas
     from edgekit.fleet.server import Ticker, create_app
     from edgekit.fleet.view import FleetView, SloPolicy
     from edgekit.protocol.broker import BrokerConfig
@@ -190,10 +217,19 @@ def serve_command(
             f"--artifacts {artifacts} is not a folder",
             "create it; edgekit deploy --fleet writes bundles there",
         )
+    quotas = Quotas(
+        max_devices=max_devices,
+        max_fleets=max_fleets,
+        per_credential=per_credential,
+        messages_per_min=device_rate,
+        message_burst=device_burst,
+        bytes_per_min=_bytes(device_bytes),
+        quiet_s=parse_seconds(quiet, "--quiet"),
+    )
     store = open_store(db)
     view = FleetView(store, slo=slo)
     view.load()
-    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, max_devices=max_devices)
+    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, quotas=quotas)
 
     def housekeeping() -> None:
         import time
@@ -247,6 +283,20 @@ def serve_command(
         subscriber.stop()
         collector.flush()
         store.close()
+
+
+def _bytes(text: str) -> int:
+    """``4MiB``, ``512KiB``, ``1000000`` -> bytes (``--device-bytes``)."""
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "b": 1}
+    t = text.strip().lower()
+    unit = next((u for u in units if t.endswith(u)), "")
+    try:
+        value = float(t[: len(t) - len(unit)]) * units.get(unit, 1)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise EdgekitError(f"--device-bytes {text!r} is not a size", "e.g. 4MiB, 512KiB or 1000000")
+    return int(value)
 
 
 def _artifact_server(folder: Path | None, host: str, port: int, token: str | None, hosts: list[str]) -> Any:

@@ -70,6 +70,16 @@ def quantile(sketch: LatencySketch, q: float) -> float | None:
     return None if math.isnan(value) else round(value, 3)
 
 
+def duration(seconds: float) -> str:
+    """``95 s``, ``12 min``, ``3 h 5 min``: how long an alert has held."""
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
 def rate(missed: int, frames: int) -> float | None:
     """The share of frames missed, ``None`` without frames."""
     return round(missed / frames, 5) if frames else None

@@ -11,13 +11,15 @@ is evaluated or unpickled), the schema version, that the payload names the devic
 topic, and then the whole payload against its model (``edgekit.protocol.messages``): every
 number and sketch a later query would trip over.  A rejected message is
 counted by reason and logged; the collector stays up.  Telemetry is de-duplicated on
-``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.  At most
-``max_devices`` devices are tracked: a message from one more is rejected (``too-many-devices``),
-so made-up device names cannot grow the store and the dashboard without end.
+``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.  What one device,
+credential or fleet may cost is bounded by ``edgekit.fleet.quotas`` (devices per credential,
+fleets, devices, messages and bytes per device per minute; quiet devices aged out to make
+room), and only the schema's fields are stored: unknown ones are dropped first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -33,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 from edgekit._core.names import safe_name
 from edgekit._core.redact import redact_source
 from edgekit._core.sketch import LatencySketch
+from edgekit.fleet.quotas import Gate, Key, Quotas, Rejected, known_fields
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.messages import Labels, Sketch, Status, Telemetry, first_error
 from edgekit.protocol.topics import SCHEMA_STATUS, schema
@@ -47,7 +50,6 @@ SPARKPLUG = "spBv1.0"
 # Sparkplug message kinds a fleet collector has no use for (commands to nodes, host state, node data).
 SPARKPLUG_IGNORED = ("NCMD", "DCMD", "NDATA", "STATE")
 MAX_TOPICS = 100_000
-MAX_DEVICES = 10_000
 _M = TypeVar("_M", bound=BaseModel)
 
 
@@ -70,20 +72,13 @@ except ImportError:  # pragma: no cover - the fleet extra installs orjson
         return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
-class Rejected(ValueError):
-    """A message that is not stored; ``reason`` is the counter it adds to."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
 class CollectorListener(Protocol):
     """Told of what the collector accepts (the live dashboard view implements it).
 
     Called from the thread that called ``Collector.handle``, after the collector's lock is
     released (so a listener may read ``Collector.stats()``); an exception it raises is logged.
-    A listener may also have ``gap(fleet, device)``: called when a device's sequence jumps.
+    A listener may also have ``gap(fleet, device)``: called when a device's sequence jumps;
+    and ``forget(fleet, device)``: the device was aged out (``edgekit.fleet.quotas``).
     """
 
     def window(self, fleet: str, device: str, body: dict[str, Any], at: float) -> None:
@@ -142,10 +137,14 @@ class Collector:
         batch_size: int = 1,
         flush_s: float = 0.25,
         listener: CollectorListener | None = None,
-        max_devices: int = MAX_DEVICES,
+        max_devices: int | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.store = store
-        self.max_devices = max_devices
+        self.quotas = quotas or Quotas()
+        if max_devices is not None:
+            self.quotas = dataclasses.replace(self.quotas, max_devices=max_devices)
+        self.max_devices = self.quotas.max_devices
         self.batch_size = max(1, batch_size)
         self.flush_s = flush_s
         self.listener = listener
@@ -160,16 +159,31 @@ class Collector:
         self._events: list[tuple[Any, ...]] = []
         self._last_flush = time.monotonic()
         self._lock = threading.RLock()
-        self._known = set(store.device_keys())  # every device the store has (the cap counts these)
+        # Every device the store has (the quotas count these), with when it was last heard from.
+        self.gate = Gate(self.quotas, store.device_seen())
 
-    def _admit(self, fleet: str, device: str) -> None:
-        """Reject a device this collector does not know yet once it tracks ``max_devices``.
+    def _admit(self, fleet: str, device: str, size: int, at: float) -> None:
+        """Charge a known device's rates; make room for a new one within the quotas (``edgekit.fleet.quotas``).
 
         A device becomes known when it is stored (``_set_state``), not when a message names it:
-        rejected messages with made-up names do not use up the cap.
+        rejected messages with made-up names do not use up the quotas.
         """
-        if len(self._known) >= self.max_devices and (fleet, device) not in self._known:
-            raise Rejected("too-many-devices", f"{fleet}/{device}: already {len(self._known)} devices")
+        key = (fleet, device)
+        if key in self.gate:
+            self.gate.charge(key, size, at)
+            return
+        for old in self.gate.admit(key, at):
+            self._forget(old)
+
+    def _forget(self, key: Key) -> None:
+        """An aged-out device: its row leaves the store (its windows stay), the view forgets it."""
+        self.flush()
+        self.store.forget(*key)
+        self._tracks.pop(key, None)
+        self._nodes.pop(key, None)
+        self.seen["aged-out"] += 1
+        self._events.append(("forget", *key))
+        log.info("collector: aged out %s/%s (quiet for %g s; room was needed)", *key, self.quotas.quiet_s)
 
     def reject(self, topic: str, reason: str, detail: str) -> None:
         """Count and log a message refused before ``handle`` (the MQTT reader drops one too large to read)."""
@@ -209,8 +223,8 @@ class Collector:
                     self.listener.window(*event[1:])
                 elif event[0] == "status":
                     self.listener.status(*event[1:])
-                elif (gap := getattr(self.listener, "gap", None)) is not None:
-                    gap(*event[1:])
+                elif (other := getattr(self.listener, event[0], None)) is not None:
+                    other(*event[1:])  # gap, forget
             except Exception:  # the dashboard's trouble must not stop collection
                 log.exception("collector: the listener failed on a %s event", event[0])
 
@@ -222,7 +236,8 @@ class Collector:
                 "seen": dict(self.seen),
                 "rejected": dict(self.rejected),
                 "lag_ms": {k: None if math.isnan(v) else round(v, 3) for k, v in lag.items()},
-                "devices": {"tracked": len(self._known), "max": self.max_devices},
+                "devices": {"tracked": len(self.gate), "max": self.max_devices, "fleets": self.gate.fleets()},
+                "quotas": dataclasses.asdict(self.quotas),
             }
 
     def flush(self) -> None:
@@ -257,6 +272,12 @@ class Collector:
                     if track is not None:
                         track.recent.discard(int(body["seq"]))  # a replay may still bring it
 
+    def _known_fields(self, model: BaseModel, body: dict[str, Any]) -> dict[str, Any] | None:
+        known = known_fields(model, body)
+        if known is not None:
+            self.seen["unknown-fields-dropped"] += 1
+        return known
+
     def _track(self, fleet: str, device: str) -> _Track | None:
         key = (fleet, device)
         track = self._tracks.get(key)
@@ -278,7 +299,7 @@ class Collector:
             # camera URL with its password or token: the fleet never stores or shows one.
             birth = {**birth, "source": redact_source(birth["source"])}
         self.store.set_state(fleet, device, state, at, birth)
-        self._known.add((fleet, device))
+        self.gate.add((fleet, device), at)
         track = self._track(fleet, device)
         if track is not None:
             track.state = state
@@ -311,7 +332,7 @@ class Collector:
         fleet, device, leaf = self._topic(topic)
         if leaf == "deploy":
             return "deploy"  # the agents' channel (edgekit.deploy): counted, not the dashboard's to store
-        self._admit(fleet, device)
+        self._admit(fleet, device, len(payload), at)
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:
@@ -325,8 +346,9 @@ class Collector:
         if body.get("device") != device:
             raise Rejected("device-mismatch", f"payload says {str(body.get('device'))[:60]!r}")
         if leaf == "status":
-            state = _valid(Status, body).state
-            self._set_state(fleet, device, state, at, body if state == "online" else None)
+            status = _valid(Status, body)
+            body = self._known_fields(status, body) or body
+            self._set_state(fleet, device, status.state, at, body if status.state == "online" else None)
             return "status"
         if leaf == "labels":
             _valid(Labels, body)
@@ -337,6 +359,9 @@ class Collector:
     def _telemetry(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> str:
         # The store and the listener keep the dict as sent; the model is what vouches for it.
         message = _valid(Telemetry, body)
+        known = self._known_fields(message, body)
+        if known is not None:  # padding or a newer device's fields: neither is stored nor kept
+            body, raw = known, _dumps(known).decode()
         seq, epoch, sent_at = message.seq, message.epoch, message.sent_at
         track = self._track(fleet, device)
         if track is None:
@@ -370,6 +395,7 @@ class Collector:
                 track.recent = {s for s in track.recent if s > seq - RECENT}
         if sent_at is not None:
             self.lag.add((at - sent_at) * 1000.0)
+        self.gate.add((fleet, device), at)
         self._pending.append((fleet, device, body, raw, at))
         self._events.append(("window", fleet, device, body, at))
         return "telemetry"
@@ -394,7 +420,7 @@ class Collector:
         fleet, device = parts[1], parts[3]
         if not (safe_name(fleet) and safe_name(device)):
             raise Rejected("bad-id", f"fleet {fleet!r} / device {device!r}")
-        self._admit(fleet, device)
+        self._admit(fleet, device, len(payload), at)
         if len(payload) > MAX_PAYLOAD:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:

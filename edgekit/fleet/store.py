@@ -131,10 +131,16 @@ class FleetStore:
             "epoch": row[5],
         }
 
-    def device_keys(self) -> list[tuple[str, str]]:
-        """``(fleet, device)`` of every known device (one query: the collector's device count)."""
+    def device_seen(self) -> dict[tuple[str, str], float]:
+        """``(fleet, device)`` of every known device -> when it was last heard from (the collector's quotas)."""
         with self._lock:
-            return [(str(f), str(d)) for f, d in self._query("SELECT fleet, device FROM devices")]
+            rows = self._query("SELECT fleet, device, last_seen FROM devices")
+        return {(str(f), str(d)): float(at) for f, d, at in rows}
+
+    def forget(self, fleet: str, device: str) -> None:
+        """The device leaves the devices table (aged out); its windows and rollups stay for history."""
+        with self._lock:
+            self._execute("DELETE FROM devices WHERE fleet = ? AND device = ?", (fleet, device))
 
     def devices(self) -> list[dict[str, Any]]:
         """Every known device's row, ordered by fleet and name."""

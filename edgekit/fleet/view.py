@@ -22,7 +22,7 @@ from typing import Any
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.fleet.cameras import CameraTally, camera_table, cameras_copy
-from edgekit.fleet.charts import Tally, chart_series, quantile, rate
+from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
 from edgekit.fleet.detections import class_table, totals_copy
 from edgekit.fleet.sums import ClassSum
 from edgekit.protocol.stages import STAGES
@@ -145,6 +145,12 @@ class FleetView:
         """The collector saw a jump in a device's sequence."""
         with self._lock:
             self._device(fleet, device, self.clock()).gaps += 1
+
+    def forget(self, fleet: str, device: str) -> None:
+        """The collector aged the device out (``edgekit.fleet.quotas``): it leaves the dashboard and /metrics."""
+        with self._lock:
+            self._devices.pop((fleet, device), None)
+            self._changed = True
 
     def _device(self, fleet: str, device: str, at: float) -> _Device:
         d = self._devices.get((fleet, device))
@@ -426,8 +432,8 @@ class FleetView:
                         "fleet": d.fleet,
                         "device": d.device,
                         "since": d.breach_since,
-                        "detail": f"{d.breach_detail} for {_duration(now - d.breach_since)}"
-                        + ("" if firing else f" (fires after {_duration(self.slo.for_s)})"),
+                        "detail": f"{d.breach_detail} for {duration(now - d.breach_since)}"
+                        + ("" if firing else f" (fires after {duration(self.slo.for_s)})"),
                     }
                 )
         out.sort(key=lambda a: (a["severity"] != "critical", a["since"]))
@@ -489,12 +495,3 @@ def _window(window_s: int) -> int:
 def _step(window_s: int) -> int:
     """About 60 points per chart, in whole multiples of the live step."""
     return max(STEP_S, int(window_s / 60) // STEP_S * STEP_S)
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"
