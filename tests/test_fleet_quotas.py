@@ -219,3 +219,37 @@ def test_a_device_over_its_rate_is_refused_and_counted(tmp_path: Path, feed: Cal
     fed.wait(108)
     assert collector.rejected["rate-bytes"] >= 3
 
+
+def test_metrics_stay_bounded_with_many_devices(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi", reason="pip install -e '.[fleet]'")
+    pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx (pip install -e '.[dev]')")
+    from fastapi.testclient import TestClient
+
+    from edgekit.fleet import prometheus
+    from edgekit.fleet.server import create_app
+
+    store = FleetStore()
+    view = FleetView(store)
+    collector = Collector(store, listener=view)
+    view.stats = collector.stats
+    template = telemetry("cam", "lab", tmp_path, 1)[0]
+    for i in range(300):
+        name = f"cam-{i:03d}"
+        assert (
+            collector.handle(f"edgekit/v1/lab/{name}/status", status(name, "lab"), now=1000.0 + i) == "status"
+        )
+        body = template | {"device": name}
+        assert (
+            collector.handle(f"edgekit/v1/lab/{name}/telemetry", json.dumps(body).encode(), now=1000.0 + i)
+            == "telemetry"
+        )
+    per_device = prometheus.series_of(view.prometheus_state()[0])
+    app = create_app(view, metrics_max_series=100 * per_device)
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        text = client.get("/metrics").text
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(samples) < 100 * per_device + 100  # the devices' cap plus the collector's few
+    assert 'edgekit_metrics_devices{which="omitted"} 200' in text
+    # The most recently heard are the ones exported.
+    assert 'edgekit_device_up{fleet="lab",device="cam-299"} 1' in text
+    assert 'device="cam-000"' not in text

@@ -143,6 +143,9 @@ def serve_command(
         str,
         typer.Option("--quiet", help="A device not heard from this long is aged out when room is needed."),
     ] = "24h",
+    metrics_max_series: Annotated[
+        int, typer.Option("--metrics-max-series", help="At most this many device samples in /metrics.")
+    ] = 250_000,
 ) -> None:
     """Collect fleet telemetry from MQTT and serve the dashboard (http://HOST:PORT/) and /metrics."""
     try:
@@ -255,6 +258,7 @@ def serve_command(
         token=token,
         allowed_hosts=hosts,
         max_sse=max_streams,
+        metrics_max_series=metrics_max_series,
     )
     bundles = None
     if artifacts_port is not None:

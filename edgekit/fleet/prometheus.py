@@ -84,6 +84,10 @@ CAMERA_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99)
 INFO_LABELS: tuple[str, ...] = ("profile", "model", "version", "backend", "precision", "edgekit")
 # Birth fields are free text from the network: a model name of 200 kB must not become a label.
 MAX_LABEL_VALUE = 128
+# At most this many device series in one scrape (about 1,600 devices of a classifier's detail, some 18 MB):
+# the online and most recently heard devices are exported first, and edgekit_metrics_devices says
+# how many were left out.  A bigger fleet raises it (edgekit fleet serve --metrics-max-series).
+MAX_SERIES = 250_000
 
 
 def escape_label(value: object) -> str:
@@ -183,8 +187,40 @@ def _info(birth: Mapping[str, Any]) -> dict[str, object]:
     }
 
 
-def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None = None) -> str:
-    """The exposition text for ``devices`` and, when given, the collector's counters.
+def series_of(d: DeviceTotals) -> int:
+    """How many samples ``render`` writes for ``d``."""
+    camera = 3 + len(CAMERA_QUANTILES) + 2
+    return (
+        5
+        + (d.last_seen is not None)
+        + (d.budget_ms is not None)
+        + bool(d.birth)
+        + 2 * len(d.detections or {})
+        + camera * len(d.cameras or {})
+        + len(FRAME_BUCKETS)
+        + 3
+        + (len(STAGE_BUCKETS) + 3) * len(d.stages)
+    )
+
+
+def bounded(devices: Iterable[DeviceTotals], max_series: int) -> tuple[list[DeviceTotals], int]:
+    """The devices whose series fit in ``max_series`` (online, then the most recently heard first), in
+    their given order, and how many were left out."""
+    given = list(devices)
+    ranked = sorted(range(len(given)), key=lambda i: (given[i].state != "online", -(given[i].last_seen or 0)))
+    kept, room = set(), max_series
+    for i in ranked:
+        room -= series_of(given[i])
+        if room < 0:
+            break
+        kept.add(i)
+    return [d for i, d in enumerate(given) if i in kept], len(given) - len(kept)
+
+
+def render(
+    devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None = None, max_series: int = MAX_SERIES
+) -> str:
+    """The exposition text for ``devices`` (at most ``max_series`` of their samples) and the collector's counters.
 
     ``collector`` is ``view.collector_stats()``: ``seen`` (messages by kind), ``rejected``
     (by reason), ``lag_ms`` (e.g. ``{"p50": 3.1, "p99": 40.0}``), ``devices`` (``tracked``,
@@ -234,8 +270,17 @@ def render(devices: Iterable[DeviceTotals], collector: Mapping[str, Any] | None 
             ),
             ("edgekit_frame_latency_seconds", "histogram", "Frame latency, capture to sink."),
             ("edgekit_stage_latency_seconds", "histogram", "Latency of each stage of a frame."),
+            (
+                "edgekit_metrics_devices",
+                "gauge",
+                "Devices in this scrape (exported) and left out to keep it within its series limit "
+                "(omitted: the offline and least recently heard).",
+            ),
         )
     }
+    devices, omitted = bounded(devices, max_series)
+    f["edgekit_metrics_devices"].add((("which", "exported"),), len(devices))
+    f["edgekit_metrics_devices"].add((("which", "omitted"),), omitted)
     for d in devices:
         who: Labels = (("fleet", d.fleet), ("device", d.device))
         f["edgekit_device_up"].add(who, 1 if d.state == "online" else 0)

@@ -137,14 +137,18 @@ def create_app(
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
     max_sse: int = MAX_SSE,
+    metrics_max_series: int | None = None,
 ) -> Any:
     """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app.
 
     With ``artifacts`` (a folder of bundle archives) it also serves ``/artifacts/<name>`` for fleet deploys.
     With ``token`` every request but ``/healthz`` needs it; only ``allowed_hosts`` (default: loopback's
-    names) are answered; at most ``max_sse`` event streams are open at once.
+    names) are answered; at most ``max_sse`` event streams are open at once; ``/metrics`` has at most
+    ``metrics_max_series`` device samples (``edgekit.fleet.prometheus.MAX_SERIES`` by default).
     """
     from edgekit.fleet import prometheus
+
+    max_series = prometheus.MAX_SERIES if metrics_max_series is None else metrics_max_series
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -230,7 +234,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         text = await asyncio.to_thread(
-            lambda: prometheus.render(view.prometheus_state(), view.collector_stats())
+            lambda: prometheus.render(view.prometheus_state(), view.collector_stats(), max_series)
         )
         return Response(text, media_type=prometheus.CONTENT_TYPE)
 
