@@ -109,7 +109,7 @@ def feed(tmp_path: Path) -> Iterator[Callable[..., Fed]]:
 
 
 def test_one_credential_flooding_fleet_names_cannot_keep_a_new_device_out(
-    tmp_path: Path, feed: Callable[..., Fed]
+    tmp_path: Path, feed: Callable[..., Fed], caplog: pytest.LogCaptureFixture
 ) -> None:
     broker, ca = secure_mosquitto(
         tmp_path, {"fleet": "pw-f", "cam-evil": "pw-e", "cam-new": "pw-n"}, README_ACL
@@ -126,6 +126,8 @@ def test_one_credential_flooding_fleet_names_cannot_keep_a_new_device_out(
     # The ACL kept the credential to its own name; the collector kept that name to a few fleets.
     assert collector.stats()["devices"]["tracked"] == 4
     assert collector.rejected == {"credential-quota": 76}
+    # Counted in full, logged once: a flood must not become a flood of log lines.
+    assert sum("collector: rejected" in r.getMessage() for r in caplog.records) == 1
     publish(
         broker.port,
         [("edgekit/v1/lab/cam-new/status", status("cam-new", "lab"))],

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 from edgekit._core.names import safe_name
 from edgekit._core.redact import redact_source
 from edgekit._core.sketch import LatencySketch
-from edgekit.fleet.quotas import Gate, Key, Quotas, Rejected, known_fields
+from edgekit.fleet.quotas import Gate, Key, LogThrottle, Quotas, Rejected, known_fields
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.messages import Labels, Sketch, Status, Telemetry, first_error
 from edgekit.protocol.topics import SCHEMA_STATUS, schema
@@ -161,6 +161,7 @@ class Collector:
         self._lock = threading.RLock()
         # Every device the store has (the quotas count these), with when it was last heard from.
         self.gate = Gate(self.quotas, store.device_seen())
+        self._log_throttle = LogThrottle()
 
     def _admit(self, fleet: str, device: str, size: int, at: float) -> None:
         """Charge a known device's rates; make room for a new one within the quotas (``edgekit.fleet.quotas``).
@@ -189,7 +190,11 @@ class Collector:
         """Count and log a message refused before ``handle`` (the MQTT reader drops one too large to read)."""
         with self._lock:
             self.rejected[reason] += 1
-        log.warning("collector: rejected a message on %r: %s: %s", topic[:200], reason, detail)
+            unlogged = self._log_throttle(reason, time.monotonic())
+        if unlogged is not None:
+            log.warning(
+                "collector: rejected %r: %s: %s (%d more unlogged)", topic[:200], reason, detail, unlogged
+            )
 
     def handle(self, topic: str, payload: bytes, now: float | None = None) -> str:
         """Take one message; returns what became of it (``telemetry``, ``duplicate``, ``rejected:<why>``…)."""
@@ -203,7 +208,8 @@ class Collector:
             except Rejected as err:
                 outcome = f"rejected:{err.reason}"
                 self.rejected[err.reason] += 1
-                log.warning("collector: rejected a message on %r: %s", topic[:200], err)
+                if (unlogged := self._log_throttle(err.reason, time.monotonic())) is not None:
+                    log.warning("collector: rejected %r: %s (%d more unlogged)", topic[:200], err, unlogged)
             else:
                 self.seen[outcome] += 1
             if self._pending and (
@@ -271,12 +277,6 @@ class Collector:
                     track = self._tracks.get((fleet, device))
                     if track is not None:
                         track.recent.discard(int(body["seq"]))  # a replay may still bring it
-
-    def _known_fields(self, model: BaseModel, body: dict[str, Any]) -> dict[str, Any] | None:
-        known = known_fields(model, body)
-        if known is not None:
-            self.seen["unknown-fields-dropped"] += 1
-        return known
 
     def _track(self, fleet: str, device: str) -> _Track | None:
         key = (fleet, device)
@@ -347,7 +347,7 @@ class Collector:
             raise Rejected("device-mismatch", f"payload says {str(body.get('device'))[:60]!r}")
         if leaf == "status":
             status = _valid(Status, body)
-            body = self._known_fields(status, body) or body
+            body = known_fields(status, body, self.seen) or body
             self._set_state(fleet, device, status.state, at, body if status.state == "online" else None)
             return "status"
         if leaf == "labels":
@@ -359,7 +359,7 @@ class Collector:
     def _telemetry(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> str:
         # The store and the listener keep the dict as sent; the model is what vouches for it.
         message = _valid(Telemetry, body)
-        known = self._known_fields(message, body)
+        known = known_fields(message, body, self.seen)
         if known is not None:  # padding or a newer device's fields: neither is stored nor kept
             body, raw = known, _dumps(known).decode()
         seq, epoch, sent_at = message.seq, message.epoch, message.sent_at

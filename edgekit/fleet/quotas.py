@@ -185,14 +185,36 @@ class Gate:
             raise Rejected("rate-bytes", f"{key[0]}/{key[1]}: over {self.quotas.bytes_per_min:g} bytes/min")
 
 
-def known_fields(model: BaseModel, body: dict[str, Any]) -> dict[str, Any] | None:
+class LogThrottle:
+    """At most one log line per reason every ``every_s``: a flood is counted in full, not logged in full."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._quiet: Counter[str] = Counter()
+
+    def __call__(self, reason: str, now: float) -> int | None:
+        """``None``: do not log this one; else log it, saying how many of its reason went unlogged before."""
+        if now - self._last.get(reason, -self.every_s) < self.every_s:
+            self._quiet[reason] += 1
+            return None
+        self._last[reason] = now
+        return self._quiet.pop(reason, 0)
+
+
+def known_fields(
+    model: BaseModel, body: dict[str, Any], seen: Counter[str] | None = None
+) -> dict[str, Any] | None:
     """``body`` with only the fields ``model`` (its validation) knows, at every depth; ``None`` when it had no others.
 
     The values are the ones sent (not a dump of the model: ``1`` stays ``1``); a message with
-    nothing unknown is kept as it came, and stored as the bytes it came in.
+    nothing unknown is kept as it came, and stored as the bytes it came in.  ``seen`` counts
+    the messages that had unknown fields (``unknown-fields-dropped``).
     """
     if not _has_extra(model):
         return None
+    if seen is not None:
+        seen["unknown-fields-dropped"] += 1
     known: dict[str, Any] = _strip(model, body)
     return known
 
