@@ -24,6 +24,8 @@ Every refusal is counted by reason (``Rejected.reason``): ``credential-quota``,
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -219,17 +221,28 @@ def known_fields(
     return known
 
 
-def _has_extra(value: Any) -> bool:
-    if isinstance(value, BaseModel):
-        if value.__pydantic_extra__:
+@functools.cache
+def _nested(model: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``model`` that may hold models (directly, in a map, a list or an optional)."""
+
+    def holds_model(annotation: Any) -> bool:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             return True
-        return any(_has_extra(getattr(value, name)) for name in type(value).model_fields)
+        return any(holds_model(arg) for arg in typing.get_args(annotation))
+
+    return tuple(name for name, info in model.model_fields.items() if holds_model(info.annotation))
+
+
+def _has_extra(value: Any) -> bool:
+    # Walks only where models can be (a sketch's buckets are never looked at): ~12 steps a window.
+    if isinstance(value, BaseModel):
+        return bool(value.__pydantic_extra__) or any(
+            _has_extra(getattr(value, n)) for n in _nested(type(value))
+        )
     if isinstance(value, dict):
-        # The schema's maps hold one kind of value: a map of numbers (a sketch's buckets) is not walked.
-        first = next(iter(value.values()), None)
-        return isinstance(first, BaseModel | dict | list) and any(_has_extra(v) for v in value.values())
+        return any(_has_extra(v) for v in value.values())
     if isinstance(value, list):
-        return any(_has_extra(v) for v in value if isinstance(v, BaseModel | dict | list))
+        return any(_has_extra(v) for v in value)
     return False
 
 
