@@ -194,6 +194,12 @@ def test_padding_a_valid_message_does_not_reach_the_store(tmp_path: Path, feed: 
     stored = collector.store.device("lab", "cam-pad")
     assert stored is not None and "pad" not in stored["birth"]
     assert collector.store.merged(device="cam-pad").count == 21 * 50  # what the windows said is all there
+    # Padding inside the schema's own maps (made-up counters, stages, zones) is refused: they are bounded.
+    many = {f"c{i:05d}": 1 for i in range(5000)}
+    stuffed = windows[-1] | {"seq": 99, "counters": windows[-1]["counters"] | many}
+    publish(broker.port, [(topic, json.dumps(stuffed).encode())])
+    fed.wait(23)
+    assert collector.rejected == {"bad-field": 1}
 
 
 def test_a_device_over_its_rate_is_refused_and_counted(tmp_path: Path, feed: Callable[..., Fed]) -> None:

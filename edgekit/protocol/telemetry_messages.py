@@ -44,6 +44,10 @@ MAX_LABEL_DETECTIONS = 100
 MAX_CAMERAS = 64
 MAX_CAMERA_NAME = 64
 OTHER_CAMERA = "other"
+# The other maps a window carries (stages, counters, thermal zones) have keys a device names: bounded
+# too, so a valid message cannot carry a quarter MiB of made-up keys into the fleet's store.
+MAX_MAP_KEYS = 64
+MAX_KEY = 64
 
 
 class WireMessage(BaseModel):
@@ -59,6 +63,8 @@ class WireMessage(BaseModel):
 Count = Annotated[int, Field(ge=0, le=MAX_INT - 1)]  # le, not lt: keeps the check on 64-bit integers
 #: A device or fleet name as its payload says it (the topic's names are checked by their own rule).
 Name = Annotated[str, Field(min_length=1)]
+#: A key of a map a device names (a stage, a counter, a thermal zone).
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY)]
 
 
 def _check_buckets(buckets: Any, info: ValidationInfo) -> dict[str, int]:
@@ -175,7 +181,8 @@ class Window(WireMessage):
     missed: Count = Field(description="frames over the latency budget")
     fps: float | None = Field(default=None, ge=0)
     latency_ms: Sketch = Field(description="end-to-end latency per frame")
-    stages_ms: Annotated[dict[str, Sketch], AfterValidator(_every_stage)] = Field(
+    stages_ms: Annotated[dict[Key, Sketch], AfterValidator(_every_stage)] = Field(
+        max_length=MAX_MAP_KEYS,
         json_schema_extra={"required": list(STAGES)},
         description=f"one sketch per stage: {', '.join(STAGES)} (more are kept)",
     )
@@ -222,7 +229,9 @@ class Gauges(WireMessage):
     process_rss_mb: float | None = None
     gpu_percent: float | None = None
     cpu_freq_ratio: float | None = None
-    temperature_c: dict[str, float] | None = Field(default=None, description="thermal zone -> degrees C")
+    temperature_c: dict[Key, float] | None = Field(
+        default=None, max_length=MAX_MAP_KEYS, description="thermal zone -> degrees C"
+    )
     throttled: Throttled | None = None
 
 
@@ -253,7 +262,9 @@ class Telemetry(WireMessage):
     seq: Count
     sent_at: float | None = Field(default=None, description="seconds since the epoch")
     window: Window
-    counters: dict[str, Count] = Field(description="the pipeline's and the reporting's counters (only go up)")
+    counters: dict[Key, Count] = Field(
+        max_length=MAX_MAP_KEYS, description="the pipeline's and the reporting's counters (only go up)"
+    )
     gauges: Gauges | None = None
     spool: SpoolState | None = None
 
