@@ -254,6 +254,8 @@ def test_dashboard_lists_devices_draws_charts_and_shows_a_killed_device_offline(
         assert browser.find_element("id", "conn").get_attribute("data-conn") == "live", "SSE is not live"
         kpi_online = browser.find_element("id", "kpi-online").text
         assert kpi_online == "6", f"header says {kpi_online} devices online"
+        # The collector's refusals are in the header (none: the simulated devices stay within their quotas).
+        assert browser.find_element("id", "kpi-refused").text == "0"
         _save(browser, shots, "desktop-online")
 
         doomed.send_signal(signal.SIGKILL)

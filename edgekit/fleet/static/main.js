@@ -49,6 +49,14 @@ function renderHeader(snap) {
   miss.textContent = fmtPct(f.miss_rate);
   miss.className = missClass(f.miss_rate);
   miss.title = isNum(f.missed) ? fmtInt(f.missed) + " of " + fmtInt(f.frames) + " frames over budget" : "";
+  // What the collector refused (a device over its quota, bad input): the total, by reason on hover.
+  var rejected = (snap.collector || {}).rejected || {};
+  var reasons = Object.keys(rejected).sort();
+  var total = reasons.reduce(function (n, k) { return n + (isNum(rejected[k]) ? rejected[k] : 0); }, 0);
+  var refused = $("kpi-refused");
+  refused.textContent = snap.collector ? fmtInt(total) : "–";
+  refused.className = total > 0 ? "bad" : "";
+  refused.title = reasons.map(function (k) { return k + ": " + fmtInt(rejected[k]); }).join("\n");
 }
 
 function renderUpdated() {
