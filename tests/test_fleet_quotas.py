@@ -261,3 +261,26 @@ def test_metrics_stay_bounded_with_many_devices(tmp_path: Path) -> None:
     # The most recently heard are the ones exported.
     assert 'edgekit_device_up{fleet="lab",device="cam-299"} 1' in text
     assert 'device="cam-000"' not in text
+
+
+def test_a_credential_at_its_quota_gets_a_new_fleet_once_an_old_one_is_quiet() -> None:
+    from edgekit.fleet.quotas import Quotas
+
+    collector = Collector(FleetStore(), quotas=Quotas(per_credential=2, quiet_s=3600))
+    for i, fleet in enumerate(("lab", "prod")):
+        assert (
+            collector.handle(f"edgekit/v1/{fleet}/cam-1/status", status("cam-1", fleet), now=1000 + i)
+            == "status"
+        )
+    # A third fleet while both are live: refused.
+    assert collector.handle("edgekit/v1/moved/cam-1/status", status("cam-1", "moved"), now=2000).endswith(
+        "credential-quota"
+    )
+    # "prod" keeps talking; "lab" goes quiet past the hour: the camera moved, and the move is let in.
+    assert collector.handle("edgekit/v1/prod/cam-1/status", status("cam-1", "prod"), now=4000) == "status"
+    assert collector.handle("edgekit/v1/moved/cam-1/status", status("cam-1", "moved"), now=5000) == "status"
+    assert {(d["fleet"], d["device"]) for d in collector.store.devices()} == {
+        ("prod", "cam-1"),
+        ("moved", "cam-1"),
+    }
+    assert collector.rejected == {"credential-quota": 1} and collector.seen["aged-out"] == 1
