@@ -10,6 +10,11 @@ pipeline on it the *device* ``pipeline``::
                                                   (and per camera, of many: frames, misses, drops, percentiles)
     spBv1.0/<fleet>/NCMD/<device-id>              commands; ``Node Control/Rebirth = true`` is honoured
 
+DDATA goes out with QoS 1, not the QoS 0 the specification asks for: it leaves the device's
+spool only on the broker's PUBACK, so a link that drops silently loses no window (a host
+application cannot tell the publisher's QoS; it may see a window twice, with the same
+``telemetry/seq`` metric).  Births stay QoS 0: every connect sends them again.
+
 ``seq`` runs 0..255 over every message of the node after NBIRTH (which has 0); ``bdSeq``
 rises with every MQTT session and is kept in the spool.  The payload schema is
 ``org.eclipse.tahu.protobuf.Payload`` (the fields edgekit uses, same numbers and types as

@@ -372,7 +372,7 @@ class TelemetryPublisher:
                 # outage goes out marked historical.
                 row = {"ts": int(payload["sent_at"] * 1000), "metrics": sp.window_metrics(payload)}
                 ddata = sp.topic(self.fleet, "DDATA", self.device_id, sp.DEVICE)
-                self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=0)
+                self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=1)
                 return
             self.spool.push(self.telemetry_topic, json.dumps(payload, separators=(",", ":")).encode(), qos=1)
         except Exception:  # a reporting failure must never reach the frame loop
@@ -441,7 +441,10 @@ class TelemetryPublisher:
                     log.error("telemetry: dropping spool row %d that cannot be encoded: %s", msg.id, err)
                     self.spool.ack(msg.id)
                     continue
-            info = self._client.publish(msg.topic, body, qos=msg.qos, retain=msg.retain)
+            # QoS 1 for every spooled row, Sparkplug DDATA too (the specification says 0): a QoS 0
+            # publish is "done" once in the socket, so a silent link drop would take the row with it.
+            # Rows spooled as QoS 0 by an older edgekit go out as QoS 1 as well.
+            info = self._client.publish(msg.topic, body, qos=max(1, msg.qos), retain=msg.retain)
             if info.rc != 0:  # not connected after all: resend from the spool next time
                 break
             self._inflight[info.mid] = msg.id
