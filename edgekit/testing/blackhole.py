@@ -159,8 +159,11 @@ class BlackholeRun:
         )
 
 
-class _Seqs:
-    """A subscriber on the broker itself (not through the blackhole) noting each window's seq."""
+class WindowSeqs:
+    """A subscriber on the broker itself (not through a blackhole) noting each window's seq.
+
+    And each window's ``spool_dropped`` counter, in ``dropped``: windows the device could not keep.
+    """
 
     def __init__(self, port: int, format: str, fleet: str, device: str) -> None:
         import paho.mqtt.client as mqtt
@@ -168,6 +171,7 @@ class _Seqs:
 
         self.format = format
         self.seqs: list[int] = []
+        self.dropped: list[int] = []
         self._lock = threading.Lock()
         where = (
             f"edgekit/v1/{fleet}/{device}/telemetry"
@@ -186,13 +190,16 @@ class _Seqs:
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         if self.format == "json":
-            seq = int(json.loads(msg.payload)["seq"])
+            body = json.loads(msg.payload)
+            seq, dropped = int(body["seq"]), int(body["counters"]["spool_dropped"])
         else:
             from edgekit.protocol import sparkplug as sp
 
-            seq = int(sp.decode(msg.payload)["metrics"]["telemetry/seq"])
+            metrics = sp.decode(msg.payload)["metrics"]
+            seq, dropped = int(metrics["telemetry/seq"]), int(metrics["counters/spool_dropped"])
         with self._lock:
             self.seqs.append(seq)
+            self.dropped.append(dropped)
 
     def copy(self) -> list[int]:
         with self._lock:
@@ -233,7 +240,7 @@ def telemetry_through_blackhole(
     from edgekit.telemetry.publisher import TelemetryPublisher
 
     fleet, device = "lab", f"hole-{format}"
-    seqs = _Seqs(broker_port, format, fleet, device)
+    seqs = WindowSeqs(broker_port, format, fleet, device)
     try:
         if not seqs.ready.wait(10):
             raise RuntimeError("the subscriber did not get its subscription acknowledged")
