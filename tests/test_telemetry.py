@@ -140,8 +140,9 @@ def test_spool_keeps_order_drops_the_oldest_at_its_bound_and_counts_it(tmp_path:
     assert [m.id for m in again.pending()] == ids[3:] and again.dropped == 2 and again.next_sequence() == 3
     again.close()
     (tmp_path / "bad.db").write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(TelemetryError, match="not a usable SQLite"):
-        Spool(tmp_path / "bad.db")
+    fresh = Spool(tmp_path / "bad.db")  # set aside (tests/test_telemetry_loss.py), never a reason to stop
+    assert len(fresh) == 0 and fresh.set_aside == 1 and list(tmp_path.glob("bad.db.corrupt-*"))
+    fresh.close()
 
 
 def test_broker_urls() -> None:

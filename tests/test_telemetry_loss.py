@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +23,8 @@ from edgekit.telemetry.publisher import TelemetryPublisher
 from edgekit.telemetry.spool import Spool
 from edgekit.testing.blackhole import WindowSeqs, telemetry_through_blackhole
 from edgekit.testing.broker import Mosquitto
+
+from conftest import EDGEKIT
 
 
 @pytest.fixture
@@ -121,3 +125,90 @@ def test_a_full_disk_is_a_counted_gap_and_reporting_resumes(
     # Every window arrived or was counted as dropped: the seq gap is exactly what the device reports.
     last = dict(zip(seqs.copy(), seqs.dropped, strict=True))[made - 1]  # the last window's count
     assert len(missing) >= 5 and last == len(missing) == publisher.spool.dropped
+
+
+def spool_with_unsent_windows(path: Path, windows: int) -> tuple[str, int]:
+    """A real spool holding ``windows`` unsent windows (no broker listens); its epoch and last seq."""
+    from edgekit.testing.broker import free_port
+
+    publisher = TelemetryPublisher(
+        BrokerConfig.from_url(f"mqtt://127.0.0.1:{free_port()}"), device_id="cam-x", fleet="lab", spool=path
+    )
+    for _ in range(windows):
+        publisher._report()  # what the publisher's timer does each interval
+    epoch, last = publisher.spool.epoch, publisher.last_seq
+    publisher.spool.close()
+    return epoch, last
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def garble(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100 : 100 + 4096] = b"\xa5" * 4096  # the header's tail and the first table pages
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [truncate, garble])
+def test_a_damaged_spool_is_set_aside_and_the_loss_is_a_gap(
+    broker: Mosquitto, tmp_path: Path, damage: Callable[[Path], None]
+) -> None:
+    spool = tmp_path / "spool.db"
+    epoch, last = spool_with_unsent_windows(spool, 40)
+    (tmp_path / "spool.db-wal").unlink(missing_ok=True)  # checkpointed at close: the file is the spool
+    damage(spool)
+    seqs = WindowSeqs(broker.port, "json", "lab", "cam-x")
+    assert seqs.ready.wait(10)
+    publisher = TelemetryPublisher(
+        BrokerConfig.from_url(broker.url), device_id="cam-x", fleet="lab", interval_s=0.1, spool=spool
+    ).start()
+    try:
+        assert wait_until(lambda: len(seqs.copy()) >= 3, 20)
+        carried_on = publisher.spool.epoch == epoch
+    finally:
+        publisher.stop()
+        seqs.close()
+    assert len(list(tmp_path.glob("spool.db.corrupt-*"))) == 1 and publisher.spool.set_aside == 1
+    if carried_on:  # the old counters could be read: seq goes on, the lost windows are a gap
+        assert min(seqs.copy()) == last + 1
+    else:  # nothing could be read: a new epoch (a collector sees the sequence restart)
+        assert min(seqs.copy()) == 0
+    assert carried_on or damage is garble  # a truncated file still has its counters
+
+
+def test_edgekit_run_labels_frames_over_a_spool_that_is_not_a_database(
+    x86_bundle: tuple[Path, dict[str, Any]], broker: Mosquitto, cache_env: dict[str, str], tmp_path: Path
+) -> None:
+    spool = tmp_path / "telemetry.db"
+    spool.write_bytes(b"not a database, " * 1024)  # what a half-written or foreign file looks like
+    done = subprocess.run(
+        [*EDGEKIT, "run", str(x86_bundle[0]), "--source", "synthetic:160x120@30", "--device", "x86_64-cpu",
+         "--frames", "30", "--mqtt", broker.url, "--fleet", "lab", "--device-id", "cam-r", "--spool", str(spool)],
+        env=cache_env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "is damaged" in done.stderr and "set aside" in done.stderr
+    assert len(list(tmp_path.glob("telemetry.db.corrupt-*"))) == 1
+
+
+def test_a_spool_found_damaged_in_use_is_set_aside_and_numbering_goes_on(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db")
+    epoch = spool.epoch
+    first = [spool.next_sequence() for _ in range(5)]
+    sent = spool.push("t", b"sent")
+    spool.ack(sent)
+    spool.push("t", b"unsent")
+    # What SQLite raises when it reads a damaged page while in use.
+    assert spool.repair(sqlite3.DatabaseError("database disk image is malformed"))
+    assert not spool.repair(sqlite3.OperationalError("database is locked"))  # not damage: left alone
+    assert len(list(tmp_path.glob("spool.db.corrupt-*"))) == 1 and spool.set_aside == 1
+    assert spool.epoch == epoch and spool.next_sequence() == first[-1] + 1 and spool.dropped == 1
+    newer = spool.push("t", b"after")
+    assert newer > sent and [m.payload for m in spool.pending(after=sent)] == [b"after"]
+    spool.close()
+    again = Spool(tmp_path / "spool.db")  # and all of it was written to the new file
+    assert again.epoch == epoch and again.next_sequence() == first[-1] + 2 and again.set_aside == 1
+    again.close()

@@ -336,6 +336,7 @@ class TelemetryPublisher:
             except Exception as err:  # a disk or broker hiccup must not end reporting for good
                 self.last_error = f"telemetry step failed: {err}"
                 log.exception("telemetry: step failed; retrying in 1 s")
+                self.spool.repair(err)  # a spool damaged under our feet is set aside, as at start
                 self._stop.wait(1.0)
 
     def _step(self) -> None:
@@ -375,8 +376,9 @@ class TelemetryPublisher:
                 self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=1)
                 return
             self.spool.push(self.telemetry_topic, json.dumps(payload, separators=(",", ":")).encode(), qos=1)
-        except Exception:  # a reporting failure must never reach the frame loop
+        except Exception as err:  # a reporting failure must never reach the frame loop
             log.exception("telemetry: could not write a report")
+            self.spool.repair(err)
 
     def telemetry_payload(self) -> dict[str, Any]:
         """Close the current window and describe it (also what ``--json`` tools can print)."""
@@ -388,11 +390,8 @@ class TelemetryPublisher:
 
     def _payload(self, w: Window, seq: int, gauges: dict[str, Any] | None = None) -> dict[str, Any]:
         counters = dict(self.counters())
-        counters |= {
-            "mqtt_connects": self.connects,
-            "mqtt_disconnects": self.disconnects,
-            "spool_dropped": self.spool.dropped,
-        }
+        counters |= {"mqtt_connects": self.connects, "mqtt_disconnects": self.disconnects}
+        counters |= {"spool_dropped": self.spool.dropped, "spool_set_aside": self.spool.set_aside}
         return {
             "schema": SCHEMA_TELEMETRY,
             "device": self.device_id,

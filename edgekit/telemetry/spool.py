@@ -66,10 +66,23 @@ class Spool:
         self._forget: dict[int, int] = {}  # disk rows acked whose DELETE the disk refused: id -> size
         self._counters: dict[str, int] = {}  # the last value of each counter handed out
         self._unsaved: set[str] = set()  # counters (and "dropped") the disk does not have yet
+        self.set_aside = 0  # only goes up: damaged spool files moved aside and started anew
+        self._last_id = 0
         try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._open()
+        except sqlite3.DatabaseError as err:
+            if self.path == ":memory:" or isinstance(err, sqlite3.OperationalError):
+                raise TelemetryError(
+                    f"telemetry spool {self.path} cannot be opened: {err}",
+                    "check the folder exists and is writable, or give another --spool path",
+                ) from err
+            self._start_anew(err)
+
+    def _open(self) -> None:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
             # WAL: a crash mid-write leaves the queue as it was before that write.
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
@@ -80,18 +93,70 @@ class Spool:
                 "payload BLOB NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL)"
             )
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
-            row = self._db.execute("SELECT value FROM meta WHERE key = 'dropped'").fetchone()
-            self.dropped = int(row[0]) if row else 0
+            # A truncated file can open and even answer a few queries: every page is read once here.
+            check = str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check}")
+            meta = dict(self._db.execute("SELECT key, value FROM meta WHERE key IN ('dropped', 'set_aside')"))
+            self.dropped, self.set_aside = int(meta.get("dropped", 0)), int(meta.get("set_aside", 0))
             self._bytes = int(
                 self._db.execute("SELECT COALESCE(SUM(LENGTH(payload)), 0) FROM queue").fetchone()[0]
             )
             row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'queue'").fetchone()
             self._last_id = int(row[0]) if row else 0
-        except sqlite3.DatabaseError as err:
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _start_anew(self, err: sqlite3.DatabaseError) -> None:
+        """Set the damaged file aside, start an empty spool, carry on what can be read of the old one."""
+        from edgekit.telemetry.spool_repair import salvage, set_aside
+
+        aside = set_aside(Path(self.path))
+        counters, unsent = salvage(aside)
+        for key, value in self._counters.items():  # found damaged while in use: this process knows best
+            counters[key] = value if key == "epoch" else max(counters.get(key, -1), value)
+        counters["dropped"] = max(counters.get("dropped", 0), self.dropped) + unsent
+        counters["set_aside"] = max(counters.get("set_aside", 0), self.set_aside) + 1
+        last_id, self._forget = self._last_id, {}
+        try:
+            self._open()
+            self._last_id = max(last_id, self._last_id)  # a publisher asks for ids above those it sent
+            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", counters.items())
+        except sqlite3.DatabaseError as again:
             raise TelemetryError(
-                f"telemetry spool {self.path} is not a usable SQLite file: {err}",
-                "move it away (it is recreated) or give another --spool path",
-            ) from err
+                f"telemetry spool {self.path} cannot be made anew: {again}",
+                "check the folder is writable, or give another --spool path",
+            ) from again
+        self.dropped, self.set_aside = counters["dropped"], counters["set_aside"]
+        log.warning(
+            "telemetry: the spool %s is damaged (%s): set aside as %s and a new one started; %s",
+            self.path,
+            err,
+            aside.name,
+            f"{unsent} unsent messages in it are counted as dropped and seq goes on after {counters['seq']}"
+            if "seq" in counters
+            else "nothing of it could be read: seq starts again under a new epoch",
+        )
+
+    def repair(self, err: BaseException) -> bool:
+        """If ``err`` (raised by this spool in use) says the file is damaged: set it aside, start anew.
+
+        ``False`` for any other error, or when that fails too (logged: reporting goes on trying).
+        """
+        if not isinstance(err, sqlite3.DatabaseError) or isinstance(err, sqlite3.OperationalError):
+            return False
+        if self.path == ":memory:":
+            return False
+        with self._lock:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            try:
+                self._start_anew(err)
+            except TelemetryError as failed:
+                log.error("telemetry: %s (%s)", failed, failed.hint)
+                return False
+        return True
 
     # -- a disk that refuses writes ----------------------------------------------------------
 
@@ -267,7 +332,7 @@ class Spool:
         with self._lock:
             row = self._db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
             if row is not None:
-                value = int(row[0])
+                value = self._counters["epoch"] = int(row[0])
             elif "epoch" in self._counters:  # made while the disk refused writes: saved with the rest
                 value = self._counters["epoch"]
             else:
