@@ -163,3 +163,23 @@ class BrokerConfig:
     def describe(self) -> str:
         who = f"{self.username}@" if self.username else ""
         return f"{'mqtts' if self.tls else 'mqtt'}://{who}{self.host}:{self.port} (MQTT {self.protocol})"
+
+
+def drop_unsent(client: Any) -> int:
+    """Forget the QoS 1 messages a paho client would send again on its next connection; how many.
+
+    paho resends a lost session's unacknowledged messages first thing after a reconnect.  A
+    Sparkplug node must not: they carry the dead session's ``seq`` and would reach host
+    applications after the NDEATH and before the new NBIRTH.  The telemetry spool sends those
+    windows again itself, after the births.  (paho has no public call for this; a paho
+    without these attributes keeps its resends: duplicates, never a loss.)
+    """
+    lock, queued = getattr(client, "_out_message_mutex", None), getattr(client, "_out_messages", None)
+    if lock is None or queued is None or not hasattr(queued, "clear"):
+        return 0
+    with lock:
+        dropped = len(queued)
+        queued.clear()
+        if hasattr(client, "_inflight_messages"):
+            client._inflight_messages = 0
+    return dropped

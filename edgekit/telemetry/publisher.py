@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from edgekit._core.names import safe_name
 from edgekit._version import __version__
 from edgekit.errors import TelemetryError
-from edgekit.protocol.broker import BrokerConfig
+from edgekit.protocol.broker import BrokerConfig, drop_unsent
 from edgekit.protocol.messages import Status, Telemetry, checked, first_error
 from edgekit.protocol.topics import SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.gauges import Gauges
@@ -286,6 +286,7 @@ class TelemetryPublisher:
         if self.sparkplug and self._connected.is_set() and not self._stop.is_set():
             self._bdseq = self.spool.next_sequence("bdseq") % 256
             self._set_will(client)  # the next session's death certificate
+            drop_unsent(client)  # DDATA of this session must not precede the next NBIRTH: the spool resends
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
         # paho's network thread: only hand the ack over; the spool is touched by our thread.
@@ -440,9 +441,8 @@ class TelemetryPublisher:
                     log.error("telemetry: dropping spool row %d that cannot be encoded: %s", msg.id, err)
                     self.spool.ack(msg.id)
                     continue
-            # QoS 1 for every spooled row, Sparkplug DDATA too (the specification says 0): a QoS 0
-            # publish is "done" once in the socket, so a silent link drop would take the row with it.
-            # Rows spooled as QoS 0 by an older edgekit go out as QoS 1 as well.
+            # QoS 1 for every row, Sparkplug DDATA too (the specification says 0) and rows an older edgekit
+            # spooled as 0: a QoS 0 publish is "done" once in the socket, lost if the link silently is.
             info = self._client.publish(msg.topic, body, qos=max(1, msg.qos), retain=msg.retain)
             if info.rc != 0:  # not connected after all: resend from the spool next time
                 break

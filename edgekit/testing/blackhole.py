@@ -147,6 +147,7 @@ class BlackholeRun:
     duplicates: int  # arrivals beyond the first of a seq (allowed: subscribers de-duplicate)
     swallowed: int  # bytes the blackhole dropped
     reconnects: int
+    dead_data: int = 0  # Sparkplug: DDATA that came after an NDEATH, before the next NBIRTH
 
     @property
     def lost(self) -> int:
@@ -155,14 +156,16 @@ class BlackholeRun:
     def line(self) -> str:
         return (
             f"{self.format:9s} made {self.made:4d}  received {self.received:4d}  lost {self.lost:3d}  "
-            f"duplicates {self.duplicates:3d}  (swallowed {self.swallowed} B, reconnects {self.reconnects})"
+            f"duplicates {self.duplicates:3d}  (swallowed {self.swallowed} B, reconnects {self.reconnects}"
+            + (f", DDATA of a dead node {self.dead_data})" if self.format == "sparkplug" else ")")
         )
 
 
 class WindowSeqs:
     """A subscriber on the broker itself (not through a blackhole) noting each window's seq.
 
-    And each window's ``spool_dropped`` counter, in ``dropped``: windows the device could not keep.
+    And each window's ``spool_dropped`` counter, in ``dropped``: windows the device could not keep;
+    of Sparkplug, every message's kind in ``kinds`` (NBIRTH, DBIRTH, DDATA, NDEATH) in arrival order.
     """
 
     def __init__(self, port: int, format: str, fleet: str, device: str) -> None:
@@ -172,11 +175,12 @@ class WindowSeqs:
         self.format = format
         self.seqs: list[int] = []
         self.dropped: list[int] = []
+        self.kinds: list[str] = []
         self._lock = threading.Lock()
         where = (
             f"edgekit/v1/{fleet}/{device}/telemetry"
             if format == "json"
-            else f"spBv1.0/{fleet}/DDATA/{device}/#"
+            else f"spBv1.0/{fleet}/+/{device}/#"  # '#' matches the node's own topics too
         )
         self.ready = threading.Event()
         self.client = mqtt.Client(
@@ -195,6 +199,11 @@ class WindowSeqs:
         else:
             from edgekit.protocol import sparkplug as sp
 
+            kind = msg.topic.split("/")[2]
+            with self._lock:
+                self.kinds.append(kind)
+            if kind != "DDATA":
+                return
             metrics = sp.decode(msg.payload)["metrics"]
             seq, dropped = int(metrics["telemetry/seq"]), int(metrics["counters/spool_dropped"])
         with self._lock:
@@ -204,6 +213,15 @@ class WindowSeqs:
     def copy(self) -> list[int]:
         with self._lock:
             return list(self.seqs)
+
+    def dead_data(self) -> int:
+        """DDATA seen after an NDEATH and before the next NBIRTH: data of a node a host holds dead."""
+        count, dead = 0, False
+        with self._lock:
+            for kind in self.kinds:
+                dead = kind == "NDEATH" or (dead and kind != "NBIRTH")
+                count += dead and kind == "DDATA"
+        return count
 
     def close(self) -> None:
         self.client.disconnect()
@@ -272,6 +290,7 @@ def telemetry_through_blackhole(
                 duplicates=len(got) - len(set(got)),
                 swallowed=hole.swallowed,
                 reconnects=publisher.connects - 1,
+                dead_data=seqs.dead_data(),
             )
     finally:
         seqs.close()
