@@ -333,6 +333,24 @@ def test_keys_are_pem_private_0600_and_never_overwritten(tmp_path: Path) -> None
     assert private.read_bytes() == before
 
 
+def test_keys_generate_under_umask_0_makes_a_0700_folder_and_a_0600_key(tmp_path: Path) -> None:
+    # The real CLI in a process whose umask takes nothing away: the modes must not come from it.
+    from conftest import EDGEKIT, ROOT
+
+    there = tmp_path / "there"
+    there.mkdir()
+    there.chmod(0o755)
+    stem = there / "new" / "keys" / "builder"
+    r = subprocess.run([*EDGEKIT, "keys", "generate", "--out", str(stem)], capture_output=True, text=True,
+                       cwd=ROOT, preexec_fn=lambda: os.umask(0), timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for folder in (stem.parent, stem.parent.parent):  # every folder it made, not only the last
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert stat.S_IMODE(stem.with_name("builder.pem").stat().st_mode) == 0o600
+    assert stat.S_IMODE(stem.with_name("builder.pub.pem").stat().st_mode) == 0o644
+    assert stat.S_IMODE(there.stat().st_mode) == 0o755  # a folder that was there is the user's
+
+
 def test_wrong_or_garbled_key_files(tmp_path: Path) -> None:
     private, public = generate_keypair(tmp_path / "k")
     with pytest.raises(KeyFileError, match="is a private key"):

@@ -74,7 +74,7 @@ def generate_keypair(out_stem: Path) -> tuple[Path, Path]:
                 f"{p} already exists; edgekit never overwrites a key",
                 "pick another --out, or move the old key away first if you mean to replace it",
             )
-    private_path.parent.mkdir(parents=True, exist_ok=True)
+    _private_folder(private_path.parent)
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(s.Encoding.PEM, s.PrivateFormat.PKCS8, s.NoEncryption())
     public_pem = key.public_key().public_bytes(s.Encoding.PEM, s.PublicFormat.SubjectPublicKeyInfo)
@@ -96,6 +96,35 @@ def generate_keypair(out_stem: Path) -> tuple[Path, Path]:
             f"cannot write the key pair at {out_stem}: {err}", "pick a writable --out"
         ) from err
     return private_path, public_path
+
+
+KEY_DIR_MODE = 0o700
+
+
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` and each missing parent as 0700 exactly, whatever the umask.
+
+    ``mkdir`` alone takes its mode from the umask: under ``umask 0`` the key's folder was
+    0777, so anyone could swap the key pair for theirs between two builds.  Folders that
+    were there already are the user's to set; one anybody can write into is warned about.
+    """
+    missing: list[Path] = []
+    here = folder
+    while not (here.exists() or here.is_symlink()):
+        missing.append(here)
+        here = here.parent
+    try:
+        for made in reversed(missing):
+            made.mkdir(mode=KEY_DIR_MODE, exist_ok=True)  # never wider than 0700, not even for a moment
+            made.chmod(KEY_DIR_MODE)  # and then exactly 0700 (the umask may have taken bits away)
+        mode = folder.stat().st_mode
+    except OSError as err:
+        raise KeyFileError(f"cannot create the key folder {folder}: {err}", "pick a writable --out") from err
+    if mode & (stat.S_IWOTH | stat.S_IWGRP) and not mode & stat.S_ISVTX:  # sticky (/tmp): files stay ours
+        log.warning(
+            "the key folder %s is writable by %s (mode %04o): another user could replace the key there",
+            folder, "everyone" if mode & stat.S_IWOTH else "its group", stat.S_IMODE(mode),
+        )  # fmt: skip
 
 
 def _kind(key: object) -> str:
