@@ -128,6 +128,26 @@ def test_the_password_comes_from_the_environment_or_a_systemd_credential(
     assert "command line" in caplog.text and "cam-1:***@h" in caplog.text and MQTT_PW not in caplog.text
 
 
+def test_fleet_serve_warns_of_a_database_password_on_its_command_line_as_of_the_mqtt_one(
+    tmp_path: Path,
+) -> None:
+    # The real CLI: both URLs carry a password; both are warned about, in the same words, and
+    # neither password is repeated.  Nothing listens on port 1, so the store fails to open after.
+    db_pw = "Db-Pw-0c4e17"
+    r = subprocess.run(
+        [*EDGEKIT, "fleet", "serve", "--mqtt", f"mqtt://collector:{MQTT_PW}@127.0.0.1:1",
+         "--db", f"postgresql://fleet:{db_pw}@127.0.0.1:1/fleet", "--port", "0"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={k: v for k, v in os.environ.items() if k not in ("PGPASSWORD", "EDGEKIT_FLEET_DB")},
+    )  # fmt: skip
+    said = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in said, said[-3000:]
+    where = "is on the command line, where ps and /proc/<pid>/cmdline show it to every user"
+    assert f"the MQTT password in mqtt://collector:***@127.0.0.1:1 {where}" in said, said[-3000:]
+    assert f"the database password in postgresql://fleet:***@127.0.0.1:1/fleet {where}" in said, said[-3000:]
+    assert "PGPASSWORD" in said and db_pw not in said and MQTT_PW not in said
+
+
 # -- the trust store belongs to root ---------------------------------------------------------------
 
 

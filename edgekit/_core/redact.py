@@ -8,10 +8,13 @@ parameter that carries a secret (``?token=***``, ``access_token``, ``key``, ``si
 ``redact_source`` also masks the secret properties of a GStreamer pipeline string
 (``user-id=*** user-pw=***``, ``proxy-pw``, ``password=`` ...).  ``without_password``
 drops the password from a URL (for a command line that must still name the user).
+``warn_secret_on_command_line`` is the one rule for a secret given as an argument: ``ps`` shows
+it to every user, so it is warned about (redacted), saying where it belongs instead.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -91,3 +94,27 @@ def without_password(url: str) -> str:
 def on_command_line(text: str, argv: Sequence[str] | None = None) -> bool:
     """Whether ``text`` holds a secret and is on this process's command line (``ps`` shows it to everyone)."""
     return has_secret(text) and any(text in arg for arg in (sys.argv if argv is None else argv))
+
+
+def warn_secret_on_command_line(
+    text: str,
+    what: str,
+    instead: str,
+    *,
+    argv: Sequence[str] | None = None,
+    logger: logging.Logger | None = None,
+) -> bool:
+    """Warn when ``text`` holds a secret and is on our command line; whether it did.
+
+    ``what`` names the secret, up to the text (``the MQTT password in``), ``instead`` where it belongs
+    (an environment variable, a credential file).  The warning shows ``text`` redacted.  Every
+    command that takes a URL, a source or a password goes through here, so the rule (warn,
+    never refuse: a first try on a laptop may use it) and the words are the same everywhere.
+    """
+    if not on_command_line(text, argv):
+        return False
+    (logger or logging.getLogger(__name__)).warning(
+        "%s %s is on the command line, where ps and /proc/<pid>/cmdline show it to every user of this machine; %s",
+        what, redact_source(text), instead,
+    )  # fmt: skip
+    return True

@@ -456,12 +456,14 @@ def run_agent_command(
     from edgekit.deploy.keystore import check_trust_store
 
     check_trust_store(root, Path(root) / "keys")  # refuse a trust store the agent's own user could change
-    from edgekit._core.redact import on_command_line, redact_source
+    from edgekit._core.redact import warn_secret_on_command_line
 
-    if source is not None and on_command_line(source):  # the child gets it in EDGEKIT_SOURCE, we cannot
-        logging.getLogger(__name__).warning(
-            "the password or token in the source %s is on the command line, where ps shows it to every user; set EDGEKIT_SOURCE instead",
-            redact_source(source),
+    if source is not None:  # the child gets it in EDGEKIT_SOURCE, we cannot take it off our own
+        warn_secret_on_command_line(
+            source,
+            "the password or token in the source",
+            "set EDGEKIT_SOURCE instead",
+            logger=logging.getLogger(__name__),
         )
     # A service's log is its record: info lines (each command, each pipeline start) by default.
     wanted = logging.getLevelName(os.environ.get("EDGEKIT_LOG", "INFO").upper())

@@ -279,6 +279,15 @@ def deploy_command(
         "--unsigned-commands": unsigned_commands,
     }
     _one_transport(host, fleet, fleet_only)
+    if artifact_url is not None:  # the --mqtt URL is warned about where it is parsed (BrokerConfig)
+        from edgekit._core.redact import warn_secret_on_command_line
+
+        warn_secret_on_command_line(
+            artifact_url,
+            "the token in",
+            "it also goes to every device in the deploy command; serve the bundles without one "
+            "(edgekit fleet serve --artifacts-port: devices check each bundle's hash and signature)",
+        )
     if fleet and budget is not None:
         raise DeployError(
             "--budget is for --host: over MQTT each agent gates at the budget it runs with",

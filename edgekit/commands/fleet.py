@@ -55,7 +55,13 @@ def serve_command(
         str, typer.Option("--mqtt", help="The broker the devices publish to: mqtt[s]://[user@]host[:port].")
     ] = "mqtt://127.0.0.1:1883",
     db: Annotated[
-        str, typer.Option("--db", help="SQLite file, or postgresql://user@host/db for a bigger fleet.")
+        str,
+        typer.Option(
+            "--db",
+            envvar="EDGEKIT_FLEET_DB",
+            help="SQLite file, or postgresql://user@host/db for a bigger fleet (its password: PGPASSWORD, "
+            "~/.pgpass, or the whole URL in EDGEKIT_FLEET_DB).",
+        ),
     ] = "fleet.db",
     host: Annotated[str, typer.Option("--host", help="Address the dashboard listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port of the dashboard and /metrics.")] = 8765,
@@ -154,6 +160,7 @@ def serve_command(
         raise EdgekitError(
             f"the fleet dashboard needs its extra: {err}", "pip install 'edgekit[fleet]'"
         ) from err
+    from edgekit._core.redact import warn_secret_on_command_line
     from edgekit.fleet.access import ARTIFACT_TOKEN_ENV, MAKE_ONE, allowed_hosts, needs_token, read_token
     from edgekit.fleet.backends import open_store
     from edgekit.fleet.collector import Collector
@@ -208,9 +215,16 @@ def serve_command(
         raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")
     raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
     slo = SloPolicy(quantile=slo_quantile, for_s=parse_seconds(slo_for, "--slo-for"))
-    broker = BrokerConfig.from_url(mqtt, ca_file=ca_file)
     logging.basicConfig(
         level=os.environ.get("EDGEKIT_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    broker = BrokerConfig.from_url(mqtt, ca_file=ca_file)  # warns of a password on the command line
+    warn_secret_on_command_line(
+        db,
+        "the database password in",
+        "give the URL without it and set PGPASSWORD or ~/.pgpass (libpq reads both), "
+        "or put the whole URL in EDGEKIT_FLEET_DB",
+        logger=log,
     )
     _check_port(host, port)
     if artifacts_port is not None:

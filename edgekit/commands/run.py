@@ -383,13 +383,14 @@ def _merged(run_file: RunConfig | None, given: set[str], cli: dict[str, Any]) ->
 
 
 def _warn_if_source_secret_on_command_line(source: str) -> None:
-    from edgekit._core.redact import on_command_line, redact_source
+    from edgekit._core.redact import warn_secret_on_command_line
 
-    if on_command_line(source):
-        logging.getLogger(__name__).warning(
-            "the password or token in the source %s is on the command line, where ps shows it to every user; pass the source in EDGEKIT_SOURCE instead",
-            redact_source(source),
-        )
+    warn_secret_on_command_line(
+        source,
+        "the password or token in the source",
+        "pass the source in EDGEKIT_SOURCE instead",
+        logger=logging.getLogger(__name__),
+    )
 
 
 def _report(

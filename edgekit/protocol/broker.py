@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from edgekit._core.redact import on_command_line, redact_url
+from edgekit._core.redact import redact_url, warn_secret_on_command_line
 from edgekit.errors import TelemetryError
 
 log = logging.getLogger(__name__)
@@ -48,17 +48,16 @@ def password_from_environment() -> str | None:
 
 def warn_if_on_command_line(url: str, argv: list[str] | None = None) -> bool:
     """Warn (once, without the password) when ``url`` holds a password and is on our command line."""
-    if not urlsplit(url).password or not on_command_line(url, argv):
+    if not urlsplit(url).password:
         return False
-    log.warning(
-        "the MQTT password in %s is on the command line, where ps and /proc/<pid>/cmdline show it to every user of this machine",
-        redact_url(url),
+    return warn_secret_on_command_line(
+        url,
+        "the MQTT password in",
+        f"put it in {PASSWORD_ENV} or a systemd credential (LoadCredential={CREDENTIAL}:<file>) "
+        "and give the URL without it",
+        argv=argv,
+        logger=log,
     )
-    log.warning(
-        "put it in %s or a systemd credential (LoadCredential=%s:<file>) and give the URL without it",
-        PASSWORD_ENV, CREDENTIAL,
-    )  # fmt: skip
-    return True
 
 
 @dataclass(frozen=True)
