@@ -32,10 +32,10 @@ STEPS = ("signature", "hashes", "unpack", "health", "switch", "done")
 
 
 def agent_command(
-    bundle: Path, root: Path, deploy_id: str, health_runs: int, device: str | None
+    bundle: Path, root: Path, deploy_id: str, health_runs: int, device: str | None, *extra: str
 ) -> list[str]:
     cmd = [sys.executable, "-m", "edgekit.cli", "agent", "install", str(bundle), "--root", str(root)]
-    cmd += ["--id", deploy_id, "--json", "--health-runs", str(health_runs)]
+    cmd += ["--id", deploy_id, "--json", "--health-runs", str(health_runs), *extra]
     return cmd + (["--device", device] if device else [])
 
 
@@ -144,7 +144,9 @@ def sigkill_installs(
     version_of: dict[str, Path] = {}
     for n, bundle in enumerate(bundles):
         for attempt in range(3):  # a shared machine's hiccup can fail a short health gate: retry
-            run = Run(agent_command(bundle, root, f"calibrate-{n}-{attempt}", health_runs, device))
+            # Two bundles may share a serial (to take turns): the second is let in once, as an operator would.
+            extra = ("--allow-downgrade",) if n else ()
+            run = Run(agent_command(bundle, root, f"calibrate-{n}-{attempt}", health_runs, device, *extra))
             rc = run.finish(600)
             if rc == 0 and run.result is not None and run.result.get("ok"):
                 break

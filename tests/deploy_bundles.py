@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import shutil
 import tarfile
@@ -31,6 +32,10 @@ ManifestEdit = Callable[[dict[str, Any]], None]
 # break the budget does; the latency rule itself is tested with a budget nothing can meet.
 CI_BUDGET_MS = 1000.0
 
+# Each re-signed bundle is a new release, as each build is: a device refuses another bundle with
+# the serial of one it took.  Serials count up from the source's, in the order bundles are made.
+_NEW_SERIAL = itertools.count(1)
+
 
 def _hash(path: Path) -> tuple[str, int]:
     data = path.read_bytes()
@@ -46,11 +51,13 @@ def resign(
     change: Callable[[Path], None] | None = None,
     budget_ms: float | None = CI_BUDGET_MS,
     version: str | None = None,
+    serial: int | None = None,
 ) -> Path:
     """Copy the bundle folder ``src`` to ``out``, let ``change(out)`` alter files and ``edit`` the
     manifest (as a dict), then re-hash every listed file and sign the manifest with the private key ``key``.
 
-    ``budget_ms`` (None: keep the bundle's) and ``version`` (None: keep it) are set in the manifest.
+    ``budget_ms`` (None: keep the bundle's) and ``version`` (None: keep it) are set in the manifest;
+    ``serial`` too (None: a new one, above the source's and every one made before; ``edit`` may set its own).
     """
     if out.exists():
         shutil.rmtree(out)
@@ -58,6 +65,7 @@ def resign(
     if change is not None:
         change(out)
     doc = json.loads((out / MANIFEST_FILE).read_bytes())
+    doc["build"]["serial"] = doc["build"].get("serial", 0) + next(_NEW_SERIAL) if serial is None else serial
     if edit is not None:
         edit(doc)
     if budget_ms is not None:
@@ -97,13 +105,15 @@ def ci_bundle(src: Path, out: Path, key: Path, *, version: str | None = None) ->
     return resign(src, out, key, version=version)
 
 
-def slim_bundle(src: Path, out: Path, key: Path, *, version: str | None = None) -> Path:
+def slim_bundle(
+    src: Path, out: Path, key: Path, *, version: str | None = None, serial: int | None = None
+) -> Path:
     """The bundle with only its ONNX Runtime artifacts (fp32 first: what x86_64-cpu selects), re-signed.
 
     A fifth of the size of the full x86 bundle: what the crash loop installs 50 times.
     """
     edit, change = keep_artifacts(["onnxruntime-fp32", "onnxruntime-int8"])
-    return resign(src, out, key, edit=edit, change=change, version=version)
+    return resign(src, out, key, edit=edit, change=change, version=version, serial=serial)
 
 
 def scramble_onnx_weights(path: Path, seed: int = 7, *, weights: Literal["int8", "float"] = "int8") -> None:

@@ -12,15 +12,24 @@ import pytest
 from crash_harness import sigkill_installs
 from deploy_bundles import slim_bundle
 
-from edgekit.bundle import pack
+from edgekit.bundle import pack, read_manifest
 
 
 def test_fifty_sigkills_never_leave_a_broken_active_slot(
     x86_bundle: tuple[Path, dict[str, Any]], keys: tuple[Path, Path], tmp_path: Path
 ) -> None:
     folder, _ = x86_bundle
-    v1 = pack(slim_bundle(folder, tmp_path / "v1", keys[0], version="1.0-crash"), tmp_path / "v1.tar.gz")
-    v2 = pack(slim_bundle(folder, tmp_path / "v2", keys[0], version="2.0-crash"), tmp_path / "v2.tar.gz")
+    # One serial for both, so they can take turns: the second is let in once (--allow-downgrade, as
+    # an operator would), then each is a bundle the device took at its floor and goes in again freely.
+    serial = read_manifest(folder).build.serial + 1
+    v1 = pack(
+        slim_bundle(folder, tmp_path / "v1", keys[0], version="1.0-crash", serial=serial),
+        tmp_path / "v1.tar.gz",
+    )
+    v2 = pack(
+        slim_bundle(folder, tmp_path / "v2", keys[0], version="2.0-crash", serial=serial),
+        tmp_path / "v2.tar.gz",
+    )
     summary = sigkill_installs(
         tmp_path / "root", keys[1], (v1, v2), iterations=50, seed=7, health_runs=10, device="x86_64-cpu"
     )

@@ -398,20 +398,46 @@ def _two_versions(root: StateRoot, bundles: Bundles) -> None:
     assert root.active() == "b"
 
 
+def _back_on_v1(root: StateRoot, bundles: Bundles) -> None:
+    """v1 active by an operator's rollback, v2 (the floor) in the other slot."""
+    _two_versions(root, bundles)
+    assert rollback(root, "back").ok and root.active() == "a"
+
+
+def _on_v2_only(root: StateRoot, public_key: Path) -> None:
+    assert root.active() == "b" and root.slot_info("a") is None and not any(root.slot_dir("a").iterdir())
+    active = root.active_bundle()
+    assert active is not None and verify(active, [public_key], require_signature=True).ok
+    assert read_manifest(active).model.version == "2.0-test"
+
+
 def test_recover_moves_off_a_dangling_active_slot(installed: StateRoot, bundles: Bundles) -> None:
-    _two_versions(installed, bundles)
-    shutil.rmtree(installed.slot_dir("b") / "bundle")  # the active slot's bundle is gone
+    _back_on_v1(installed, bundles)
+    shutil.rmtree(installed.slot_dir("a") / "bundle")  # the active slot's bundle is gone
     report = installed.recover()
-    assert report["switched"] == "a" and installed.active() == "a" and "b" in report["cleared"]
-    assert_untouched(installed, bundles.public_key)
+    assert report["switched"] == "b" and "a" in report["cleared"]
+    _on_v2_only(installed, bundles.public_key)
 
 
 def test_recover_moves_off_a_damaged_active_bundle(installed: StateRoot, bundles: Bundles) -> None:
+    _back_on_v1(installed, bundles)
+    victim = next((installed.slot_bundle("a") / "artifacts").rglob("*.onnx"))
+    victim.write_bytes(victim.read_bytes()[:1000])
+    assert installed.recover()["switched"] == "b"
+    _on_v2_only(installed, bundles.public_key)
+
+
+def test_recover_never_makes_a_slot_below_the_floor_active(installed: StateRoot, bundles: Bundles) -> None:
+    # v2 active and damaged, v1 (older) intact in the other slot: damage is no way around the floor.
     _two_versions(installed, bundles)
     victim = next((installed.slot_bundle("b") / "artifacts").rglob("*.onnx"))
     victim.write_bytes(victim.read_bytes()[:1000])
-    assert installed.recover()["switched"] == "a"
-    assert_untouched(installed, bundles.public_key)
+    report = installed.recover()
+    v1, v2 = (read_manifest(d).build.serial for d in (bundles.v1_dir, bundles.work / "v2"))
+    assert v1 < v2 and report["floor"] == v2
+    assert report["switched"] == "none" and report["refused"] == {"a": {"serial": v1, "floor": v2}}
+    assert installed.active() is None and installed.slot_info("a") is not None  # kept, not made active
+    assert not install(installed, bundles.v1, "v1-again", PROFILE, health_runs=RUNS).ok  # the floor held
 
 
 def test_recover_cleans_a_half_written_slot_and_temp_files(installed: StateRoot, bundles: Bundles) -> None:

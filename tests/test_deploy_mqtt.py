@@ -53,9 +53,14 @@ def wait_for(check: Callable[[], Any], timeout: float, every: float = 0.2) -> An
 
 
 def with_version(
-    bundle: Path, out: Path, version: str, private_key: Path, budget_ms: float | None = None
+    bundle: Path,
+    out: Path,
+    version: str,
+    private_key: Path,
+    budget_ms: float | None = None,
+    serial: int | None = None,
 ) -> Path:
-    """A copy of ``bundle`` whose manifest says ``version`` (and ``budget_ms``), signed again with ``private_key``."""
+    """A copy of ``bundle`` whose manifest says ``version`` (and ``budget_ms``, ``serial``), signed again with ``private_key``."""
     from edgekit.bundle.keys import key_id, load_private_key, sign
     from edgekit.bundle.manifest import MANIFEST_FILE, SIGNATURE_FILE
 
@@ -65,6 +70,8 @@ def with_version(
     doc["model"]["version"] = version
     if budget_ms is not None:
         doc["device"]["budget_ms"] = budget_ms
+    if serial is not None:
+        doc["build"]["serial"] = serial
     doc["signature"] = {"key_id": key_id(key.public_key())}
     data = json.dumps(doc, indent=2).encode()
     (out / MANIFEST_FILE).write_bytes(data)
@@ -79,9 +86,19 @@ def version_of(bundle: Path) -> str:
 
 
 def two_versions(base: Path, work: Path, private_key: Path) -> tuple[Path, Path]:
-    """v1 and v2 of ``base``, signed, with a budget this shared machine always meets (the rollout is tested)."""
-    v1 = with_version(base, work / "enl0-v1", version_of(base), private_key, budget_ms=BUDGET_MS)
-    v2 = with_version(base, work / "enl0-v2", version_of(base) + "-v2", private_key, budget_ms=BUDGET_MS)
+    """v1 and v2 of ``base``, signed, with a budget this shared machine always meets (the rollout is tested).
+
+    v2 is the newer release (its serial one above v1's): a device that took v2 refuses v1 again.
+    """
+    from edgekit.bundle.manifest import read_manifest
+
+    serial = read_manifest(base).build.serial
+    v1 = with_version(
+        base, work / "enl0-v1", version_of(base), private_key, budget_ms=BUDGET_MS, serial=serial
+    )
+    v2 = with_version(
+        base, work / "enl0-v2", version_of(base) + "-v2", private_key, budget_ms=BUDGET_MS, serial=serial + 1
+    )
     return v1, v2
 
 
@@ -752,7 +769,8 @@ def test_a_healthy_rollout_goes_to_the_canary_first_then_reaches_every_device(fl
 
 def test_an_interrupted_download_resumes_with_a_range_request(fleet: Fleet) -> None:
     device, agent = "cam-2", fleet.agents["cam-2"]
-    archive, sha, size = pack(fleet.v1, fleet.work / "resume" / "enl0-v1.tar.gz")
+    # v2, the newest release: by now the healthy rollout gave it to cam-2, and the same bundle goes in again.
+    archive, sha, size = pack(fleet.v2, fleet.work / "resume" / "enl0-v2.tar.gz")
     flaky = FlakyServer(archive, fleet.flaky_port)
     flaky.cut = 1
     try:
@@ -765,6 +783,6 @@ def test_an_interrupted_download_resumes_with_a_range_request(fleet: Fleet) -> N
         flaky.close()
     assert got["ok"] is True, got
     assert [r["range"] for r in flaky.requests] == [None, f"bytes={size // 2}-"]
-    assert agent.status()["version"] == version_of(fleet.v1)
+    assert agent.status()["version"] == version_of(fleet.v2)
     steps = [b["step"] for _, _, b in fleet.observer.of(device, "cmd/result") if b.get("id") == "resume-1"]
     assert steps[0] == "received" and "download" in steps and steps[-1] == "done"

@@ -239,8 +239,9 @@ def test_cli_bench_refuses_what_run_refuses(
 # -- the agent's floor: no going back to an older signed bundle ---------------------------------
 
 
-def _serial_bundle(src: Path, out: Path, key: Path, serial: int | None) -> Path:
-    """The reference bundle's ONNX Runtime artifacts, re-signed with ``serial`` (None: no serial, as before)."""
+def _serial_bundle(src: Path, out: Path, key: Path, serial: int | None, version: str | None = None) -> Path:
+    """The reference bundle's ONNX Runtime artifacts, re-signed with ``serial`` (None: no serial, as before,
+    or as ``edgekit build --serial 0`` writes) and, given one, another ``version`` (another manifest)."""
     from deploy_bundles import keep_artifacts, resign
 
     keep, change = keep_artifacts(["onnxruntime-fp32", "onnxruntime-int8"])
@@ -251,7 +252,7 @@ def _serial_bundle(src: Path, out: Path, key: Path, serial: int | None) -> Path:
         if serial is not None:
             doc["build"]["serial"] = serial
 
-    return resign(src, out, key, edit=edit, change=change)
+    return resign(src, out, key, edit=edit, change=change, version=version)
 
 
 @pytest.fixture(scope="module")
@@ -259,9 +260,16 @@ def serials(
     x86_bundle: tuple[Path, dict[str, Any]], keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("serials")
+    made: list[tuple[str, int | None, str | None]] = [
+        ("legacy", None, None),
+        ("old", 100, None),
+        ("new", 200, None),
+    ]
+    # Other bundles signed with serials the device has: between two it took, the same as one it took.
+    made += [("mid", 150, None), ("twin", 200, "twin-of-200"), ("legacy-twin", None, "twin-of-0")]
     return {
-        name: _serial_bundle(x86_bundle[0], work / name, keys[0], serial)
-        for name, serial in (("legacy", None), ("old", 100), ("new", 200))
+        name: _serial_bundle(x86_bundle[0], work / name, keys[0], serial, version)
+        for name, serial, version in made
     }
 
 
@@ -340,3 +348,99 @@ def test_an_archive_swapped_between_the_check_and_the_unpack_is_refused(
     result = install(root, new, "swapped", "x86_64-cpu")
     assert not result.ok and result.step == "unpack" and "changed while it was installed" in result.reason
     assert root.active() is None and not root.slot_bundle("a").exists()
+
+
+# -- the floor survives damage; a serial names one bundle ------------------------------------------
+
+
+def _install(root: Any, bundle: Path, deploy_id: str, **options: Any) -> Any:
+    from edgekit.deploy import install
+
+    return install(root, bundle, deploy_id, "x86_64-cpu", health_runs=10, **options)
+
+
+@pytest.fixture(scope="module")
+def old_then_new(
+    serials: dict[str, Path], keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A state root that took serial 100 (slot a), then 200 (slot b, active): copied for each test."""
+    from edgekit.deploy import StateRoot
+
+    root = StateRoot(tmp_path_factory.mktemp("old-then-new") / "root")
+    shutil.copy(keys[1], root.keys_dir / "builder.pub.pem")
+    assert _install(root, serials["old"], "old").ok and _install(root, serials["new"], "new").ok
+    assert root.active() == "b"
+    return root.path
+
+
+def _copy(template: Path, tmp_path: Path) -> Any:
+    from edgekit.deploy import StateRoot
+
+    shutil.copytree(template, tmp_path / "root", symlinks=True)
+    return StateRoot(tmp_path / "root")
+
+
+def _floor_file(root: Any) -> Any:
+    return json.loads((root.path / "floor.json").read_text())["serial"]
+
+
+def test_a_damaged_active_slot_never_brings_back_an_older_bundle(
+    old_then_new: Path, serials: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _copy(old_then_new, tmp_path)
+    victim = next((root.slot_bundle("b") / "artifacts").rglob("*.onnx"))  # the active 200 is damaged
+    victim.write_bytes(victim.read_bytes()[:1000])
+    report = root.recover()
+    # Not a silent rollback to 100: nothing is active until a bundle at or above 200 comes.
+    assert report["switched"] == "none" and report["refused"] == {"a": {"serial": 100, "floor": 200}}
+    assert root.active() is None and root.slot_info("a") is not None and _floor_file(root) == 200
+    assert not _install(root, serials["mid"], "mid").ok
+    assert _install(root, serials["new"], "new-again").ok and root.status()["version"] is not None
+
+
+def test_a_lost_floor_file_and_a_damaged_slot_record_do_not_lower_the_floor(
+    old_then_new: Path, serials: dict[str, Path], tmp_path: Path
+) -> None:
+    root = _copy(old_then_new, tmp_path)
+    (root.path / "floor.json").unlink()
+    (root.slot_dir("b") / "slot.json").write_text('{"damaged')
+    result = _install(root, serials["mid"], "mid")  # 150 over the 200 whose records are gone
+    assert not result.ok and result.step == "signature", result
+    assert "below this device's floor 200" in result.reason and "--allow-downgrade" in result.hint
+    assert _floor_file(root) == 200  # rebuilt from slot b's signed bundle, not reset
+    # The agent's start (recover) on the same damage: slot b is cleared, slot a (100) is not made active.
+    report = root.recover()
+    assert report["cleared"].keys() == {"b"} and report["switched"] == "none" and root.active() is None
+    assert not _install(root, serials["mid"], "mid-after-recover").ok  # floor.json holds it now
+    assert _floor_file(root) == 200
+
+
+def test_a_serial_names_one_bundle_the_same_one_goes_in_again(
+    serials: dict[str, Path], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from edgekit.deploy import StateRoot
+
+    root = StateRoot(tmp_path / "root")
+    shutil.copy(keys[1], root.keys_dir / "builder.pub.pem")
+    assert _install(root, serials["new"], "new").ok
+    twin = _install(root, serials["twin"], "twin")  # another manifest, signed with serial 200 too
+    assert not twin.ok and twin.step == "signature" and "same serial 200" in twin.reason, twin
+    assert root.status()["version"] != "twin-of-200"
+    again = _install(root, serials["new"], "new-again")  # the very bundle: a re-install is fine
+    assert again.ok and again.slot == "b", again
+    assert _install(root, serials["twin"], "twin-by-operator", allow_downgrade=True).ok
+    assert root.status()["version"] == "twin-of-200"
+
+
+def test_bundles_without_a_serial_have_a_floor_too(
+    serials: dict[str, Path], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from edgekit.deploy import StateRoot
+
+    root = StateRoot(tmp_path / "root")
+    shutil.copy(keys[1], root.keys_dir / "builder.pub.pem")
+    assert _install(root, serials["legacy"], "legacy").ok  # serial 0 (edgekit build --serial 0)
+    other = _install(root, serials["legacy-twin"], "legacy-twin")  # another bundle with serial 0
+    assert not other.ok and "same serial 0" in other.reason, other
+    assert _install(root, serials["legacy"], "legacy-again").ok
+    assert _floor_file(root) == 0

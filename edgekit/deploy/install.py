@@ -5,9 +5,10 @@ Steps of an install, each reported through ``progress(step, info)`` as it starts
 ``signature``  ``manifest.json`` and ``manifest.sig`` (only those: read from the head of
                an archive) checked against the root's trusted keys; a signature is required.
                The signed serial (``build.serial``; 0 when absent) must not be below the
-               root's floor, the highest serial it installed, unless ``allow_downgrade``
-               (a local operator's ``edgekit agent install --allow-downgrade``); the floor
-               is kept in ``floor.json`` under the root, raised after each switch.
+               root's floor, the highest serial it installed, and a bundle at the floor
+               must be one it took there (the same manifest), unless ``allow_downgrade``
+               (a local operator's ``edgekit agent install --allow-downgrade``).  The floor
+               is kept redundantly (``edgekit.deploy.floor``), raised at each switch.
 ``hashes``     every file checked against the signed manifest's SHA-256 and size, no file
                missing or extra, no link or odd member — for an archive while streaming
                it, so nothing received touches the disk before it is known to be right.
@@ -26,6 +27,7 @@ the active slot as it was; only a broken state root or a lock held too long rais
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,8 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree
 from edgekit.deploy.bundle_checks import REBUILD, StepFailed, check_hashes, check_signature
+from edgekit.deploy.floor import Floor, keep_floor, write_floor
 from edgekit.deploy.health import DEFAULT_RUNS, check_health
-from edgekit.deploy.slots import SLOTS, SlotInfo, StateRoot, fsync_tree, now_iso, read_json, write_json
+from edgekit.deploy.slots import SlotInfo, StateRoot, fsync_tree, now_iso
 from edgekit.errors import EdgekitError
 from edgekit.protocol.control import check_deploy_id
 
@@ -152,17 +155,12 @@ def install(
             keys = root.trusted_keys()
             report("signature", {"bundle": str(bundle), "slot": target})
             data, sig, manifest = check_signature(bundle, keys)
-            floor = serial_floor(root)
-            if manifest.build.serial < floor and not allow_downgrade:
-                raise StepFailed(
-                    "signature",
-                    f"refusing a downgrade: the bundle's serial {manifest.build.serial} is below this "
-                    f"device's floor {floor} (the newest bundle it installed); an old signed bundle "
-                    "cannot be installed over a newer one",
-                    "build a newer bundle (edgekit build stamps a new serial), roll back to the other "
-                    "slot (edgekit agent rollback), or, as this device's operator, go back on purpose: "
-                    "edgekit agent install --allow-downgrade",
-                )
+            digest = hashlib.sha256(data).hexdigest()
+            floor = keep_floor(root, keys)  # before the target slot is touched: what it holds counts
+            refused = floor.refusal(manifest.build.serial, digest)
+            if refused is not None and not allow_downgrade:
+                raise StepFailed("signature", *refused)
+            raised = floor.after(manifest.build.serial, digest)
             report("hashes", {"files": len(manifest.files())})
             check_hashes(bundle, manifest, keys)
             report("unpack", {"slot": target})
@@ -175,8 +173,8 @@ def install(
                 root.clear_slot(target)  # free the space: a bundle that failed its gate is never used
                 raise StepFailed("health", health.reason, health.hint, health.to_dict())
             report("switch", {"slot": target})
-            _switch(root, target, deploy_id, manifest, health.to_dict())
-            _raise_floor(root, max(floor, manifest.build.serial))
+            _switch(root, target, deploy_id, manifest, health.to_dict(), raised)
+            write_floor(root, raised)  # after the switch; slot.json already holds it (redundancy)
         except StepFailed as failed:
             result = InstallResult(
                 False,
@@ -345,9 +343,9 @@ def _copy_listed(src: Path, dest: Path, data: bytes, sig: bytes | None, manifest
 # -- switch --------------------------------------------------------------------------------
 
 
-def _switch(root: StateRoot, slot: str, deploy_id: str, manifest: Manifest, health: dict[str, Any]) -> None:
-    import hashlib
-
+def _switch(
+    root: StateRoot, slot: str, deploy_id: str, manifest: Manifest, health: dict[str, Any], floor: Floor
+) -> None:
     info = SlotInfo(
         deploy_id=deploy_id,
         model=manifest.model.name,
@@ -355,6 +353,8 @@ def _switch(root: StateRoot, slot: str, deploy_id: str, manifest: Manifest, heal
         manifest_sha256=hashlib.sha256(manifest_bytes(root, slot)).hexdigest(),
         installed_at=now_iso(),
         health=health,
+        serial=manifest.build.serial,
+        floor=floor.serial,
     )
     try:
         root.write_slot_info(slot, info)
@@ -363,41 +363,6 @@ def _switch(root: StateRoot, slot: str, deploy_id: str, manifest: Manifest, heal
         raise StepFailed(
             "switch", f"cannot switch to slot {slot}: {err}", "check the state root's disk"
         ) from err
-
-
-FLOOR_FILE = "floor.json"
-
-
-def serial_floor(root: StateRoot) -> int:
-    """The highest bundle serial ``root`` installed: ``floor.json``, and each complete slot's manifest.
-
-    The slots count too, so a root from before floors (or one whose ``floor.json`` was lost)
-    still refuses what is older than what it holds.
-    """
-    from edgekit.bundle import MANIFEST_FILE, BundleError, parse_manifest
-
-    doc = read_json(root.path / FLOOR_FILE) or {}
-    stored = doc.get("serial")
-    floor = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else 0
-    for slot in SLOTS:
-        if root.slot_info(slot) is None:
-            continue
-        try:
-            floor = max(
-                floor, parse_manifest((root.slot_bundle(slot) / MANIFEST_FILE).read_bytes()).build.serial
-            )
-        except (OSError, BundleError):
-            continue  # a damaged slot: recover() clears it; the stored floor stands
-    return floor
-
-
-def _raise_floor(root: StateRoot, serial: int) -> None:
-    """Record ``serial`` as the floor (never lowered: an allowed downgrade keeps the newest one's)."""
-    if serial > 0:
-        try:
-            write_json(root.path / FLOOR_FILE, {"serial": serial, "at": now_iso()})
-        except OSError as err:  # the switch is done; the slots still hold the floor (serial_floor)
-            log.warning("cannot record the serial floor %s: %s", serial, err)
 
 
 def manifest_bytes(root: StateRoot, slot: str) -> bytes:

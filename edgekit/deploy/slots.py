@@ -6,6 +6,7 @@ Layout (default ``/var/lib/edgekit``)::
     slots/a/, slots/b/   each: bundle/ (an unpacked, verified bundle) + slot.json, written LAST
     active -> slots/a    symlink, swapped atomically
     deploys/<id>.json    the outcome of each deploy id (a replayed id returns it)
+    floor.json           the anti-rollback floor (also kept in each slot.json: edgekit.deploy.floor)
     state.json           the last operation and its health numbers
     incoming/            downloads in progress (the MQTT agent's)
     agent.lock           flock: one install, rollback or recovery at a time
@@ -17,7 +18,8 @@ before it touches anything else there.  The ``active`` link only ever changes by
 ``os.replace`` of a new link made beside it, followed by an fsync of the root folder, so
 it names the old slot or the new one, never nothing.  And an install only ever writes
 into the slot ``active`` does not name.  ``recover()`` then has little to do: delete
-temp files, empty incomplete slots, and move ``active`` off a slot that is damaged.
+temp files, empty incomplete slots, and move ``active`` off a slot that is damaged (onto
+the other slot only when its bundle is not below the floor: damage is no way to roll back).
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ class SlotInfo:
     manifest_sha256: str
     installed_at: str
     health: dict[str, Any] = field(default_factory=dict)
+    serial: int = 0  # the bundle's signed serial, and the device's floor after this install:
+    floor: int = 0  # one of the places the floor is kept (edgekit.deploy.floor)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, as written to ``slot.json``."""
@@ -116,7 +120,14 @@ class SlotInfo:
         health = doc.get("health", {})
         if not isinstance(health, dict):
             return None
-        return cls(**{k: doc[k] for k in strings}, health=health)
+
+        def number(key: str) -> int:  # absent from a slot.json written before floors: 0
+            value = doc.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+        return cls(
+            **{k: doc[k] for k in strings}, health=health, serial=number("serial"), floor=number("floor")
+        )
 
 
 class StateRoot:
@@ -351,16 +362,23 @@ class StateRoot:
     def recover(self, *, verify: bool = True) -> dict[str, Any]:
         """Bring the root to a consistent state after a crash; call it when the agent starts.
 
-        Deletes temp files; empties every slot that is not complete (and, with ``verify``,
+        Reads the floor first (and rebuilds ``floor.json`` from the slots when it says less);
+        deletes temp files; empties every slot that is not complete (and, with ``verify``,
         every slot whose bundle no longer verifies); if ``active`` then names no complete
-        slot, points it at the other complete slot, or removes it when there is none.
-        Returns what it did, as plain data.
+        slot, points it at the other complete slot when that one is not below the floor, or
+        removes it.  Returns what it did, as plain data (``refused``: a slot left inactive
+        because it is below the floor).
         """
         with self.lock():
             return self._recover(verify)
 
     def _recover(self, verify: bool) -> dict[str, Any]:
+        from edgekit.deploy.floor import keep_floor, slot_serial
+
         report: dict[str, Any] = {"removed": self.clean_temps(), "cleared": {}, "switched": None}
+        # The floor first: a damaged slot about to be cleared may be the last place that holds it.
+        floor = keep_floor(self)
+        report["floor"] = floor.serial if floor.known else None
         for slot in SLOTS:
             if verify:
                 ok, why = self.verify_slot(slot)
@@ -376,16 +394,31 @@ class StateRoot:
         complete = [s for s in SLOTS if self.slot_info(s) is not None]
         link_exists = self.active_link.is_symlink() or self.active_link.exists()
         if active not in complete and link_exists:
-            # Only a damaged root gets here (an install never writes into the active slot).
-            fallback = next((s for s in complete if s != active), None)
+            # Only a damaged root gets here (an install never writes into the active slot).  The
+            # other slot may hold an older bundle: that one is never made active behind the
+            # operator's back (damage must not be a way around the floor), only one at or above it.
+            serials = {s: slot_serial(self, s) for s in complete if s != active}
+            fallback = next(
+                (s for s, n in serials.items() if not floor.known or (n is not None and n >= floor.serial)),
+                None,
+            )
             if fallback is not None:
                 log.warning("active slot %s is not complete; switching to slot %s", active, fallback)
                 self.switch(fallback)
                 report["switched"] = fallback
             else:
-                log.warning(
-                    "active slot %s is not complete and no other slot is; no bundle is active", active
-                )
+                for slot, serial in serials.items():
+                    log.error(
+                        "active slot %s is not complete; slot %s holds serial %s, below this device's floor %s, "
+                        "so it is not made active: deploy a bundle at or above the floor, or, as this "
+                        "device's operator, edgekit agent install --allow-downgrade BUNDLE",
+                        active, slot, serial, floor.serial,
+                    )  # fmt: skip
+                    report.setdefault("refused", {})[slot] = {"serial": serial, "floor": floor.serial}
+                if not serials:
+                    log.warning(
+                        "active slot %s is not complete and no other slot is; no bundle is active", active
+                    )
                 remove_tree(self.active_link)
                 fsync_dir(self.path)
                 report["switched"] = "none"
