@@ -14,6 +14,8 @@ never lowers it:
   (which keeps the floor when a downgrade was allowed into a slot);
 - each slot's bundle whose manifest a trusted key's signature checks, whatever its
   ``slot.json`` says: the device took that bundle, so its serial is a floor it accepted.
+  (An install killed after its unpack counts too: that bundle passed the floor check; a
+  bundle that failed its health gate was cleared and does not.)
 
 ``keep_floor`` writes the result back to ``floor.json`` when that file says less (missing,
 damaged, older): a lost ``floor.json`` is rebuilt from the slots, never reset to 0.
