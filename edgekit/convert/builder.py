@@ -281,6 +281,25 @@ def _build_tflite(b: _Build) -> BuildResult:
     return BuildResult(bundle, b.profile.name, [report, *others], [], evals.smoke, len(evals.names), b.stages)
 
 
+def _left_out_by_card(b: _Build, recipes: Sequence[str]) -> list[ArtifactReport]:
+    """A report for each artifact a default build leaves out because the card's ``precisions`` do."""
+    req = b.req
+    if req.precisions or not req.card.precisions:
+        return []
+    precision = {recipe_of(c): c.precision for c in b.profile.candidates}
+    kept = ", ".join(req.card.precisions)
+    return [
+        ArtifactReport(
+            r,
+            None,
+            skipped=f"the model card keeps its accuracy in {kept} only (its precisions field); "
+            f"naming {precision[r]} in --precisions builds it, best with --calibration and --eval images of your own",
+        )
+        for r in plan_recipes(b.profile, req.backends)
+        if r not in recipes
+    ]
+
+
 def _check_head_fits(
     session: Session, head: DetectionHead, card: ModelCard, evals: ImageSet, batch: np.ndarray
 ) -> None:
@@ -313,7 +332,8 @@ def _build(b: _Build) -> BuildResult:
             f"--eval-coco measures a detector's mAP, and {req.card.name} is a classifier",
             "leave --eval-coco out: a classifier's gate is top-1 agreement with fp32 (--eval DIR)",
         )
-    recipes = plan_recipes(b.profile, req.backends, req.precisions)
+    recipes = plan_recipes(b.profile, req.backends, req.precisions or req.card.precisions)
+    left_out = _left_out_by_card(b, recipes)
     fp32 = b.fp32_onnx()
     fp32_hash = sha256_file(fp32)
     calib_set, evals = b.images()
@@ -366,7 +386,7 @@ def _build(b: _Build) -> BuildResult:
                 from edgekit.convert.coco_gate import map_judge
 
                 judge = map_judge(req.coco, req.card, head, ref_session, judge)
-    ordered = [reports[r] for r in recipes]
+    ordered = [reports[r] for r in recipes] + left_out
     for rep in ordered:
         if rep.artifact is None:
             continue

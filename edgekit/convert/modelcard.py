@@ -9,6 +9,12 @@ A card may also describe a model file of the user's own (``[source] kind = "file
 ``file = "yolo.onnx"`` beside the card, optionally ``sha256`` pinned): it builds as
 ``--onnx``/``--tflite`` would, with the card's task, detection head, labels and
 preprocessing, which a bare file cannot carry.
+
+A card may say which precisions the model keeps its accuracy in (``precisions = ["fp32",
+"fp16", "bf16"]``): a build without ``--precisions`` makes only those, and reports each artifact
+left out and why.  It is for a model measured to lose its accuracy in a precision on every
+backend (MediaPipe's palm detector in int8: ``models/palm-detection/model.toml``); an explicit
+``--precisions`` still builds any of them (with representative ``--calibration`` images).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from edgekit._core.io import sha256_file
 from edgekit.bundle.manifest import DetectionHead
 from edgekit.errors import BuildError
 from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.runtime.profiles import PRECISIONS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +71,8 @@ class ModelCard:
     #: Every output's name in the model's output order (``[output] names``); a classifier's
     #: one output is ``output_name``.
     output_names: tuple[str, ...] = ()
+    #: The precisions a default build makes (``precisions = [...]``); empty: every precision.
+    precisions: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -241,7 +250,29 @@ def card_from_data(path: Path, data: Mapping[str, Any], extra: Mapping[str, Any]
         detection=head,
         output_names=tuple(names),
         extra=dict(extra or {}),
+        precisions=read_precisions(path, data),
     )
+
+
+def read_precisions(path: Path, data: Mapping[str, Any]) -> tuple[str, ...]:
+    """The card's ``precisions``: distinct known precisions, fp32 among them (the gate's reference)."""
+    if "precisions" not in data:
+        return ()
+    value = data["precisions"]
+    hint = f'precisions lists what a default build makes, fp32 among them: e.g. ["fp32", "fp16"] (of {", ".join(PRECISIONS)})'
+    if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
+        raise BuildError(f"{path}: field 'precisions' must be a list of precision names", hint)
+    unknown = [p for p in value if p not in PRECISIONS]
+    if unknown or len(set(value)) != len(value) or "fp32" not in value:
+        why = (
+            f"names {', '.join(unknown)}"
+            if unknown
+            else "repeats a precision"
+            if len(set(value)) != len(value)
+            else "leaves out fp32"
+        )
+        raise BuildError(f"{path}: field 'precisions' {why}", hint)
+    return tuple(value)
 
 
 def source_file(card: ModelCard) -> Path | None:
