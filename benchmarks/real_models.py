@@ -136,8 +136,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             )
             continue
         cells = "<br>".join(
-            f"{a['artifact']}: {a['gate']}, "
-            + (f"{a['p50_ms']:.1f}" if a["p50_ms"] is not None else "not run here")
+            f"{a['artifact']}: {a['gate']}"
+            + (
+                ""
+                if a["gate"] == "skipped"
+                else f", {a['p50_ms']:.1f}"
+                if a["p50_ms"] is not None
+                else ", not run here"
+            )
             for a in r["artifacts"]
         )
         post = f"{r['postprocess_p50_ms']:.3f}" if r["postprocess_p50_ms"] is not None else "-"
