@@ -58,6 +58,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 FLOAT_LAYERS = 6  # weighted layers kept in fp32 at the start of the graph
+# Per-channel QDQ needs DequantizeLinear's ``axis``, which opset 13 added: ORT's quantizer writes it
+# into an older graph all the same, and ORT then refuses to load the model.
+QDQ_OPSET = 13
 _GEMM_OPS = ("Conv", "Gemm", "MatMul")
 
 
@@ -83,6 +86,7 @@ def quantize_onnx_int8(
 
     model = check_onnx(fp32)
     check_calibration(fp32, model, calibration, input_name)
+    model = _at_least_qdq_opset(model)
     _name_nodes(model)
     weights = {t.name: t for t in model.graph.initializer}
     layers = [
@@ -245,6 +249,43 @@ def check_calibration(path: Path, model: Any, calibration: np.ndarray, input_nam
             f"[N, {', '.join('?' if d is None else str(d) for d in dims[1:])}]",
             "pass images preprocessed with the model's own preprocessing (ImageSet.batch(spec))",
         )
+
+
+def opset_params(fp32_onnx: Path) -> dict[str, int]:
+    """What the opset conversion adds to an ORT int8 step's cache key: ``{"qdq_opset": 13}`` for an
+    older graph (whose int8 models cached before the conversion did not load), nothing otherwise."""
+    import onnx
+
+    return {"qdq_opset": QDQ_OPSET} if _opset(onnx.load(str(fp32_onnx))) < QDQ_OPSET else {}
+
+
+def _opset(model: Any) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), QDQ_OPSET)
+
+
+def _at_least_qdq_opset(model: Any) -> Any:
+    """``model`` converted to opset 13 when it is older (as Ultralytics' ``opset=12`` exports are).
+
+    Quantized as it is, an opset-12 graph gets per-channel weight and bias DequantizeLinears
+    with an ``axis`` attribute (opset 13), and ORT refused the int8 model: "Unrecognized
+    attribute: axis for operator DequantizeLinear".  ONNX's version converter keeps the
+    graph's meaning (Split's sizes become an input, Softmax keeps its axis' semantics).
+    """
+    import onnx
+    from onnx import version_converter
+
+    opset = _opset(model)
+    if opset >= QDQ_OPSET:
+        return model
+    try:
+        converted = version_converter.convert_version(model, QDQ_OPSET)
+        onnx.checker.check_model(converted)
+    except Exception as err:  # the converter's boundary: any failure is a build failure
+        raise BuildError(
+            f"the model's opset {opset} could not be converted to opset {QDQ_OPSET} for int8: {first_line(err)}",
+            f"re-export the model with opset >= {QDQ_OPSET}, or build without the onnxruntime int8 artifacts",
+        ) from err
+    return converted
 
 
 def _name_nodes(model: Any) -> None:

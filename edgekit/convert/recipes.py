@@ -125,11 +125,11 @@ def recipe_artifacts(
         return [Artifact(fp32, "onnxruntime", "fp32", kind="onnx")]
     if recipe in ("onnxruntime-int8", "onnxruntime-int8-full"):
         from edgekit.convert.heads import cache_params
-        from edgekit.convert.onnx_int8 import quantize_onnx_int8
+        from edgekit.convert.onnx_int8 import opset_params, quantize_onnx_int8
 
         return b.step(
             recipe,
-            step_key(recipe, [fp32_hash, calib_hash], cache_params(fp32)),
+            step_key(recipe, [fp32_hash, calib_hash], {**cache_params(fp32), **opset_params(fp32)}),
             lambda d: [
                 quantize_onnx_int8(
                     fp32,
