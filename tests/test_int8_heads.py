@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from yolo_v8_model import SCALES, SIZE, yolo_v8_like, yolo_v8_module
 
-from edgekit.convert.heads import RECIPE, cache_params, onnx_heads, walk
+from edgekit.convert.heads import RECIPE, branches, cache_params, onnx_heads, walk
 from edgekit.convert.onnx_int8 import quantize_onnx_int8
 from edgekit.convert.openvino_ir import quantize_openvino_int8
 
@@ -261,13 +261,32 @@ def test_a_new_float_head_recipe_rebuilds_a_detectors_int8_steps_and_nothing_els
 # -- a YOLOv8-like detector: DFL boxes and Sigmoid scores in one output ------------------------
 
 YOLO_HEADS = [f"{branch}_{scale}_out" for scale, _, _ in SCALES for branch in ("box", "cls")]
-YOLO_FEATURES = ["stem", "down", *(f"{b}_{scale}_0" for scale, _, _ in SCALES for b in ("box", "cls"))]
+YOLO_FEATURES = ["stem", "down"]  # each read by a box and a class branch (and the stem by "down")
+# Each head's own branch: the Conv+SiLU before its 1x1 convolution (YOLOv8's cv2.i.0-1, cv3.i.0-1).
+YOLO_BRANCHES = [f"{b}_{scale}_0" for scale, _, _ in SCALES for b in ("box", "cls")]
 
 
-def test_a_yolo_v8_output_keeps_its_head_convolutions_and_its_dfl_float(tmp_path: Path) -> None:
+def test_a_yolo_v8_output_keeps_its_head_convolutions_their_branches_and_its_dfl_float(
+    tmp_path: Path,
+) -> None:
     found = onnx_heads(onnx.load(str(yolo_v8_like(tmp_path / "y.onnx"))))
     assert {*YOLO_HEADS, "dfl", "dfl_softmax", "split", "scores", "scaled", "out"} <= set(found)
+    assert {*YOLO_BRANCHES, *(f"{b}_{s}" for b in YOLO_BRANCHES for s in ("sig", "silu"))} <= set(found)
     assert not {*YOLO_FEATURES, *(f"{f}_silu" for f in YOLO_FEATURES), "points"} & set(found)
+
+
+def test_a_branch_ends_where_a_tensor_is_read_outside_it() -> None:
+    # feat -> a (Conv) -> act -> box (head); feat -> cls (head); feat -> next (the neck).
+    edges = {"box": ["act"], "act": ["a"], "a": ["feat"], "cls": ["feat"], "feat": ["input"], "input": []}
+    readers = {"act": ["box"], "a": ["act"], "feat": ["a", "cls", "next"], "input": ["feat"]}
+    kinds = {"box": "head", "cls": "head", "a": "head", "feat": "head", "act": "pass", "input": ""}
+    found = branches(["box", "cls"], lambda n: edges[n], lambda n: readers[n], lambda n: kinds[n])
+    assert sorted(found) == ["a", "act"]  # not the shared features, even read by heads alone
+    readers["feat"] = ["a", "cls"]
+    assert sorted(branches(["box", "cls"], lambda n: edges[n], lambda n: readers[n], lambda n: kinds[n])) == [
+        "a",
+        "act",
+    ]
 
 
 def _yolo_calibration() -> np.ndarray:
@@ -300,6 +319,7 @@ def test_openvino_int8_of_a_yolo_v8_ignores_its_heads_and_dfl(tmp_path: Path) ->
     float_heads = set(art.notes["float_heads"])
     # OpenVINO splits a Conv's bias off into an Add named after the Conv.
     assert {*(f"{h}/WithoutBiases" for h in YOLO_HEADS), *YOLO_HEADS, "dfl", "dfl_softmax"} <= float_heads
+    assert {*YOLO_BRANCHES, *(f"{b}/WithoutBiases" for b in YOLO_BRANCHES)} <= float_heads
     assert not {*YOLO_FEATURES, *(f"{f}/WithoutBiases" for f in YOLO_FEATURES)} & float_heads
     import openvino as ov
 
@@ -341,3 +361,17 @@ def test_litert_int8_of_a_yolo_v8_computes_its_heads_dfl_and_decoding_in_float(t
         assert len(np.unique(got[0, 4:])) == got[0, 4:].size
         assert np.abs(got[0, 4:] - want[0, 4:]).max() < 0.05
         assert np.abs(got[0, :4] - want[0, :4]).max() < 1.0
+
+
+def test_the_full_range_recipe_keeps_a_detectors_stem_float_and_quantizes_a_classifier_whole(
+    tmp_path: Path,
+) -> None:
+    fp32 = yolo_v8_like(tmp_path / "y.onnx")
+    art = quantize_onnx_int8(fp32, tmp_path / "y-int8-full.onnx", _yolo_calibration(), "x", full_range=True)
+    assert art.notes["float_layers"] == ["stem"]
+    ov = quantize_openvino_int8(fp32, tmp_path / "ov", _yolo_calibration(), full_range=True)
+    assert ov.notes["float_layers"] == ["stem/WithoutBiases"]
+    c = quantize_onnx_int8(
+        classifier(tmp_path / "c.onnx"), tmp_path / "c-int8-full.onnx", _calibration(), "x", full_range=True
+    )
+    assert c.notes["float_layers"] == []

@@ -19,7 +19,15 @@ such a decoder: it is kept too, and the walk goes on behind the Softmax to the r
 convolutions.  A classifier's logits (``[N, C]``, rank 2) have no head here: top-1 is an
 argmax, not a threshold, and its int8 recipes were measured as they are.
 
-``walk`` is the graph-agnostic search; ``onnx_heads`` applies it to an ONNX graph (the
+A head's own branch stays float too (``branches``): the layers behind a head whose results
+go to that head and nowhere else.  YOLOv8's Detect has, per scale, two 3x3 convolutions
+before each 1x1 head convolution; quantized, they cost the DocLayNet YOLOv8n 0.3-1.4 points
+of mAP50 on typeset pages (edgekit's int8 recipes, ONNX Runtime 1.32 / NNCF, AVX-512 VNNI).
+A branch ends at a tensor read elsewhere too (the neck's features read by the box and class
+branches and the next neck stage; an SSD's features read by its box and score heads): the
+shared features stay int8.
+
+``walk`` and ``branches`` are the graph-agnostic searches; ``onnx_heads`` applies it to an ONNX graph (the
 OpenVINO and LiteRT recipes apply it to their own graphs, whose ops have other names).
 """
 
@@ -32,7 +40,8 @@ from typing import Any, TypeVar
 # Version of the float-head recipe: in the int8 artifacts' notes of a detector and in its build
 # steps' cache key (cache_params): bump it when what stays float changes.
 # 2: every op without weights is walked through (YOLOv8's Sigmoid, DFL Softmax, anchor arithmetic).
-RECIPE = 2
+# 3: each head's own branch (``branches``: YOLOv8's Detect convolutions before the heads).
+RECIPE = 3
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 
 ONNX_HEAD_OPS = ("Conv", "Gemm", "MatMul")
@@ -97,11 +106,54 @@ def walk(
     return [node for node, kept in found.items() if kept]
 
 
+def branches(
+    kept: Iterable[N],
+    inputs_of: Callable[[N], Sequence[N]],
+    consumers_of: Callable[[N], Sequence[N]],
+    kind: Callable[[N], str],
+) -> list[N]:
+    """The nodes of each head's own branch: behind each ``"head"`` node of ``kept`` (``walk``'s result),
+    the nodes whose every consumer is in that head's branch already.
+
+    ``consumers_of(node)`` gives every node reading ``node``'s results (a graph output counts as
+    a reader outside any branch).  Each head is searched alone: a tensor read by two heads (an
+    SSD's box and score convolutions on the same features) is shared, so it and what computes
+    it stay out; so does anything read by a node outside the branch.  Only ``"head"``,
+    ``"pass"`` and ``"softmax"`` nodes are taken.  The result excludes ``kept`` itself.
+    """
+    kept = list(kept)
+    done = set(kept)
+    found: list[N] = []
+    for head in kept:
+        if kind(head) != "head":
+            continue
+        branch = {head}
+        frontier = [i for i in inputs_of(head) if i not in done]
+        while frontier:
+            grew = False
+            for node in list(frontier):
+                if node in branch or node in done:
+                    frontier.remove(node)
+                elif kind(node) in ("head", "pass", "softmax") and all(
+                    c in branch for c in consumers_of(node)
+                ):
+                    branch.add(node)
+                    frontier.remove(node)
+                    frontier.extend(i for i in inputs_of(node) if i not in branch and i not in done)
+                    grew = True
+            if not grew:  # what is left is read outside the branch
+                break
+        branch.discard(head)
+        found.extend(n for n in branch if n not in done)
+        done |= branch
+    return found
+
+
 def onnx_heads(model: Any) -> list[str]:
     """Names of the nodes of an ONNX graph that compute its dense outputs' heads, in graph order.
 
     The head layers (Conv, Gemm, MatMul with an initializer weight), a decoder's (the DFL's
-    Conv) and the nodes between them and the outputs; empty for a model whose outputs are all
+    Conv), the nodes between them and the outputs, and each head's own branch; empty for a model whose outputs are all
     rank 2 or less.  Nodes must be named (``onnx_int8._name_nodes``).
     """
     graph = model.graph
@@ -122,8 +174,21 @@ def onnx_heads(model: Any) -> list[str]:
             return "softmax"
         return "pass" if node.op_type != "Constant" else ""
 
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        for i in node.input:
+            if i in producer:
+                readers.setdefault(producer[i], []).append(node.name)
+    for o in graph.output:  # an output is read outside any branch
+        if o.name in producer:
+            readers.setdefault(producer[o.name], []).append("")
+
+    def consumers_of(name: str) -> list[str]:
+        return readers.get(name, [])
+
     dense = [o.name for o in graph.output if len(o.type.tensor_type.shape.dim) >= MIN_RANK]
-    kept = set(walk([producer[o] for o in dense if o in producer], inputs_of, kind))
+    found = walk([producer[o] for o in dense if o in producer], inputs_of, kind)
+    kept = set(found) | set(branches(found, inputs_of, consumers_of, kind))
     return [node.name for node in graph.node if node.name in kept]
 
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.convert import heads
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.onnx_export import check_onnx
-from edgekit.convert.onnx_int8 import check_calibration
+from edgekit.convert.onnx_int8 import check_calibration, float_layers_of
 from edgekit.errors import BuildError, first_line
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def quantize_openvino_int8(
 ) -> Artifact:
     """Quantize the fp32 ONNX to an int8 OpenVINO IR with NNCF, calibrated on ``calibration`` (N, ...).
 
-    ``full_range``: 8-bit weights everywhere and no float layers, for CPUs with int8-dot.
+    ``full_range``: 8-bit weights everywhere and no float layers but a detector's stem, for CPUs with int8-dot.
     ``on_image(done, of)`` is called as NNCF takes each calibration image, on each of its passes
     (statistics, then bias correction): the build's own progress beside NNCF's bars.
     """
@@ -94,9 +94,9 @@ def quantize_openvino_int8(
 
     model = _read(fp32_onnx, calibration)
     layers = [op.get_friendly_name() for op in model.get_ordered_ops() if op.get_type_name() in _WEIGHTED_OPS]
-    keep = [] if full_range else layers[: min(float_layers, len(layers) // 4)]
     # A detector's output heads stay float in both recipes (edgekit.convert.heads says why).
     float_heads = _float_heads(model)
+    keep = layers[: float_layers_of(len(layers), float_layers, full_range, detector=bool(float_heads))]
     try:
         with _quiet_nncf():
             quantized = nncf.quantize(
@@ -177,12 +177,21 @@ def _float_heads(model: Any) -> list[str]:
             return "softmax"
         return "" if what in _NOT_PASS_OPS or op.get_input_size() == 0 else "pass"
 
+    def consumers_of(name: str) -> list[str]:
+        # A Result (a graph output) is never in a branch: what it reads is read outside.
+        return [
+            target.get_node().get_friendly_name()
+            for out in ops[name].outputs()
+            for target in out.get_target_inputs()
+        ]
+
     dense = [
         r.input_value(0).get_node().get_friendly_name()
         for r in model.get_results()
         if r.get_output_partial_shape(0).rank.get_length() >= heads.MIN_RANK
     ]
-    kept = set(heads.walk(dense, inputs_of, kind))
+    found = heads.walk(dense, inputs_of, kind)
+    kept = set(found) | set(heads.branches(found, inputs_of, consumers_of, kind))
     return [name for name in ops if name in kept]
 
 
