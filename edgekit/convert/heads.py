@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 # Version of the float-head recipe: in the int8 artifacts' notes of a detector and in its build
 # steps' cache key (cache_params): bump it when what stays float changes.
 # 2: every op without weights is walked through (YOLOv8's Sigmoid, DFL Softmax, anchor arithmetic).
-# 3: each head's own branch (``branches``: YOLOv8's Detect convolutions before the heads).
+# 3: each head's own branch (``branches``: YOLOv8's Detect convolutions before the heads), and
+#    in the full-range recipes a detector's stem (ORT: with its activation).
 RECIPE = 3
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 

@@ -96,7 +96,12 @@ def quantize_onnx_int8(
     ]
     # A detector's output heads stay float in both recipes (edgekit.convert.heads says why).
     float_heads = heads.onnx_heads(model)
-    keep = layers[: float_layers_of(len(layers), float_layers, full_range, detector=bool(float_heads))]
+    keep = [
+        n.name
+        for n in layers[: float_layers_of(len(layers), float_layers, full_range, detector=bool(float_heads))]
+    ]
+    if full_range:
+        keep += _activations(model, keep)
     overrides = {} if full_range else _seven_bit_weights(layers, weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -111,7 +116,7 @@ def quantize_onnx_int8(
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,
-                nodes_to_exclude=list(dict.fromkeys([n.name for n in keep] + float_heads)),
+                nodes_to_exclude=list(dict.fromkeys(keep + float_heads)),
                 extra_options={
                     # One Q/DQ pair per consumer: a DQ shared by two nodes blocks ORT's fusions.
                     "DedicatedQDQPair": True,
@@ -145,7 +150,7 @@ def quantize_onnx_int8(
             if full_range
             else "int8 symmetric per channel; 7-bit range on non-depthwise Conv/Gemm/MatMul "
             "(no int16 saturation on x86 CPUs without VNNI)",
-            "float_layers": [n.name for n in keep],
+            "float_layers": keep,
             **_float_heads_note(float_heads),
         },
     )
@@ -164,6 +169,25 @@ def float_layers_of(layers: int, float_layers: int, full_range: bool, *, detecto
     if full_range:
         return min(FULL_RANGE_DETECTOR_FLOAT_LAYERS, float_layers, layers) if detector else 0
     return min(float_layers, layers // 4)
+
+
+_ACTIVATION_OPS = ("Relu", "Sigmoid", "Mul", "Add", "Clip", "HardSigmoid", "HardSwish", "LeakyRelu", "Tanh")
+
+
+def _activations(model: Any, kept: list[str]) -> list[str]:
+    """The activation ops computed from the ``kept`` layers alone (a SiLU's Sigmoid and Mul), in graph order.
+
+    A float stem whose activation is quantized still rounds its output: with only its Conv
+    excluded, ORT int8-full of the DocLayNet YOLOv8n scored 63.5 mAP50, with the SiLU too 65.4.
+    """
+    producer = {out: node.name for node in model.graph.node for out in node.output}
+    float_nodes, found = set(kept), []
+    for node in model.graph.node:
+        sources = [producer[i] for i in node.input if i in producer]
+        if node.op_type in _ACTIVATION_OPS and sources and all(s in float_nodes for s in sources):
+            float_nodes.add(node.name)
+            found.append(node.name)
+    return found
 
 
 def _float_heads_note(float_heads: list[str]) -> dict[str, Any]:
