@@ -369,6 +369,11 @@ def test_the_full_range_recipe_keeps_a_detectors_stem_float_and_quantizes_a_clas
     fp32 = yolo_v8_like(tmp_path / "y.onnx")
     art = quantize_onnx_int8(fp32, tmp_path / "y-int8-full.onnx", _yolo_calibration(), "x", full_range=True)
     assert art.notes["float_layers"] == ["stem", "stem_sig", "stem_silu"]  # its SiLU too
+    # ORT's int8-full quantizes the heads' branches (its speed); the portable recipe keeps them float.
+    assert {*YOLO_HEADS, "dfl"} <= set(art.notes["float_heads"])
+    assert not set(YOLO_BRANCHES) & set(art.notes["float_heads"])
+    portable = quantize_onnx_int8(fp32, tmp_path / "y-int8.onnx", _yolo_calibration(), "x")
+    assert set(YOLO_BRANCHES) <= set(portable.notes["float_heads"])
     ov = quantize_openvino_int8(fp32, tmp_path / "ov", _yolo_calibration(), full_range=True)
     assert ov.notes["float_layers"] == ["stem/WithoutBiases"]
     c = quantize_onnx_int8(

@@ -25,7 +25,8 @@ before each 1x1 head convolution; quantized, they cost the DocLayNet YOLOv8n 0.3
 of mAP50 on typeset pages (edgekit's int8 recipes, ONNX Runtime 1.32 / NNCF, AVX-512 VNNI).
 A branch ends at a tensor read elsewhere too (the neck's features read by the box and class
 branches and the next neck stage; an SSD's features read by its box and score heads): the
-shared features stay int8.
+shared features stay int8.  ONNX Runtime's full-range recipe quantizes the branches: float,
+they are a third of that model's work (``onnx_int8`` has the numbers).
 
 ``walk`` and ``branches`` are the graph-agnostic searches; ``onnx_heads`` applies it to an ONNX graph (the
 OpenVINO and LiteRT recipes apply it to their own graphs, whose ops have other names).
@@ -42,7 +43,8 @@ from typing import Any, TypeVar
 # 2: every op without weights is walked through (YOLOv8's Sigmoid, DFL Softmax, anchor arithmetic).
 # 3: each head's own branch (``branches``: YOLOv8's Detect convolutions before the heads), and
 #    in the full-range recipes a detector's stem (ORT: with its activation).
-RECIPE = 3
+# 4: ORT's full-range recipe quantizes the branches (onnx_int8.quantize_onnx_int8 says why).
+RECIPE = 4
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 
 ONNX_HEAD_OPS = ("Conv", "Gemm", "MatMul")
@@ -150,11 +152,12 @@ def branches(
     return found
 
 
-def onnx_heads(model: Any) -> list[str]:
+def onnx_heads(model: Any, *, with_branches: bool = True) -> list[str]:
     """Names of the nodes of an ONNX graph that compute its dense outputs' heads, in graph order.
 
     The head layers (Conv, Gemm, MatMul with an initializer weight), a decoder's (the DFL's
-    Conv), the nodes between them and the outputs, and each head's own branch; empty for a model whose outputs are all
+    Conv), the nodes between them and the outputs, and each head's own branch (unless not
+    ``with_branches``); empty for a model whose outputs are all
     rank 2 or less.  Nodes must be named (``onnx_int8._name_nodes``).
     """
     graph = model.graph
@@ -189,7 +192,7 @@ def onnx_heads(model: Any) -> list[str]:
 
     dense = [o.name for o in graph.output if len(o.type.tensor_type.shape.dim) >= MIN_RANK]
     found = walk([producer[o] for o in dense if o in producer], inputs_of, kind)
-    kept = set(found) | set(branches(found, inputs_of, consumers_of, kind))
+    kept = set(found) | (set(branches(found, inputs_of, consumers_of, kind)) if with_branches else set())
     return [node.name for node in graph.node if node.name in kept]
 
 
