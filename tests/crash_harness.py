@@ -5,7 +5,7 @@ timings calibrate the kills).  Then each iteration installs the other bundle und
 deploy id and SIGKILLs the process: even iterations at a uniformly random time across a
 whole install, odd ones inside a chosen step (every step in turn, the split-millisecond
 ``switch`` included), at a random delay after that step's JSON progress line appeared.
-After each kill, this process plays the restarted agent: ``StateRoot.recover()``, then the
+After each kill, this process plays the restarted agent: ``edgekit.deploy.recovery.recover``, then the
 active slot must be complete and verify (every hash, a trusted signature).  Returns the
 distribution of the steps the kills landed in, the failures (none when every check held) and
 the wall time.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.bundle import read_manifest, verify
-from edgekit.deploy import StateRoot
+from edgekit.deploy import StateRoot, recover
 
 STEPS = ("signature", "hashes", "unpack", "health", "switch", "done")
 
@@ -105,7 +105,7 @@ class Run:
 def check_root(root: Path, key: Path) -> tuple[bool, str, str | None]:
     """What a restarted agent does first, then the invariant: ``(ok, why not, active version)``."""
     state = StateRoot(root)
-    state.recover()
+    recover(state)
     active = state.active_bundle()
     if active is None:
         return False, "no active slot after recover()", None

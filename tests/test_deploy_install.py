@@ -37,7 +37,7 @@ import edgekit
 from edgekit._core.stats import TIE_MARGIN
 from edgekit.bundle import pack, read_manifest, verify
 from edgekit.bundle.manifest import parse_manifest
-from edgekit.deploy import STEPS, StateRoot, install, rollback
+from edgekit.deploy import STEPS, StateRoot, install, recover, rollback
 
 from conftest import EDGEKIT, ROOT
 
@@ -414,7 +414,7 @@ def _on_v2_only(root: StateRoot, public_key: Path) -> None:
 def test_recover_moves_off_a_dangling_active_slot(installed: StateRoot, bundles: Bundles) -> None:
     _back_on_v1(installed, bundles)
     shutil.rmtree(installed.slot_dir("a") / "bundle")  # the active slot's bundle is gone
-    report = installed.recover()
+    report = recover(installed)
     assert report["switched"] == "b" and "a" in report["cleared"]
     _on_v2_only(installed, bundles.public_key)
 
@@ -423,7 +423,7 @@ def test_recover_moves_off_a_damaged_active_bundle(installed: StateRoot, bundles
     _back_on_v1(installed, bundles)
     victim = next((installed.slot_bundle("a") / "artifacts").rglob("*.onnx"))
     victim.write_bytes(victim.read_bytes()[:1000])
-    assert installed.recover()["switched"] == "b"
+    assert recover(installed)["switched"] == "b"
     _on_v2_only(installed, bundles.public_key)
 
 
@@ -432,7 +432,7 @@ def test_recover_never_makes_a_slot_below_the_floor_active(installed: StateRoot,
     _two_versions(installed, bundles)
     victim = next((installed.slot_bundle("b") / "artifacts").rglob("*.onnx"))
     victim.write_bytes(victim.read_bytes()[:1000])
-    report = installed.recover()
+    report = recover(installed)
     v1, v2 = (read_manifest(d).build.serial for d in (bundles.v1_dir, bundles.work / "v2"))
     assert v1 < v2 and report["floor"] == v2
     assert report["switched"] == "none" and report["refused"] == {"a": {"serial": v1, "floor": v2}}
@@ -447,7 +447,7 @@ def test_recover_cleans_a_half_written_slot_and_temp_files(installed: StateRoot,
     (b / ".bundle.unpack-1234").mkdir()
     (installed.path / ".active.tmp-abcd").symlink_to("slots/b")
     (installed.path / ".state.json.tmp-abcd").write_text("{")
-    report = installed.recover()
+    report = recover(installed)
     assert report["switched"] is None and set(report["cleared"]) == {"b"}
     assert sorted(report["removed"]) == [
         ".active.tmp-abcd",
@@ -469,7 +469,7 @@ def test_recover_cleans_a_half_written_slot_and_temp_files(installed: StateRoot,
 
 def test_recover_with_no_complete_slot_leaves_nothing_active(installed: StateRoot) -> None:
     (installed.slot_dir("a") / "slot.json").unlink()
-    report = installed.recover()
+    report = recover(installed)
     assert report["switched"] == "none" and installed.active() is None and installed.active_bundle() is None
     assert not installed.active_link.is_symlink()
     status = installed.status()
@@ -479,7 +479,7 @@ def test_recover_with_no_complete_slot_leaves_nothing_active(installed: StateRoo
 def test_recover_repairs_an_active_link_to_somewhere_else(installed: StateRoot, bundles: Bundles) -> None:
     installed.active_link.unlink()
     installed.active_link.symlink_to("/etc")
-    assert installed.recover()["switched"] == "a"
+    assert recover(installed)["switched"] == "a"
     assert_untouched(installed, bundles.public_key)
 
 

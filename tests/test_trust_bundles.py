@@ -373,6 +373,14 @@ def old_then_new(
     return root.path
 
 
+def recover_root(root: Any) -> dict[str, Any]:
+    """What the agent does at its start: ``edgekit.deploy.recover``."""
+    from edgekit.deploy import recover
+
+    result: dict[str, Any] = recover(root)
+    return result
+
+
 def _copy(template: Path, tmp_path: Path) -> Any:
     from edgekit.deploy import StateRoot
 
@@ -390,7 +398,7 @@ def test_a_damaged_active_slot_never_brings_back_an_older_bundle(
     root = _copy(old_then_new, tmp_path)
     victim = next((root.slot_bundle("b") / "artifacts").rglob("*.onnx"))  # the active 200 is damaged
     victim.write_bytes(victim.read_bytes()[:1000])
-    report = root.recover()
+    report = recover_root(root)
     # Not a silent rollback to 100: nothing is active until a bundle at or above 200 comes.
     assert report["switched"] == "none" and report["refused"] == {"a": {"serial": 100, "floor": 200}}
     assert root.active() is None and root.slot_info("a") is not None and _floor_file(root) == 200
@@ -409,7 +417,7 @@ def test_a_lost_floor_file_and_a_damaged_slot_record_do_not_lower_the_floor(
     assert "below this device's floor 200" in result.reason and "--allow-downgrade" in result.hint
     assert _floor_file(root) == 200  # rebuilt from slot b's signed bundle, not reset
     # The agent's start (recover) on the same damage: slot b is cleared, slot a (100) is not made active.
-    report = root.recover()
+    report = recover_root(root)
     assert report["cleared"].keys() == {"b"} and report["switched"] == "none" and root.active() is None
     assert not _install(root, serials["mid"], "mid-after-recover").ok  # floor.json holds it now
     assert _floor_file(root) == 200

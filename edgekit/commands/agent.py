@@ -234,9 +234,10 @@ def status_command(
 ) -> None:
     """Show the slots, which is active, their versions and the last deploy's health numbers."""
     from edgekit.deploy import StateRoot
+    from edgekit.deploy import recover as recover_root
 
     state = StateRoot(root)
-    recovered = state.recover() if recover else None
+    recovered = recover_root(state) if recover else None
     doc = state.status()
     if recovered is not None:
         doc["recovered"] = recovered

@@ -3,7 +3,7 @@
 The device side (this package's core)::
 
     root = StateRoot(Path("/var/lib/edgekit"))   # creates the layout
-    root.recover()                               # at agent start: the active slot is complete and verified
+    recover(root)                                # at agent start: the active slot is complete and verified
     result = install(root, Path("bundle.tar.gz"), "deploy-42", profile="jetson-orin-nano")
     result.ok, result.step, result.reason, result.health
     rollback(root, "deploy-43")
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from edgekit.deploy.health import HealthReport, check_health
 from edgekit.deploy.install import STEPS, InstallResult, install, rollback
+from edgekit.deploy.recovery import recover
 from edgekit.deploy.slots import DEFAULT_ROOT, SLOTS, SlotInfo, StateRoot
 
 __all__ = [
@@ -32,5 +33,6 @@ __all__ = [
     "StateRoot",
     "check_health",
     "install",
+    "recover",
     "rollback",
 ]

@@ -51,6 +51,7 @@ from edgekit.deploy.command_trust import (
     CommandRefused,
 )
 from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download, parse_origin
+from edgekit.deploy.recovery import recover
 from edgekit.deploy.supervisor import PipelineSupervisor, child_environment
 from edgekit.errors import EdgekitError
 from edgekit.protocol.control import Command, CommandError, parse_command, result_message
@@ -445,7 +446,7 @@ class Agent:
 
     def start(self) -> Agent:
         """Recover the root, start the pipeline, connect (in the background) and take commands."""
-        self.root.recover()
+        recover(self.root)
         self.guard.warn(self.cmd_topic, bool(self.origins))
         if self.config.source:
             self.supervisor.start()
