@@ -21,7 +21,7 @@ import edgekit
 from edgekit.backends import registry
 from edgekit.backends.base import Options, Session
 from edgekit.runtime import choice_cache
-from edgekit.runtime.measured import MeasureLimits
+from edgekit.runtime.candidate_timing import MeasureLimits
 
 from conftest import TinyArtifacts
 from conftest import edgekit as run_cli

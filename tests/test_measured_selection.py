@@ -20,7 +20,7 @@ import pytest
 from test_first_load_choice import LIMITS, ORT, OV, bundle, cache_file, load, slow_backend, state  # noqa: F401
 
 from edgekit.runtime import candidate_timing, choice_cache
-from edgekit.runtime.measured import MeasureLimits
+from edgekit.runtime.candidate_timing import MeasureLimits
 
 from conftest import edgekit as run_cli
 

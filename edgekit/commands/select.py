@@ -115,7 +115,7 @@ def select_command(
 
 def _measure(folder: Path, device: str, keys: list[Path] | None, allow_unsigned: bool) -> Any:
     import edgekit
-    from edgekit.runtime.measured import MeasureLimits
+    from edgekit.runtime.candidate_timing import MeasureLimits
 
     def progress(line: str) -> None:
         err_console.print(line, highlight=False, markup=False)

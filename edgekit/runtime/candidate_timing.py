@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, InputError
 from edgekit.runtime.matching import artifact_for
 
 if TYPE_CHECKING:
@@ -36,10 +36,52 @@ if TYPE_CHECKING:
 
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import Manifest
-    from edgekit.runtime.measured import MeasureLimits
     from edgekit.runtime.profiles import Candidate
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MeasureLimits:
+    """How long the first-load measurement may take: a first load costs seconds, never minutes.
+
+    Each candidate gets at most ``per_candidate_s`` (its load included) and an even share of
+    what is left of ``total_s``; within that, as many paced queries as fit, between
+    ``min_queries`` and ``queries`` (a slow candidate gets fewer).  ``fps`` None: the
+    profile's budget (33.3 ms -> 30 fps), the rate the device's frame loop will run at.
+    ``total_s`` bounds the queries; a candidate that takes long to load can overrun it once, and
+    so can the one whose estimate (from the build's figures) beats every candidate timed.
+    ``busy_load``: a 1-minute load average per core above this makes the choice provisional
+    (None: only the measurement's own spread says the host is busy).
+    """
+
+    per_candidate_s: float = 2.0
+    total_s: float = 8.0
+    queries: int = 40
+    min_queries: int = 5
+    warmup: int = 3
+    fps: float | None = None
+    busy_load: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.per_candidate_s <= self.total_s:
+            raise InputError(
+                f"measuring: per_candidate_s {self.per_candidate_s} must be above 0 and at most total_s {self.total_s}",
+                "e.g. MeasureLimits(per_candidate_s=2, total_s=8)",
+            )
+        if not 1 <= self.min_queries <= self.queries or self.warmup < 0:
+            raise InputError(
+                f"measuring: need 1 <= min_queries ({self.min_queries}) <= queries ({self.queries}) "
+                f"and warmup ({self.warmup}) >= 0",
+                "e.g. MeasureLimits(queries=40, min_queries=5, warmup=3)",
+            )
+        if self.fps is not None and not 0 < self.fps <= 10_000:
+            raise InputError(f"measuring: fps must be within (0, 10000], got {self.fps}", "e.g. fps=30")
+        if self.busy_load is not None and not self.busy_load > 0:
+            raise InputError(
+                f"measuring: busy_load must be above 0, got {self.busy_load}", "e.g. busy_load=1.0, or None"
+            )
+
 
 #: Without build figures, narrower arithmetic is usually the faster artifact on a CPU or an
 #: accelerator alike (less memory traffic); the profile's order breaks ties.

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING
 from edgekit._core.elf import host_arch
 from edgekit.backends.base import Session
 from edgekit.errors import EdgekitError, InputError
+from edgekit.runtime.candidate_timing import MeasureLimits
 from edgekit.runtime.detection import Detection, Detector
 from edgekit.runtime.matching import artifact_for, candidates_for
-from edgekit.runtime.measured import CandidateChoice, MeasureLimits
+from edgekit.runtime.measured import CandidateChoice
 from edgekit.runtime.postprocess import Label, top_k
 from edgekit.runtime.preprocessing import PreprocessSpec
 from edgekit.runtime.profiles import Candidate
