@@ -18,7 +18,7 @@ import pytest
 
 from edgekit.bundle.manifest import DetectionHead, SsdAnchors
 from edgekit.convert.modelcard import read_card
-from edgekit.convert.sources import tflite_file
+from edgekit.convert.package_files import tflite_file
 from edgekit.errors import EdgekitError, RunError
 from edgekit.runtime import decoders, nms
 from edgekit.runtime.detection import Detection, Detector, Match, iou, match

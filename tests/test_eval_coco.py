@@ -239,7 +239,7 @@ def test_eval_refuses_a_classifier_bundle(tiny: Any, tmp_path: Path, images: Pat
 
 def _gated_build(out: Path, ann: Path, images: Path, max_drop: float, allow: bool = False) -> Path:
     from edgekit.convert.builder import build
-    from edgekit.convert.coco_gate import CocoGate
+    from edgekit.convert.map_gate import CocoGate
     from edgekit.convert.modelcard import read_card
     from edgekit.convert.report import BuildRequest
 

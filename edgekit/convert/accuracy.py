@@ -25,7 +25,7 @@ from edgekit.runtime.tensors import from_output, to_input
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.convert.coco_gate import MapGateResult
+    from edgekit.convert.map_gate import MapGateResult
     from edgekit.runtime.detection_gate import DetectionAgreement
 
 DEFAULT_THRESHOLD = 0.98

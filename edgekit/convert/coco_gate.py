@@ -12,9 +12,11 @@ they do not know, so the numbers travel in the artifact's free-form ``notes`` as
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edgekit.convert.map_gate import NOTE, CocoGate, MapGateResult
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,66 +27,6 @@ if TYPE_CHECKING:
     from edgekit.convert.artifact import Artifact
     from edgekit.convert.gate import Judge
     from edgekit.convert.modelcard import ModelCard
-
-#: Points of mAP50 an artifact may lose against fp32 by default: quantization costs YOLO-family
-#: detectors about this much on COCO when it goes well.
-DEFAULT_MAX_MAP_DROP = 1.0
-NOTE = "map_gate"
-
-
-@dataclass(frozen=True)
-class CocoGate:
-    """What ``--eval-coco``/``--eval-images``/``--max-map-drop``/``--class-map`` ask of the build."""
-
-    annotations: Path
-    images: Path
-    max_map_drop: float = DEFAULT_MAX_MAP_DROP
-    class_map: str | None = None
-
-
-@dataclass(frozen=True)
-class MapGateResult:
-    """One artifact's mAP on the labelled images against the fp32 reference's, and the verdict."""
-
-    map50: float
-    map50_95: float
-    fp32_map50: float
-    fp32_map50_95: float
-    max_drop: float  # points of mAP50
-    images: int
-    boxes: int
-    annotations: str  # the file's name
-
-    @property
-    def drop(self) -> float:
-        """Points of mAP50 lost against fp32 (negative: gained)."""
-        return 100 * (self.fp32_map50 - self.map50)
-
-    @property
-    def passed(self) -> bool:
-        return self.drop <= self.max_drop
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "map50": round(self.map50, 5),
-            "map50_95": round(self.map50_95, 5),
-            "fp32_map50": round(self.fp32_map50, 5),
-            "fp32_map50_95": round(self.fp32_map50_95, 5),
-            "drop_points": round(self.drop, 3),
-            "max_drop_points": self.max_drop,
-            "passed": self.passed,
-            "images": self.images,
-            "boxes": self.boxes,
-            "annotations": self.annotations,
-        }
-
-    def failure_row(self, recipe: str) -> str:
-        """One line of the failed-gate error."""
-        return (
-            f"  {recipe:18} mAP50 {100 * self.map50:.2f} against fp32's {100 * self.fp32_map50:.2f}: "
-            f"{self.drop:.2f} points lost, at most {self.max_drop:g} allowed "
-            f"({self.images} labelled images of {self.annotations}; mAP50-95 {100 * self.map50_95:.2f})"
-        )
 
 
 def map_judge(

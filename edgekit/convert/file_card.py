@@ -316,7 +316,7 @@ def _given(card: Mapping[str, Any], key: str) -> bool:
 def complete_from_package(path: Path, data: Mapping[str, Any]) -> tuple[dict[str, Any], list[Fact]]:
     """A ``[source] kind = "onnx"`` card's data completed from its file, and the facts it did not override."""
     from edgekit.convert.file_facts import read_facts
-    from edgekit.convert.sources import package_file
+    from edgekit.convert.package_files import package_file
 
     file, _ = package_file(data["source"], str(path), "onnx")
     inferred = infer(read_facts(file))

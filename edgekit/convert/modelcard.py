@@ -279,7 +279,7 @@ def source_file(card: ModelCard) -> Path | None:
     """A ``[source] kind = "file"`` card's model file (relative paths from the card's folder), a ``kind =
     "onnx"`` card's file in its package (its SHA-256 checked); None for other sources."""
     if card.source.get("kind") == "onnx":
-        from edgekit.convert.sources import package_file
+        from edgekit.convert.package_files import package_file
 
         return package_file(card.source, str(card.path or card.name), "onnx")[0]
     if card.source.get("kind") != "file" or card.path is None:

@@ -12,8 +12,8 @@ from typing import Any
 
 from edgekit.convert.accuracy import DEFAULT_THRESHOLD, GateAccuracy
 from edgekit.convert.artifact import Artifact
-from edgekit.convert.coco_gate import CocoGate
 from edgekit.convert.latency import MeasuredLatency
+from edgekit.convert.map_gate import CocoGate
 from edgekit.convert.modelcard import ModelCard
 
 

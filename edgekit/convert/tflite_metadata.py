@@ -378,7 +378,7 @@ def fill_card(card: Path, data: Mapping[str, Any]) -> tuple[dict[str, Any], tupl
     file) are returned for a card without ``labels``.  What the card says always wins; the
     file is read (and its SHA-256 checked) only when something is missing.
     """
-    from edgekit.convert.sources import tflite_file
+    from edgekit.convert.package_files import tflite_file
 
     inp = data.get("input", {})
     out = data.get("output", {})
