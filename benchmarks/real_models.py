@@ -54,9 +54,9 @@ def gate_cell(artifact: dict[str, Any]) -> str:
         # Built for another CPU or arithmetic this host lacks: the device gates it (edgekit bench there).
         return "gated on the device" if artifact.get("not_measured") else "not gated"
     verdict = "pass" if acc.get("passed") else "FAIL"
-    coco = acc.get("coco") or acc.get("map")
-    if isinstance(coco, dict) and "map50_change" in coco:
-        return f"{verdict} mAP50 {coco['map50_change']:+.1f}"
+    coco = acc.get("map_gate")  # gated on labelled images (--eval-coco): mAP50 decides
+    if isinstance(coco, dict) and "drop_points" in coco:
+        return f"{verdict} mAP50 {-coco['drop_points']:+.2f} pt"
     det = acc.get("detection")
     if det:
         return f"{verdict} {det['matched']}/{det['decisive_detections']} m{det['missed']} x{det['extra']}"
