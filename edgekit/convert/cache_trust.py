@@ -32,7 +32,7 @@ import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from edgekit._core.io import CHUNK, write_atomic
 from edgekit._core.paths import config_root
@@ -207,6 +207,17 @@ def record(path: Path) -> dict[str, Any]:
     return {"sha256": h.hexdigest(), "size": size}
 
 
+def _open_cached(src: Path) -> BinaryIO:
+    """``src`` opened for reading, never through a link nor blocking on a FIFO, or :class:`Untrusted`."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError as err:
+        raise Untrusted(f"{src.name} is missing") from err
+    except OSError as err:
+        raise Untrusted(f"{src.name} cannot be read ({err.strerror})") from err
+    return os.fdopen(fd, "rb")
+
+
 def copy_checked(src: Path, dest: Path, want: Mapping[str, Any]) -> None:
     """Copy ``src`` to ``dest`` and check the copy's hash and size against ``want``, or :class:`Untrusted`.
 
@@ -214,13 +225,7 @@ def copy_checked(src: Path, dest: Path, want: Mapping[str, Any]) -> None:
     cache after the check never reaches the build.  A file of the wrong size is refused before
     it is read.
     """
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError as err:
-        raise Untrusted(f"{src.name} is missing") from err
-    except OSError as err:
-        raise Untrusted(f"{src.name} cannot be read ({err.strerror})") from err
-    with os.fdopen(fd, "rb") as f:
+    with _open_cached(src) as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
             raise Untrusted(f"{src.name} is not a regular file")
@@ -239,13 +244,7 @@ def copy_checked(src: Path, dest: Path, want: Mapping[str, Any]) -> None:
 
 def read_checked(src: Path, want: Mapping[str, Any]) -> bytes:
     """The bytes of ``src`` if their hash and size are ``want``'s (read once: what is checked is what is used)."""
-    try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError as err:
-        raise Untrusted(f"{src.name} is missing") from err
-    except OSError as err:
-        raise Untrusted(f"{src.name} cannot be read ({err.strerror})") from err
-    with os.fdopen(fd, "rb") as f:
+    with _open_cached(src) as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_size != want["size"]:
             raise Untrusted(f"{src.name} is not the file its seal recorded")
