@@ -49,7 +49,7 @@ def publish(port: int, messages: list[tuple[str, bytes]], **tls: str) -> None:
     try:
         infos = [c.publish(t, p, qos=1) for t, p in messages]
         for info in infos:
-            info.wait_for_publish(10)
+            info.wait_for_publish(20)  # a flood of thousands (test_fleet_quotas) on a busy machine
     finally:
         c.disconnect()
         c.loop_stop()

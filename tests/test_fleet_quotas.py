@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
+from test_fleet_mqtt import publish
 
 from edgekit.fleet import Collector, FleetStore, FleetView
 from edgekit.fleet.mqtt import FleetSubscriber
@@ -55,22 +54,6 @@ def telemetry(device: str, fleet: str, tmp: Path, n: int) -> list[dict[str, Any]
             window.observe(FrameRecord(0, 0.0, 0, 0, 0.1, 1.0, v - 1.5, 0.3, 0.1, v, v < 33, 0, "x"))
         out.append(pub.telemetry_payload())
     return out
-
-
-def publish(port: int, messages: list[tuple[str, bytes]], **tls: str) -> None:
-    """QoS 1 through paho, as a device's client, waiting for every PUBACK."""
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=tls.get("user") or f"pub-{time.monotonic_ns()}")
-    if tls:
-        c.tls_set(ca_certs=tls["ca"])
-        c.username_pw_set(tls["user"], tls["password"])
-    c.connect("127.0.0.1", port)
-    c.loop_start()
-    try:
-        for info in [c.publish(t, p, qos=1) for t, p in messages]:
-            info.wait_for_publish(20)
-    finally:
-        c.disconnect()
-        c.loop_stop()
 
 
 class Fed:
