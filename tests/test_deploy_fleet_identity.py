@@ -8,7 +8,6 @@ by the step its answer stops at and by whether it fetched anything).  The agents
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -19,36 +18,11 @@ from typing import Any
 
 import pytest
 from test_deploy_mqtt import Agent, signed, wait_for
+from test_deploy_trust import Recorder
 
 from edgekit.testing.broker import Mosquitto
 
 from conftest import EDGEKIT, edgekit
-
-
-class Recorder:
-    """An artifact origin that answers 404 to everything and records what was asked."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        recorder = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                recorder.requests.append(self.path)
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.origin = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 class Watcher:
@@ -148,7 +122,7 @@ class Site:
 def site(tmp_path: Path, keys: tuple[Path, Path], cache_env: dict[str, str]) -> Iterator[Site]:
     broker = Mosquitto(tmp_path).start()
     watcher = Watcher(int(broker.url.rsplit(":", 1)[1]))
-    origin = Recorder()
+    origin = Recorder({})  # answers 404 to everything, records what was asked
     s = Site(broker, watcher, origin, keys, cache_env, tmp_path, [])
     try:
         yield s
