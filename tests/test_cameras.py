@@ -107,6 +107,18 @@ def model(x86_bundle: tuple[Path, dict[str, Any]]) -> Any:
         yield m
 
 
+def held(pipeline: Any, seconds: float = 1.0) -> list[Any]:
+    """Every result, the loop held after the first for ``seconds``: meanwhile every camera's slot
+    fills (folders read as fast as they go), so the next take finds frames of several cameras
+    waiting together however fast this machine labels (a race when nothing holds the loop)."""
+    results = []
+    for r in pipeline:
+        if not results:
+            time.sleep(seconds)
+        results.append(r)
+    return results
+
+
 def folder(path: Path, images: list[np.ndarray], size: tuple[int, int]) -> Path:
     path.mkdir()
     for i, image in enumerate(images):
@@ -261,7 +273,7 @@ def test_batched_frames_are_labelled_as_each_camera_alone(model: Any, tmp_path: 
         with edgekit.Pipeline(model, str(path)) as p:
             alone[name] = [(r.record.index, r.labels) for r in p]
     with edgekit.Pipeline(model, sources={n: str(p) for n, p in paths.items()}, batch=3) as p:
-        results = list(p)
+        results = held(p)
         summary = p.summary().to_dict()
     together = {n: [(r.record.index, r.labels) for r in results if r.record.camera == n] for n in alone}
     assert together == alone
@@ -322,7 +334,7 @@ def test_batched_detections_are_each_cameras_alone(face_detector: Any, tmp_path:
         with edgekit.Pipeline(face_detector, str(path)) as p:
             alone[name] = [r.detections for r in p]
     with edgekit.Pipeline(face_detector, sources={n: str(p) for n, p in paths.items()}, batch=2) as p:
-        results = list(p)
+        results = held(p)
     assert face_detector.session.batchable and any(r.record.batch == 2 for r in results)
     for name, frames in alone.items():
         together = [r.detections for r in results if r.record.camera == name]
