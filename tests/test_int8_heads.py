@@ -376,7 +376,16 @@ def test_the_full_range_recipe_keeps_a_detectors_stem_float_and_quantizes_a_clas
     assert set(YOLO_BRANCHES) <= set(portable.notes["float_heads"])
     ov = quantize_openvino_int8(fp32, tmp_path / "ov", _yolo_calibration(), full_range=True)
     assert ov.notes["float_layers"] == ["stem/WithoutBiases"]
+    # So does OpenVINO's, with asymmetric activations (a SiLU's negative tail gets a zero point).
+    assert {*YOLO_HEADS, "dfl"} <= set(ov.notes["float_heads"])
+    assert not set(YOLO_BRANCHES) & set(ov.notes["float_heads"])
+    assert ov.notes["preset"].startswith("mixed")
     c = quantize_onnx_int8(
         classifier(tmp_path / "c.onnx"), tmp_path / "c-int8-full.onnx", _calibration(), "x", full_range=True
     )
     assert c.notes["float_layers"] == []
+    # A classifier keeps the symmetric preset its int8 speed was measured with.
+    c_ov = quantize_openvino_int8(
+        classifier(tmp_path / "c2.onnx"), tmp_path / "c-ov", _calibration(), full_range=True
+    )
+    assert c_ov.notes["preset"] == "performance" and "float_heads" not in c_ov.notes

@@ -25,8 +25,9 @@ before each 1x1 head convolution; quantized, they cost the DocLayNet YOLOv8n 0.3
 of mAP50 on typeset pages (edgekit's int8 recipes, ONNX Runtime 1.32 / NNCF, AVX-512 VNNI).
 A branch ends at a tensor read elsewhere too (the neck's features read by the box and class
 branches and the next neck stage; an SSD's features read by its box and score heads): the
-shared features stay int8.  ONNX Runtime's full-range recipe quantizes the branches: float,
-they are a third of that model's work (``onnx_int8`` has the numbers).
+shared features stay int8.  The full-range recipes (ONNX Runtime's and OpenVINO's) quantize
+the branches: float, they are a third of that model's work (``onnx_int8`` and ``openvino_ir``
+have the numbers).
 
 ``walk`` and ``branches`` are the graph-agnostic searches; ``onnx_heads`` applies it to an ONNX graph (the
 OpenVINO and LiteRT recipes apply it to their own graphs, whose ops have other names).
@@ -44,7 +45,8 @@ from typing import Any, TypeVar
 # 3: each head's own branch (``branches``: YOLOv8's Detect convolutions before the heads), and
 #    in the full-range recipes a detector's stem (ORT: with its activation).
 # 4: ORT's full-range recipe quantizes the branches (onnx_int8.quantize_onnx_int8 says why).
-RECIPE = 4
+# 5: so does OpenVINO's, with asymmetric activations (openvino_ir says why).
+RECIPE = 5
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 
 ONNX_HEAD_OPS = ("Conv", "Gemm", "MatMul")
