@@ -15,7 +15,7 @@ from typing import Any
 
 from edgekit._core.stats import agreement
 from edgekit.bench.stats import LatencySummary, label, min_queries, percentile
-from edgekit.runtime.detection_gate import DetectionAgreement
+from edgekit.runtime.detection_gate import DetectionAgreement, DeviceBar
 from edgekit.runtime.pacing import CameraRate, PacedRun, camera_rate
 
 
@@ -59,6 +59,9 @@ class BenchCandidate:
     #: What to read next to its timings, from the artifact's notes: a TVM library whose schedules
     #: were tuned on another CPU than this one (``edgekit.convert.tvm_cpu.runtime_caveat``).
     caveat: str | None = None
+    #: A detector's bar on the evaluation frames when it is not the build's rule at the report's
+    #: threshold: an artifact the build gated on labelled images (``detection_gate.device_bar``).
+    bar: DeviceBar | None = None
 
     @property
     def key(self) -> str:
@@ -156,11 +159,12 @@ class Result:
         """The accuracy gate on this host, the build's and the health gate's rule for the model's task.
 
         A detector passes when its agreement reaches ``threshold`` and it has no decisive extra
-        detection (``DetectionAgreement.passed``); a classifier when its top-1 agreement does
+        detection (or, gated by its build on labelled images, when it does what it did there:
+        ``detection_gate.device_bar``); a classifier when its top-1 agreement does
         (or when there were no evaluation frames to judge it on).
         """
         if self.detection is not None:
-            return self.detection.passed(threshold - 1e-9)
+            return (self.candidate.bar or DeviceBar(threshold, 0)).passed(self.detection)
         rate = self.agreement
         return rate is None or rate >= threshold - 1e-9
 

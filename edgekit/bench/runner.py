@@ -26,7 +26,7 @@ from edgekit._core.cpu import CpuFeatures, this_cpu
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings, Skipped
 from edgekit.bench.stats import summarize
 from edgekit.errors import EdgekitError
-from edgekit.runtime.detection_gate import DetectionAgreement
+from edgekit.runtime.detection_gate import DetectionAgreement, device_bar
 from edgekit.runtime.measured import THREAD_OPTION
 from edgekit.runtime.pacing import fps_for_budget
 from edgekit.runtime.precision import int8_choice
@@ -139,6 +139,7 @@ def plan(
                     opts,
                     build_gate=gate,
                     caveat=caveat(a.backend, a.notes),
+                    bar=device_bar(a, manifest.build.accuracy_threshold) if manifest.detection else None,
                 )
             )
     have = {(a.backend, a.precision) for a in manifest.artifacts}

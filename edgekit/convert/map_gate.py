@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.runtime.detection_gate import LABELLED_NOTE
+
 #: Points of mAP50 an artifact may lose against fp32 by default: quantization costs YOLO-family
 #: detectors about this much on COCO when it goes well.
 DEFAULT_MAX_MAP_DROP = 1.0
-NOTE = "map_gate"
+NOTE = LABELLED_NOTE  # read by a device to judge the artifact (detection_gate.device_bar)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from edgekit.protocol import messages
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.bundle.manifest import EvalFrame, Manifest
+    from edgekit.bundle.manifest import ArtifactEntry, EvalFrame, Manifest
     from edgekit.runtime.detection import Detection
     from edgekit.runtime.detection_gate import DetectionAgreement
     from edgekit.runtime.model import Model
@@ -132,6 +132,7 @@ def check_health(
     import numpy as np
 
     from edgekit.bundle import read_manifest
+    from edgekit.runtime.matching import artifact_for
     from edgekit.runtime.model import load
 
     try:
@@ -221,6 +222,7 @@ def check_health(
             backend=backend,
             precision=precision,
             candidate=candidate,
+            artifact=artifact_for(cand, manifest.artifacts) if cand else None,
             load_ms=load_ms,
             profile=profile,
             measured_here=measured_here,
@@ -320,13 +322,14 @@ def _detection_report(
     backend: str | None,
     precision: str | None,
     candidate: str | None,
+    artifact: ArtifactEntry | None,
     load_ms: float,
     profile: str | None,
     measured_here: bool,
 ) -> HealthReport:
     """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
     from edgekit.runtime.detection import Detection
-    from edgekit.runtime.detection_gate import compare_frame, summarize
+    from edgekit.runtime.detection_gate import compare_frame, device_bar, summarize
 
     head = manifest.detection
     assert head is not None
@@ -352,19 +355,22 @@ def _detection_report(
         f"{Path(frames[i].path).name} (missed {compared[i].missed}, extra {compared[i].extra})"
         for i in result.failing
     )
+    # The build's rule, or what the build saw where it gated this artifact on labelled images.
+    bar = device_bar(artifact, threshold)
+    accurate = bar.passed(result)
     problems = []
     if p99 > budget:
         problems.append(f"p99 {p99:.1f} ms is over the budget of {budget:g} ms")
-    if not result.passed(threshold):
+    if not accurate:
         problems.append(
             f"detections match {result.matched} of the fp32 reference's {result.decisive} decisive ones "
-            f"({result.rate:.0%}, the build's threshold is {threshold:.0%}) with {result.extra} extra "
-            f"(none allowed) on {len(frames)} frames ({', '.join(failing)})"
+            f"({result.rate:.0%}, at least {bar.agreement:.0%} asked) with {result.extra} extra "
+            f"({bar.extra or 'none'} allowed) on {len(frames)} frames ({', '.join(failing)})"
         )
     return HealthReport(
         ok=not problems,
         reason="; ".join(problems),
-        hint=_hint(manifest, profile, candidate, measured_here, p99 > budget and result.passed(threshold))
+        hint=_hint(manifest, profile, candidate, measured_here, p99 > budget and accurate)
         if problems
         else "",
         p50_ms=p50,

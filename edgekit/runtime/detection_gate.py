@@ -26,6 +26,13 @@ lowered threshold is a false alarm a camera acts on, and the evaluation images h
 objects (the smoke set: a handful of faces), so "98% of them" would allow none anyway.
 IoU and score drift are measured over the matched decisive pairs and reported, not gated:
 the matching already requires IoU >= 0.5, and the agreement says whether scores held.
+
+**On a device** (``edgekit bench``, the health gate) an artifact is held to the same rule,
+unless the build gated it on labelled images (``--eval-coco``: its mAP50 within the allowed
+drop, ``LABELLED_NOTE`` in its notes).  That gate replaced the agreement rule: an int8 YOLO
+that loses 0.5 points of mAP50 may still move a few boxes of the evaluation frames past IoU
+0.5.  Such an artifact is held to what its build saw on those same frames (:func:`device_bar`):
+the device checks that it computes here as it did there, not a rule the build did not apply.
 """
 
 from __future__ import annotations
@@ -37,11 +44,13 @@ from typing import TYPE_CHECKING, Any
 from edgekit.runtime.detection import MATCH_IOU, Detection, match
 
 if TYPE_CHECKING:
-    from edgekit.bundle.manifest import DetectionHead
+    from edgekit.bundle.manifest import ArtifactEntry, DetectionHead
 
 #: How far above the score threshold a reference detection must be to count (and an artifact's
 #: detection to be an extra); both sides are decoded this far below it.
 DECISIVE_MARGIN = 0.10
+#: The note of an artifact the build gated on labelled images (``edgekit.convert.coco_gate``).
+LABELLED_NOTE = "map_gate"
 
 
 def widened(head: DetectionHead) -> DetectionHead:
@@ -162,3 +171,25 @@ def summarize(frames: Sequence[FrameAgreement]) -> DetectionAgreement:
         matched_all=sum(f.matched_all for f in frames),
         failing=tuple(i for i, f in enumerate(frames) if not f.ok),
     )
+
+
+@dataclass(frozen=True)
+class DeviceBar:
+    """What a device holds an artifact's detections on the bundle's evaluation frames to."""
+
+    agreement: float
+    extra: int
+
+    def passed(self, result: DetectionAgreement) -> bool:
+        return result.rate >= self.agreement - 1e-9 and result.extra <= self.extra
+
+
+def device_bar(artifact: ArtifactEntry | None, threshold: float) -> DeviceBar:
+    """The build's rule (agreement >= ``threshold``, no extra); for an artifact the build passed on
+    labelled images, what its build saw on the same frames, with the rule's own slack (1 - threshold)."""
+    det = artifact.accuracy.detection if artifact is not None and artifact.accuracy else None
+    labelled = artifact.notes.get(LABELLED_NOTE) if artifact is not None else None
+    if det is None or not (isinstance(labelled, dict) and labelled.get("passed") is True):
+        return DeviceBar(threshold, 0)
+    seen = det.matched / det.decisive_detections if det.decisive_detections else 1.0
+    return DeviceBar(min(threshold, seen - (1.0 - threshold)), det.extra)
