@@ -45,8 +45,9 @@ from typing import Any, TypeVar
 # 3: each head's own branch (``branches``: YOLOv8's Detect convolutions before the heads), and
 #    in the full-range recipes a detector's stem (ORT: with its activation).
 # 4: ORT's full-range recipe quantizes the branches (onnx_int8.quantize_onnx_int8 says why).
-# 5: so does OpenVINO's, with asymmetric activations (openvino_ir says why).
-RECIPE = 5
+# 5: OpenVINO's full-range recipe quantized the branches with symmetric activations (a trial).
+# 6: so does OpenVINO's, with asymmetric activations (openvino_ir says why).
+RECIPE = 6
 MIN_RANK = 3  # a dense-prediction output: batch, rows (anchors, cells) and values per row
 
 ONNX_HEAD_OPS = ("Conv", "Gemm", "MatMul")
