@@ -288,6 +288,14 @@ def test_the_build_gate_is_map50_against_fp32_with_labels(
     gate = art.notes["map_gate"]
     assert gate == reported
     assert (gate["map50"], gate["fp32_map50"], gate["max_drop_points"], gate["images"]) == (1.0, 1.0, 1.0, 6)
+    # What the artifact found on the frames the bundle ships: what a device will hold it to.
+    from edgekit.runtime.detection_gate import decisive_score
+
+    m = read_manifest(out)
+    assert m.eval_set is not None and m.detection is not None
+    floor = decisive_score(m.detection)
+    decisive = sum(d.score >= floor for f in m.eval_set.frames for d in f.detections or ())
+    assert gate["eval_frames"] == {"decisive": decisive, "matched": decisive, "extra": 0} and decisive > 0
 
 
 def test_build_flags_for_labels_go_together(images: Path, own_boxes: Path) -> None:

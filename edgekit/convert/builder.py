@@ -376,15 +376,18 @@ def _build(b: _Build) -> BuildResult:
 
     head = detection_head(req.card)
     judge: Judge
+    shipped = None  # the frames the bundle ships, made before the gate when it is labelled
     with b.timed("reference", "fp32-onnx"), open_session(fp32, "onnxruntime") as ref_session:
         if head is None:
             judge = classifier_judge(req, ref_session, evals, eval_batch)
         else:
             judge = detection_judge(req, head, ref_session, evals, eval_batch)
             if req.coco is not None:
+                from edgekit.convert.bundling import detection_eval_samples
                 from edgekit.convert.coco_gate import map_judge
 
-                judge = map_judge(req.coco, req.card, head, ref_session, judge)
+                shipped = detection_eval_samples(fp32, req.card, head, evals)
+                judge = map_judge(req.coco, req.card, head, ref_session, judge, shipped)
     ordered = [reports[r] for r in recipes] + left_out
     for rep in ordered:
         if rep.artifact is None:
@@ -403,7 +406,7 @@ def _build(b: _Build) -> BuildResult:
             "or accept the drop with --allow-accuracy-drop (it is recorded in the manifest)",
         )
     with b.timed("bundle"):
-        bundle = write(req, b.profile, fp32, fp32_hash, ordered, evals)
+        bundle = write(req, b.profile, fp32, fp32_hash, ordered, evals, shipped)
     return BuildResult(
         bundle, b.profile.name, ordered, list(b.cache.hits), evals.smoke, len(evals.names), b.stages
     )

@@ -47,8 +47,12 @@ def write(
     fp32_hash: str,
     reports: Sequence[ArtifactReport],
     evals: ImageSet,
+    samples: EvalSamples | None = None,
 ) -> Path:
-    """Write the bundle for a build whose artifacts passed the gate (or were allowed through)."""
+    """Write the bundle for a build whose artifacts passed the gate (or were allowed through).
+
+    ``samples``: the evaluation frames to ship, when the gate made them already (labelled gating).
+    """
     from edgekit.bundle import Accuracy, Latency
     from edgekit.convert.accuracy_detection import detection_head
     from edgekit.convert.bundle_writer import ArtifactResults, bundle_meta, write_bundle
@@ -94,11 +98,12 @@ def write(
             )
         )
     head = detection_head(req.card)
-    samples = (
-        eval_samples(fp32, req.card, evals)
-        if head is None
-        else detection_eval_samples(fp32, req.card, head, evals)
-    )
+    if samples is None:
+        samples = (
+            eval_samples(fp32, req.card, evals)
+            if head is None
+            else detection_eval_samples(fp32, req.card, head, evals)
+        )
     return write_bundle(req.out, meta, items, req.sign_key, samples)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgekit.convert.map_gate import NOTE, CocoGate, MapGateResult
+from edgekit.errors import BuildError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from edgekit.bundle.manifest import DetectionHead
     from edgekit.convert.accuracy import GateAccuracy
     from edgekit.convert.artifact import Artifact
+    from edgekit.convert.bundle_writer import EvalSamples
     from edgekit.convert.gate import Judge
     from edgekit.convert.modelcard import ModelCard
 
@@ -35,10 +37,13 @@ def map_judge(
     head: DetectionHead,
     ref_session: Session,
     agreement: Judge,
+    shipped: EvalSamples,
 ) -> Judge:
     """The build's judge with labels: ``agreement``'s result, passed or failed by mAP50 against fp32.
 
-    The fp32 reference (``ref_session``) is scored here, once, before any artifact.
+    The fp32 reference (``ref_session``) is scored here, once, before any artifact.  Each
+    artifact is also run on the frames the bundle ships (``shipped``), against fp32's
+    detections there: what a device will hold it to (``MapGateResult.eval_frames``).
     """
     from edgekit.convert.coco_data import class_ids, load_coco
     from edgekit.convert.coco_eval import evaluate
@@ -61,10 +66,46 @@ def map_judge(
             images=got.images,
             boxes=got.boxes,
             annotations=gate.annotations.name,
+            eval_frames=_on_shipped_frames(session, head, card, shipped),
         )
         return replace(acc, passed=result.passed, map_gate=result)
 
     return judge
+
+
+def _on_shipped_frames(
+    session: Session, head: DetectionHead, card: ModelCard, shipped: EvalSamples
+) -> tuple[int, int, int]:
+    """``session`` on the bundle's evaluation frames, decoded as the device decodes them (JPEG,
+    ``widened`` head): decisive fp32 detections, those it matched, its extras."""
+    import cv2
+    import numpy as np
+
+    from edgekit.runtime.detection import Detection, Detector
+    from edgekit.runtime.detection_gate import compare_frame, summarize, widened
+    from edgekit.runtime.preprocessing import Preprocessor
+    from edgekit.runtime.tensors import from_output
+
+    detector = Detector(widened(head), card.preprocess, card.labels)
+    prep = Preprocessor(card.preprocess, session.inputs[0], image_color="BGR")
+    names = [o.name for o in session.outputs]
+    compared = []
+    for frame in shipped.frames:
+        image = cv2.imdecode(np.frombuffer(frame.data, np.uint8), cv2.IMREAD_COLOR)
+        if image is None:  # the build encoded it a moment ago (bundling._stored_frames)
+            raise BuildError(f"evaluation frame {frame.name} does not decode", "report this as a bug")
+        raw = session.run(prep(image))
+        outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
+        got = detector(outputs, (int(image.shape[0]), int(image.shape[1])), names)
+        reference = [
+            Detection(
+                d.class_id, card.labels[d.class_id] if d.class_id < len(card.labels) else "", d.score, d.box
+            )
+            for d in frame.detections or ()
+        ]
+        compared.append(compare_frame(reference, got, head))
+    result = summarize(compared)
+    return result.decisive, result.matched, result.extra
 
 
 def with_map_note(artifact: Artifact, acc: GateAccuracy | None) -> Artifact:

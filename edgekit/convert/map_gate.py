@@ -41,6 +41,10 @@ class MapGateResult:
     images: int
     boxes: int
     annotations: str  # the file's name
+    #: The artifact on the evaluation frames the bundle ships (JPEGs, as a device decodes them)
+    #: against fp32's detections there: decisive, matched, extra.  A device holds the artifact
+    #: to these (``detection_gate.device_bar``): the agreement rule did not decide here.
+    eval_frames: tuple[int, int, int] | None = None
 
     @property
     def drop(self) -> float:
@@ -63,6 +67,11 @@ class MapGateResult:
             "images": self.images,
             "boxes": self.boxes,
             "annotations": self.annotations,
+            **(
+                {"eval_frames": dict(zip(("decisive", "matched", "extra"), self.eval_frames, strict=True))}
+                if self.eval_frames
+                else {}
+            ),
         }
 
     def failure_row(self, recipe: str) -> str:

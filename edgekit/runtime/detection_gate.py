@@ -186,10 +186,16 @@ class DeviceBar:
 
 def device_bar(artifact: ArtifactEntry | None, threshold: float) -> DeviceBar:
     """The build's rule (agreement >= ``threshold``, no extra); for an artifact the build passed on
-    labelled images, what its build saw on the same frames, with the rule's own slack (1 - threshold)."""
-    det = artifact.accuracy.detection if artifact is not None and artifact.accuracy else None
+    labelled images, what its build saw on the frames the bundle ships (its note's ``eval_frames``:
+    decisive, matched, extra), with the rule's own slack (1 - threshold)."""
     labelled = artifact.notes.get(LABELLED_NOTE) if artifact is not None else None
-    if det is None or not (isinstance(labelled, dict) and labelled.get("passed") is True):
+    seen = (
+        labelled.get("eval_frames") if isinstance(labelled, dict) and labelled.get("passed") is True else None
+    )
+    got = [seen.get(k) for k in ("decisive", "matched", "extra")] if isinstance(seen, dict) else []
+    counts = [n for n in got if type(n) is int and n >= 0]
+    if len(counts) != 3:  # a note without them (or not numbers): the rule
         return DeviceBar(threshold, 0)
-    seen = det.matched / det.decisive_detections if det.decisive_detections else 1.0
-    return DeviceBar(min(threshold, seen - (1.0 - threshold)), det.extra)
+    decisive, matched, extra = counts
+    rate = min(matched, decisive) / decisive if decisive else 1.0
+    return DeviceBar(min(threshold, rate - (1.0 - threshold)), extra)
