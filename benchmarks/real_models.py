@@ -10,6 +10,11 @@ when the build was given labelled images), the build's time per stage, the p50s.
 
     .venv/bin/python -m benchmarks.real_models [--models yolov8s-fall,open-nsfw]
         [--devices x86_64-cpu,rpi5,jetson-orin-nano] [--out DIR] [--bench-seconds 3] [--json]
+        [--build-args "yolov8n-doclaynet=--calibration calib/images --eval-coco
+         pages/annotations.json --eval-images pages/images"]   # more flags for one model's builds
+
+The DocLayNet row with labelled pages: make them with ``python -m benchmarks.labelled_sets
+documents pages`` and ``... documents calib --seed 7``, then pass them as above.
 
 Builds are heavy on two cores: run it alone.  Progress goes to stderr, the table (or with
 ``--json`` one JSON document) to stdout.
@@ -18,6 +23,7 @@ Builds are heavy on two cores: run it alone.  Progress goes to stderr, the table
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -96,13 +102,14 @@ def name_of(artifact: dict[str, Any]) -> str:
     return f"{artifact['backend']}-{artifact['precision']}{variant}"
 
 
-def row(model: str, device: str, out: Path, bench_seconds: float) -> dict[str, Any]:
+def row(model: str, device: str, out: Path, bench_seconds: float, extra: list[str]) -> dict[str, Any]:
     bundle = out / f"{model}-{device}"
     print(f"[real_models] build {model} for {device}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    build = _edgekit("build", "--model", f"models/{model}", "--device", device, "-o", str(bundle))
+    build = _edgekit("build", "--model", f"models/{model}", "--device", device, "-o", str(bundle), *extra)
     wall = time.perf_counter() - t0
-    result: dict[str, Any] = {"model": model, "device": device, "build_s": round(wall, 1)}
+    labelled = " (labelled)" if "--eval-coco" in extra else ""
+    result: dict[str, Any] = {"model": model + labelled, "device": device, "build_s": round(wall, 1)}
     if "error" in build:
         result["error"] = build["error"]
         return result
@@ -158,9 +165,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--devices", default=",".join(DEVICES))
     ap.add_argument("--out", type=Path, default=Path("bundles/real-models"))
     ap.add_argument("--bench-seconds", type=float, default=3.0)
+    ap.add_argument("--build-args", action="append", default=[], metavar="MODEL=FLAGS")
     args = parse(ap, argv)
+    extra: dict[str, list[str]] = {}
+    for item in args.build_args:
+        model, sep, flags = item.partition("=")
+        if not sep:
+            ap.error(f"--build-args takes MODEL=FLAGS, got {item!r}")
+        extra[model] = shlex.split(flags)
     rows = [
-        row(m, d, args.out, args.bench_seconds)
+        row(m, d, args.out, args.bench_seconds, extra.get(m, []))
         for m in args.models.split(",")
         for d in args.devices.split(",")
     ]
