@@ -2,15 +2,15 @@
 
 A recipe (``backend-precision[-variant]``) names one artifact; the build plans the recipes a
 device profile's candidates need and produces each through a cached step of the build in
-progress (:class:`BuildSteps`, filled by :mod:`edgekit.convert.builder`).
+progress (:class:`edgekit.convert.build_steps.BuildSteps`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.cache import step_key
@@ -19,27 +19,8 @@ from edgekit.errors import BuildError
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.convert.report import BuildRequest
+    from edgekit.convert.build_steps import BuildSteps
     from edgekit.runtime.profiles import Candidate, DeviceProfile
-
-
-class BuildSteps(Protocol):
-    """What producing an artifact needs of the build in progress (the builder's ``_Build``).
-
-    A protocol rather than the class itself: the builder imports this module, so this one
-    importing the builder would be a cycle.
-    """
-
-    req: BuildRequest
-    profile: DeviceProfile
-    stem: str
-    stage: Path
-    source_hash: str
-
-    def step(self, name: str, key: str, produce: Callable[[Path], Sequence[Artifact]]) -> list[Artifact]: ...
-
-    def tick(self, done: int, todo: int) -> None:
-        """The step in progress has ``done`` of its ``todo`` images (calibration): for the progress."""
 
 
 def recipe_of(c: Candidate) -> str:
