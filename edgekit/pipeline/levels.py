@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from edgekit.runtime.postprocess import TopK
     from edgekit.runtime.preprocessing import Preprocessor
 
-log = logging.getLogger("edgekit.pipeline.loop")
+log = logging.getLogger(__name__)
 
 # A degrade target must be at least this much faster than the level above it to be worth a switch.
 DEGRADE_MIN_GAIN = 0.9
