@@ -1,6 +1,6 @@
 """Collector flood: one credential under thousands of fleet names, one device padding its windows.
 
-Starts its own Mosquitto (password file and the README's ACL: each device writes only under
+Starts its own Mosquitto (password file and the fleet guide's ACL, docs/guides/fleet.md: each device writes only under
 its own name, ``%u``, in any fleet) and the fleet collector as ``edgekit fleet serve`` runs it
 (``edgekit.fleet.mqtt``'s subscriber, batches of 200, the live view, default quotas, an SQLite
 store in a temporary folder).  Then, as issue 32 did:

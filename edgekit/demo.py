@@ -38,7 +38,7 @@ CLIP_IMAGES: tuple[tuple[str, str], ...] = (
 # ``edgekit demo --task detection``: BlazeFace (short range) over photographs with a face and
 # without one, alternating.  Not the coffee cup or the cat: BlazeFace finds a "face" in each
 # at MediaPipe's own threshold (0.5; scores 0.5-0.68 over the clip's frames, the original
-# .tflite's too), which the README says; the demo shows what the model is for.
+# .tflite's too), which docs/guides/detection.md says; the demo shows what the model is for.
 DETECTION_MODEL = "blazeface"
 FACE_CLIP_IMAGES: tuple[tuple[str, str], ...] = (
     ("astronaut", "an astronaut"),

@@ -1,7 +1,7 @@
 """LiteRT artifacts: fp32, int8 and the full-integer Edge TPU model, from the real reference model.
 
-The conversion needs ``litert-torch`` (installed in its own pip step: see README, "LiteRT
-converter"); without it those tests are skipped with that reason.  The Edge TPU compiler is
+The conversion needs ``litert-torch`` (installed in its own pip step: see docs/guides/deploy.md, "Installing
+on a device"); without it those tests are skipped with that reason.  The Edge TPU compiler is
 x86_64 Debian only and is not here: the compile path runs against a stand-in that behaves
 like ``edgetpu_compiler -s`` (same file naming, same log format).
 """

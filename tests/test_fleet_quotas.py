@@ -1,5 +1,5 @@
 """One device cannot exhaust the fleet: quotas per credential and per device, age-out, no padding stored,
-a bounded /metrics; against a real Mosquitto (with the README's ACL) and the real collector."""
+a bounded /metrics; against a real Mosquitto (with the fleet guide's ACL) and the real collector."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from edgekit.telemetry import Spool, TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 from edgekit.testing.broker import Mosquitto, secure_mosquitto
 
-# The README's ACL: each device writes only under its own name (%u), in any fleet.
+# The fleet guide's ACL (docs/guides/fleet.md): each device writes only under its own name (%u), in any fleet.
 README_ACL = (
     "user fleet\ntopic read edgekit/v1/#\ntopic read spBv1.0/#\n\n"
     + "".join(f"pattern write edgekit/v1/+/%u/{leaf}\n" for leaf in ("status", "telemetry", "labels"))

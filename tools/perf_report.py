@@ -14,8 +14,8 @@ Runs, one after another on the same machine:
    from a 640x480 source.
 
 and writes ``REPORT.md`` (the bars, each as a ratio measured side by side in this run,
-then the tables) with ``latency.png`` and the raw JSON beside it.  The README quotes
-the latest report's numbers with its date and machine.
+then the tables) with ``latency.png`` and the raw JSON beside it.  A dated page in
+docs/measurements/ quotes each report's numbers with its date and machine.
 
     .venv/bin/python tools/perf_report.py [BUNDLE] [--out reports/perf] [--rounds 3] [--quick]
 

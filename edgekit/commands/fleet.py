@@ -130,7 +130,7 @@ def serve_command(
         int,
         typer.Option(
             "--per-credential",
-            help="Fleets one device name may report in (with the README's ACL, one credential's devices).",
+            help="Fleets one device name may report in (with the broker ACL in docs/guides/fleet.md, one credential's devices).",
         ),
     ] = 4,
     device_rate: Annotated[

@@ -1,7 +1,7 @@
 """What one device, one credential or one fleet may cost the collector, and what becomes of quiet devices.
 
 Devices are untrusted: a stolen or buggy camera must not fill the collector for everyone.
-With the README's broker ACL (``pattern write edgekit/v1/+/%u/...``, Sparkplug
+With the broker ACL of docs/guides/fleet.md (``pattern write edgekit/v1/+/%u/...``, Sparkplug
 ``spBv1.0/+/+/%u``) a credential may publish only under its own name, in any fleet: MQTT
 does not tell a subscriber who published, but the topic's device segment *is* the
 credential.  So the collector bounds:
@@ -16,7 +16,7 @@ credential.  So the collector bounds:
 Devices not heard from for ``quiet_s`` (24 h by default) are aged out when room is needed:
 a new device, fleet or credential entry past its bound first frees the quietest ones (their
 rows leave the devices table; their windows stay for history and age out with ``--keep``).
-While nothing is that quiet the newcomer is refused.  Without the README's ACL a credential
+While nothing is that quiet the newcomer is refused.  Without that ACL a credential
 can take any device name: then only the fleet and device bounds, the rates and age-out hold.
 Every refusal is counted by reason (``Rejected.reason``): ``credential-quota``,
 ``too-many-fleets``, ``too-many-devices``, ``rate-messages``, ``rate-bytes``.
@@ -51,7 +51,7 @@ class Quotas:
 
     max_devices: int = 10_000
     max_fleets: int = 1_000
-    per_credential: int = 4  # fleets one device name (one credential, with the README's ACL) may appear in
+    per_credential: int = 4  # fleets one device name (one credential, under the ACL) may appear in
     messages_per_min: float = 300.0  # a device sends a window every 5 s, a status now and then
     message_burst: int = 20_000  # a day's windows replayed from the spool after an outage
     bytes_per_min: float = 4 * 1024 * 1024
