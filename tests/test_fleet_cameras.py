@@ -25,7 +25,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edgekit._core.sketch import LatencySketch
 from edgekit.fleet import Collector
-from edgekit.fleet.backends import open_store
+from edgekit.fleet.open_store import open_store
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.stages import STAGES
 from edgekit.testing.broker import Mosquitto, free_port

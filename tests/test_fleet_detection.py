@@ -15,7 +15,7 @@ from detector_telemetry import offline_publisher, record
 from postgres import PostgresServer
 
 from edgekit.fleet import Collector, FleetStore
-from edgekit.fleet.backends import open_store
+from edgekit.fleet.open_store import open_store
 from edgekit.fleet.prometheus import render
 from edgekit.fleet.sums import ClassSum
 from edgekit.fleet.view import FleetView

@@ -17,7 +17,7 @@ from postgres import PASSWORD, PostgresServer
 from edgekit._core.sketch import LatencySketch
 from edgekit.errors import EdgekitError
 from edgekit.fleet import Collector
-from edgekit.fleet.backends import open_store
+from edgekit.fleet.open_store import open_store
 from edgekit.fleet.sql import StoreError
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.sums import Bucket

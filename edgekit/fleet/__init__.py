@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from edgekit._core.names import safe_name
-from edgekit.fleet.backends import open_store
 from edgekit.fleet.collector import Collector, CollectorListener
+from edgekit.fleet.open_store import open_store
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.sums import merge
 from edgekit.fleet.view import FleetView, SloPolicy

@@ -2,7 +2,7 @@
 of old windows, and gaps.
 
 SQLite is the embedded default; ``PostgresStore`` (``edgekit.fleet.pgstore``) keeps the same
-tables in PostgreSQL when a fleet outgrows one box, and ``edgekit.fleet.backends.open_store``
+tables in PostgreSQL when a fleet outgrows one box, and ``edgekit.fleet.open_store.open_store``
 picks one from a path or a ``postgresql://`` URL.  Both run the SQL (``edgekit.fleet.sql``) and
 the logic of ``FleetStore``; only a ``Dialect`` and the connection differ.
 
