@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     from edgekit.fleet.store import FleetStore
     from edgekit.fleet.view import FleetView
     from edgekit.protocol.broker import BrokerConfig
-    from edgekit.testing.broker import Mosquitto
+    from edgekit.testing.mosquitto import Mosquitto
 
     with tempfile.TemporaryDirectory(prefix="edgekit-flood-") as tmp_dir:
         tmp = Path(tmp_dir)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import parse, parser, pinned, print_json, run, verdict
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 SIM = [sys.executable, "-m", "edgekit.cli", "fleet", "simulate"]
 # The default queue (1000 messages a client) would drop QoS 1 messages whenever the

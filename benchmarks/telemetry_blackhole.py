@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from edgekit.testing.blackhole import telemetry_through_blackhole
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import edgekit
 from benchmarks._harness import bundle_of, p99, parse, parser, run, verdict
 from edgekit.telemetry import report
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 
 def main(argv: list[str] | None = None) -> int:

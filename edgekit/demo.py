@@ -25,7 +25,7 @@ from edgekit.errors import EdgekitError
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.convert.report import BuildResult
+    from edgekit.convert.build_records import BuildResult
 
 REFERENCE_MODEL = "efficientnet-lite0"
 # (scikit-image loader, what a person sees): the photographs the clip shows, in order.
@@ -109,9 +109,9 @@ def reference_bundle(
     model: str = REFERENCE_MODEL,
 ) -> tuple[Path, BuildResult | None]:
     """The demo's bundle of ``model`` for ``profile``: reused when it verifies, else built (steps come from the cache)."""
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import read_card
-    from edgekit.convert.report import BuildRequest
 
     target = demo_dir() / f"{model}-{profile}"
     if not rebuild and reusable(target):

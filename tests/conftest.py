@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit.testing.broker import BrokerMissing, Mosquitto
+from edgekit.testing.mosquitto import BrokerMissing, Mosquitto
 
 sys.path.insert(0, str(Path(__file__).parent))
 from postgres import PostgresServer

@@ -58,9 +58,9 @@ def build_blazeface(
     --precisions`` do (empty: all of them).  The folder is ``<out_dir>/<name>``, by default
     ``blazeface-<device>-<backends>-<precisions>``; an existing one is returned as it is.
     """
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import read_card
-    from edgekit.convert.report import BuildRequest
 
     folder = out_dir / (name or "-".join(["blazeface", device, *backends, *precisions]))
     if (folder / "manifest.json").is_file():

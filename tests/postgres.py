@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.testing.broker import free_port
+from edgekit.testing.mosquitto import free_port
 from edgekit.testing.process import stop_process
 
 PASSWORD = "s3cret-pw"  # the superuser's password; tests check it never shows in an error

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.testing.broker import free_port
+from edgekit.testing.mosquitto import free_port
 from edgekit.testing.process import stop_process
 
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")

@@ -21,7 +21,7 @@ import pytest
 from test_deploy_fleet_identity import Site, site  # noqa: F401 - the fixture
 from test_deploy_mqtt import wait_for
 
-from edgekit.testing.broker import free_port
+from edgekit.testing.mosquitto import free_port
 from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT

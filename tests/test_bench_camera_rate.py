@@ -51,9 +51,9 @@ QUICK = ("--min-queries", "20", "--min-duration", "0", "--max-duration", "2", "-
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Path:
     """The tiny classifier for x86_64-cpu, fp32 on ONNX Runtime and OpenVINO, signed by the run's builder key."""
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     out = tmp_path_factory.mktemp("camera-rate")
     onnx = tiny_model.write_onnx(out / "tiny.onnx", tiny_model.make_weights())

@@ -268,9 +268,9 @@ def test_a_user_tflite_is_bundled_as_it_is(
 def test_a_pytorch_module_builds_through_onnx_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import ModelCard
-    from edgekit.convert.report import BuildRequest
     from edgekit.runtime.preprocessing import PreprocessSpec
 
     monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))

@@ -171,8 +171,8 @@ def test_a_broken_int8_artifact_fails_the_build_naming_images_and_numbers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from edgekit.convert import onnx_int8
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
-    from edgekit.convert.report import BuildRequest
 
     real = onnx_int8.quantize_onnx_int8
 

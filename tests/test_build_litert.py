@@ -310,8 +310,8 @@ def reference(
 ) -> tuple[dict[str, Artifact], np.ndarray, tuple[str, ...]]:
     _litert_torch()
     from edgekit.convert.images import smoke_set
+    from edgekit.convert.model_sources import load_pytorch
     from edgekit.convert.modelcard import read_card
-    from edgekit.convert.sources import load_pytorch
 
     card = read_card(Path(__file__).parent.parent / "models" / "efficientnet-lite0")
     images = smoke_set()

@@ -48,9 +48,9 @@ def ref(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     import onnx
 
     from edgekit.convert.images import smoke_set
+    from edgekit.convert.model_sources import load_pytorch
     from edgekit.convert.modelcard import read_card
     from edgekit.convert.onnx_export import export_pytorch, fold
-    from edgekit.convert.sources import load_pytorch
 
     card = read_card(ROOT / "models" / "efficientnet-lite0")
     d = tmp_path_factory.mktemp("reference")

@@ -92,9 +92,9 @@ def test_a_slow_artifact_is_gated_on_an_even_sample_that_fits_the_budget() -> No
 def test_the_gate_sample_is_stated_in_the_report_and_the_manifest(
     tiny: TinyArtifacts, tmp_path: Path
 ) -> None:
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
     req = BuildRequest(
@@ -121,9 +121,9 @@ def test_the_gate_sample_is_stated_in_the_report_and_the_manifest(
 def test_calibration_and_the_gate_report_the_images_they_have_done(
     tiny: TinyArtifacts, tmp_path: Path
 ) -> None:
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     seen: list[tuple[str, str]] = []
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))

@@ -17,7 +17,7 @@ from edgekit.convert import tvm_cpu
 from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
 from edgekit.convert.artifact import Artifact
-from edgekit.convert.report import BuildResult
+from edgekit.convert.build_records import BuildResult
 from edgekit.errors import BuildError
 from edgekit.runtime.profiles import get_profile
 
@@ -185,9 +185,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarra
     pytest.importorskip("efficientnet_lite_pytorch")
     pytest.importorskip("skimage")
     from edgekit.convert.images import smoke_set
+    from edgekit.convert.model_sources import load_pytorch
     from edgekit.convert.modelcard import read_card
     from edgekit.convert.onnx_export import export_pytorch, fold
-    from edgekit.convert.sources import load_pytorch
 
     card = read_card(MODEL_DIR)
     d = tmp_path_factory.mktemp("ref")
@@ -270,9 +270,9 @@ def _tiny_build(
     backends: tuple[str, ...] = ("onnxruntime", "tvm"),
     **options: Any,
 ) -> BuildResult:
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
     return build(

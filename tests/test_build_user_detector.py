@@ -30,9 +30,9 @@ from yolo_model import CLASSES, Layout, Square, box_of, frame_with, write_card, 
 import edgekit
 from edgekit.bundle import read_manifest, verify
 from edgekit.bundle.manifest import Accuracy
+from edgekit.convert.build_records import BuildRequest
 from edgekit.convert.builder import build
 from edgekit.convert.modelcard import read_card
-from edgekit.convert.report import BuildRequest
 from edgekit.errors import BuildError
 from edgekit.runtime.detection import Detection, iou
 

@@ -16,10 +16,10 @@ from test_build_user_detector import SIZE, write_frames
 from yolo_model import write_card, write_yolo_onnx
 
 from edgekit.bundle import read_manifest
+from edgekit.convert.build_records import BuildRequest
 from edgekit.convert.builder import build
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.recipes import plan_recipes
-from edgekit.convert.report import BuildRequest
 from edgekit.errors import BuildError
 from edgekit.runtime.profiles import get_profile
 

@@ -20,7 +20,7 @@ import pytest
 from test_deploy_mqtt import Agent, signed, wait_for
 from test_deploy_trust import Recorder
 
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT, edgekit
 

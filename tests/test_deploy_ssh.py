@@ -23,7 +23,7 @@ from sshd import Sshd, keygen
 from edgekit.bundle.archive import pack
 from edgekit.deploy.ssh import SshError, SshTarget, check_remote, explain_ssh_failure
 from edgekit.errors import DeployError
-from edgekit.testing.broker import free_port
+from edgekit.testing.mosquitto import free_port
 
 from conftest import CARD, EDGEKIT, ROOT, edgekit
 

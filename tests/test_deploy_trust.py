@@ -35,7 +35,7 @@ from test_deploy_mqtt import (
     wait_for,
 )
 
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT
 

@@ -20,7 +20,7 @@ from edgekit.commands.deploy_display import _health_table, agreement_text
 from edgekit.deploy.health import HealthReport, check_health
 from edgekit.protocol import messages, schemas
 from edgekit.runtime.detection_gate import DetectionAgreement
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT
 

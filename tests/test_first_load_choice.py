@@ -36,9 +36,9 @@ LIMITS = MeasureLimits(
 
 @pytest.fixture(scope="module")
 def bundle(tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Path:
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     out = tmp_path_factory.mktemp("choice-bundle")
     labels = out / "labels.txt"

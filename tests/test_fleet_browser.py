@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from chromium import open_chromium, require_chromium
 
-from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.mosquitto import Mosquitto, free_port
 from edgekit.testing.process import stop_process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from edgekit.fleet import Collector
 from edgekit.fleet.open_store import open_store
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.stages import STAGES
-from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.mosquitto import Mosquitto, free_port
 from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT

@@ -19,7 +19,7 @@ from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.stages import STAGES
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.telemetry.window import MetricsWindow
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 
 def record(latency: float, met: bool = True) -> FrameRecord:

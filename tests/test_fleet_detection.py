@@ -178,7 +178,7 @@ def test_a_detector_through_mosquitto_and_postgres_to_metrics_and_the_device_pag
     tmp_path: Path, pg_server: PostgresServer
 ) -> None:
     browser_test = pytest.importorskip("test_fleet_browser", reason="selenium and chromium are needed")
-    from edgekit.testing.broker import Mosquitto
+    from edgekit.testing.mosquitto import Mosquitto
 
     broker = Mosquitto(tmp_path).start()
     procs = browser_test.Processes(tmp_path)

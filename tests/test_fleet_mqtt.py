@@ -15,7 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edgekit.errors import TelemetryError
 from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.testing.broker import Mosquitto, secure_mosquitto
+from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
 
 
 class Inbox:
@@ -127,7 +127,7 @@ def test_it_reconnects_when_the_broker_comes_back(broker: Mosquitto) -> None:
 
 
 def test_nothing_listening_or_a_bad_url_says_what_to_do() -> None:
-    from edgekit.testing.broker import free_port
+    from edgekit.testing.mosquitto import free_port
 
     with pytest.raises(TelemetryError) as err:
         FleetSubscriber(BrokerConfig.from_url(f"mqtt://127.0.0.1:{free_port()}"), print).start()

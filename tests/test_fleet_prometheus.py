@@ -489,7 +489,7 @@ def test_metrics_endpoint_serves_the_collectors_feed(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from edgekit.fleet import Collector, FleetStore
-    from edgekit.fleet.server import create_app
+    from edgekit.fleet.dashboard import create_app
     from edgekit.fleet.view import FleetView
     from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 

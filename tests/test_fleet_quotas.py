@@ -21,7 +21,7 @@ from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.telemetry import Spool, TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
-from edgekit.testing.broker import Mosquitto, secure_mosquitto
+from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
 
 # The fleet guide's ACL (docs/guides/fleet.md): each device writes only under its own name (%u), in any fleet.
 README_ACL = (
@@ -217,7 +217,7 @@ def test_metrics_stay_bounded_with_many_devices(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from edgekit.fleet import prometheus
-    from edgekit.fleet.server import create_app
+    from edgekit.fleet.dashboard import create_app
 
     store = FleetStore()
     view = FleetView(store)

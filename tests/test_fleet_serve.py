@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.mosquitto import Mosquitto, free_port
 from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT, edgekit

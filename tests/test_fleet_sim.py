@@ -18,8 +18,8 @@ import pytest
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.testing.broker import Mosquitto
 from edgekit.testing.fleet_sim import SimDevice, SimOptions
+from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT, ROOT
 

@@ -22,7 +22,7 @@ from edgekit.fleet.sql import StoreError
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.sums import Bucket
 from edgekit.protocol.stages import STAGES
-from edgekit.testing.broker import free_port
+from edgekit.testing.mosquitto import free_port
 
 T = 1_764_490_000.0  # a real timestamp: a float4 column would round it by minutes
 M = T + 20  # the first whole minute after T (rollups are per whole minute)

@@ -31,7 +31,7 @@ from edgekit.fleet.collector import Collector
 from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.testing.broker import Mosquitto, free_port
+from edgekit.testing.mosquitto import Mosquitto, free_port
 from edgekit.testing.process import stop_process
 
 from conftest import EDGEKIT, ROOT, edgekit

@@ -122,7 +122,7 @@ def test_offline_and_slo_alerts_say_since_when() -> None:
 def test_the_web_app_serves_json_events_and_refuses_bad_names() -> None:
     from fastapi.testclient import TestClient
 
-    from edgekit.fleet.server import create_app
+    from edgekit.fleet.dashboard import create_app
 
     clock = Clock()
     view = FleetView(clock=clock)

@@ -231,9 +231,9 @@ def test_a_new_float_head_recipe_rebuilds_a_detectors_int8_steps_and_nothing_els
     from detector_bundle import BLAZEFACE, blazeface_key
 
     from edgekit.convert import heads
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import read_card
-    from edgekit.convert.report import BuildRequest
 
     monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
     private, _ = blazeface_key(tmp_path)

@@ -35,9 +35,9 @@ def tiny_bundles(
     tiny: TinyArtifacts, tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]
 ) -> dict[str, Path]:
     # Signed with the session's builder key, which the run's trust store holds (conftest).
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     out = tmp_path_factory.mktemp("tiny-bundles")
     labels = out / "labels.txt"
@@ -145,9 +145,9 @@ def test_a_bundle_records_its_interpolation_and_a_device_preprocesses_with_it(
 ) -> None:
     from dataclasses import replace
 
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     labels = tmp_path / "labels.txt"
     labels.write_text("\n".join(LABELS) + "\n")

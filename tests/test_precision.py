@@ -335,9 +335,9 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
     """On a CPU without int8-dot the build runs the QDQ graph unfused, and leaves OpenVINO's to the device."""
     pytest.importorskip("openvino")
     import edgekit.convert.gate as gate
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     monkeypatch.setattr(gate, "this_cpu", lambda: cpu("epyc-avx2"))
     card = card_for_file(tiny.onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0))
@@ -371,7 +371,7 @@ def test_a_saturating_build_host_gates_full_range_int8_unfused(
 def test_a_cached_step_keeps_the_variant(tmp_path: Path) -> None:
     """A second build takes artifacts from the cache: they must come back as the recipe that made them."""
     from edgekit.convert.artifact import Artifact
-    from edgekit.convert.cache import _from_json, _to_json
+    from edgekit.convert.build_cache import _from_json, _to_json
 
     made = Artifact(tmp_path / "m.onnx", "onnxruntime", "int8", variant="full", requires=("int8-dot",))
     back = _from_json(_to_json(made, tmp_path), tmp_path)

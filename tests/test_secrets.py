@@ -36,7 +36,7 @@ from mjpeg_server import MjpegCamera
 from edgekit._core.redact import has_secret, on_command_line, redact_source, redact_url, without_password
 from edgekit.errors import DeployError
 from edgekit.protocol.broker import BrokerConfig, password_from_environment, warn_if_on_command_line
-from edgekit.testing.broker import secure_mosquitto
+from edgekit.testing.mosquitto import secure_mosquitto
 
 from conftest import EDGEKIT, ROOT, edgekit
 

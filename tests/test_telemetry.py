@@ -20,7 +20,7 @@ import edgekit
 from edgekit._core.sketch import LatencySketch
 from edgekit.errors import TelemetryError
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
-from edgekit.testing.broker import Mosquitto, secure_mosquitto
+from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
 
 from conftest import EDGEKIT
 
@@ -279,7 +279,7 @@ def test_a_killed_device_goes_offline_through_its_will(
 
 
 def test_no_broker_at_all_leaves_the_pipeline_running(model: Any, tmp_path: Path) -> None:
-    from edgekit.testing.broker import free_port
+    from edgekit.testing.mosquitto import free_port
 
     with edgekit.Pipeline(model, "synthetic:160x120@30", frames=40) as p:
         publisher = report(p, f"mqtt://127.0.0.1:{free_port()}", device_id="cam-d", interval_s=0.2)

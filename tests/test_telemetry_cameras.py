@@ -24,7 +24,7 @@ from edgekit.protocol import messages
 from edgekit.protocol import sparkplug as sp
 from edgekit.telemetry import report
 from edgekit.telemetry.window import MetricsWindow
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 CAMERAS = {"door": "synthetic:320x240@30", "yard": "synthetic:160x120@15"}
 # What a window and a labels message held before issue 20: a single source's must hold just these.

@@ -249,7 +249,7 @@ def test_a_real_blazeface_pipeline_reports_its_faces_through_mosquitto_to_the_fl
     from edgekit.fleet.prometheus import render
     from edgekit.fleet.view import FleetView
     from edgekit.telemetry import report
-    from edgekit.testing.broker import Mosquitto
+    from edgekit.testing.mosquitto import Mosquitto
 
     bundle = build_blazeface(tmp_path_factory.mktemp("blazeface"))
     folder = tmp_path_factory.mktemp("photos")

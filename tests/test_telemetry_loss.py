@@ -22,7 +22,7 @@ from edgekit.protocol.broker import BrokerConfig
 from edgekit.telemetry.publisher import TelemetryPublisher
 from edgekit.telemetry.spool import Spool
 from edgekit.testing.blackhole import WindowSeqs, telemetry_through_blackhole
-from edgekit.testing.broker import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT
 
@@ -131,7 +131,7 @@ def test_a_full_disk_is_a_counted_gap_and_reporting_resumes(
 
 def spool_with_unsent_windows(path: Path, windows: int) -> tuple[str, int]:
     """A real spool holding ``windows`` unsent windows (no broker listens); its epoch and last seq."""
-    from edgekit.testing.broker import free_port
+    from edgekit.testing.mosquitto import free_port
 
     publisher = TelemetryPublisher(
         BrokerConfig.from_url(f"mqtt://127.0.0.1:{free_port()}"), device_id="cam-x", fleet="lab", spool=path

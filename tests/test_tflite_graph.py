@@ -18,9 +18,9 @@ import pytest
 import torch
 from skimage import data as photos
 
+from edgekit.convert.model_sources import load_pytorch
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.package_files import tflite_file
-from edgekit.convert.sources import load_pytorch
 from edgekit.convert.tflite_graph import TFLiteGraph, parse, same_padding
 from edgekit.errors import BuildError
 

@@ -30,9 +30,9 @@ LABELS = tuple(f"thing {i}" for i in range(10))
 @pytest.fixture(scope="module")
 def signed(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Path:
     """A tiny ONNX Runtime bundle, built by the real build and signed with the session's key A."""
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import card_for_file
-    from edgekit.convert.report import BuildRequest
 
     import tiny_model
 

@@ -143,11 +143,11 @@ def build_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Turn a model into the artifacts a device runs best, check them against fp32, and pack a bundle."""
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.coco_gate import gate_request
     from edgekit.convert.modelcard import card_for_file, read_card
     from edgekit.convert.onnx_card import card_for_onnx
-    from edgekit.convert.report import BuildRequest
     from edgekit.runtime.profiles import get_profile
 
     if sum(x is not None for x in (model, onnx, tflite)) != 1:

@@ -405,9 +405,9 @@ def _profile(device: str) -> str:
 def _build(model: Path, profile: str, sign_key: Path | None, as_json: bool) -> Path:
     """``edgekit build --model MODEL --device PROFILE`` with its defaults: the same folder and cache."""
     from edgekit.commands.build import _with_progress
+    from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import read_card
-    from edgekit.convert.report import BuildRequest
 
     if sign_key is None:
         raise DeployError(

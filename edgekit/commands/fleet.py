@@ -163,10 +163,10 @@ def serve_command(
     from edgekit._core.redact import warn_secret_on_command_line
     from edgekit.fleet.access import ARTIFACT_TOKEN_ENV, MAKE_ONE, allowed_hosts, needs_token, read_token
     from edgekit.fleet.collector import Collector
+    from edgekit.fleet.dashboard import Ticker, create_app
     from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.open_store import open_store
     from edgekit.fleet.quotas import Quotas
-    from edgekit.fleet.server import Ticker, create_app
     from edgekit.fleet.view import FleetView, SloPolicy
     from edgekit.protocol.broker import BrokerConfig
 

@@ -17,9 +17,9 @@ from edgekit._core.io import sha256_file
 from edgekit._core.packages import installed_versions
 from edgekit.convert.accuracy_detection import detection_head
 from edgekit.convert.artifact import Artifact
-from edgekit.convert.cache import BuildCache, step_key
+from edgekit.convert.build_cache import BuildCache, step_key
+from edgekit.convert.build_records import BuildRequest, StageTime
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
-from edgekit.convert.report import BuildRequest, StageTime
 from edgekit.runtime.profiles import get_profile
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class BuildSteps:
                 out = onnx_export.fold(req.onnx, d / f"{self.stem}-fp32.onnx", spec.input_shape)  # type: ignore[arg-type]
                 return [Artifact(out, "onnxruntime", "fp32", kind="onnx")]
         else:
-            from edgekit.convert.sources import load_pytorch
+            from edgekit.convert.model_sources import load_pytorch
 
             if req.pytorch_module is not None:
                 source_hash = _module_hash(req.pytorch_module)

@@ -24,9 +24,10 @@ from edgekit._core.io import sha256_file
 from edgekit.convert.accuracy import run_batch, run_outputs
 from edgekit.convert.accuracy_detection import detection_head
 from edgekit.convert.artifact import Artifact
+from edgekit.convert.build_cache import step_key
+from edgekit.convert.build_records import ArtifactReport, BuildRequest, BuildResult
 from edgekit.convert.build_steps import BuildSteps, Progress, no_progress
 from edgekit.convert.bundling import write
-from edgekit.convert.cache import step_key
 from edgekit.convert.gate import Judge, classifier_judge, detection_judge, evaluate, failure_row
 from edgekit.convert.images import ImageSet
 from edgekit.convert.latency import measure
@@ -37,7 +38,6 @@ from edgekit.convert.recipes import (
     recipe_of,
     untuned_tvm,
 )
-from edgekit.convert.report import ArtifactReport, BuildRequest, BuildResult
 from edgekit.errors import BuildError, EdgekitError
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
     from edgekit.bundle.manifest import DetectionAccuracy, DetectionHead
     from edgekit.convert.accuracy import GateAccuracy
+    from edgekit.convert.build_records import ArtifactReport, BuildRequest
     from edgekit.convert.bundle_writer import EvalSamples
     from edgekit.convert.modelcard import ModelCard
-    from edgekit.convert.report import ArtifactReport, BuildRequest
     from edgekit.runtime.profiles import DeviceProfile
 
 EVAL_FRAMES = 8  # enough to catch a broken artifact, small enough to keep a bundle small (~25 kB each)

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import DetectionHead
     from edgekit.convert.accuracy import GateAccuracy
+    from edgekit.convert.build_records import ArtifactReport, BuildRequest
     from edgekit.convert.images import ImageSet
-    from edgekit.convert.report import ArtifactReport, BuildRequest
 
 # (session, its outputs on the chosen images stacked per output, the chosen images' indices) -> result
 Judge = Callable[["Session", "list[np.ndarray]", "list[int]"], "GateAccuracy"]

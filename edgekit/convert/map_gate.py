@@ -1,7 +1,7 @@
 """What the build's mAP gate is asked (``CocoGate``) and what it found for one artifact (``MapGateResult``).
 
 Plain data, below the gate's logic (:mod:`edgekit.convert.coco_gate`) and the build's
-request and accuracy records that carry it (:mod:`edgekit.convert.report`,
+request and accuracy records that carry it (:mod:`edgekit.convert.build_records`,
 :mod:`edgekit.convert.accuracy`).
 """
 

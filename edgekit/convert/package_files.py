@@ -1,7 +1,7 @@
 """A model file shipped as data inside a PyPI package, found and checked against its pinned SHA-256.
 
 Below the model card (:mod:`edgekit.convert.modelcard`) and the sources that build from it
-(:mod:`edgekit.convert.sources`): both read files through here, and this reads nothing of them.
+(:mod:`edgekit.convert.model_sources`): both read files through here, and this reads nothing of them.
 """
 
 from __future__ import annotations

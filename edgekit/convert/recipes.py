@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgekit.convert.artifact import Artifact
-from edgekit.convert.cache import step_key
+from edgekit.convert.build_cache import step_key
 from edgekit.errors import BuildError
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def litert_artifacts(
     """
     from edgekit.convert.heads import cache_params
     from edgekit.convert.litert import convert_tflite
-    from edgekit.convert.sources import load_pytorch
+    from edgekit.convert.model_sources import load_pytorch
 
     precisions = [r.split("-", 1)[1] for r in recipes]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.protocol.topics import topic
+from edgekit.telemetry.attach import report
 from edgekit.telemetry.publisher import TelemetryPublisher
-from edgekit.telemetry.report import report
 from edgekit.telemetry.spool import Spool
 from edgekit.telemetry.window import MetricsWindow
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from edgekit.testing.broker import free_port
+from edgekit.testing.mosquitto import free_port
 
 
 class _Pair:
