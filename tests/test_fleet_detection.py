@@ -14,10 +14,10 @@ from chromium import open_chromium
 from detector_telemetry import offline_publisher, record
 from postgres import PostgresServer
 
+from edgekit._core.tally import ClassCount
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.open_store import open_store
 from edgekit.fleet.prometheus import render
-from edgekit.fleet.sums import ClassSum
 from edgekit.fleet.view import FleetView
 from edgekit.protocol.stages import STAGES
 from edgekit.runtime.detection import Detection
@@ -63,11 +63,11 @@ def test_the_store_keeps_per_class_counts_raw_and_rolled_up(store_url: str, tmp_
     old.spool.close()
     store.add_windows([("lab", "cam-old", classifier, json.dumps(classifier), T + 10)])
 
-    def by_minute() -> dict[tuple[str, float], dict[str, ClassSum] | None]:
+    def by_minute() -> dict[tuple[str, float], dict[str, ClassCount] | None]:
         return {(b.device, b.t0): b.detections for b in store.buckets(T, T + 120, 60)}
 
     raw = by_minute()
-    assert raw[("cam-d", T // 60 * 60)] == {"face": ClassSum(2, 3, 0.95), "person": ClassSum(1, 1, 0.7)}
+    assert raw[("cam-d", T // 60 * 60)] == {"face": ClassCount(2, 3, 0.95), "person": ClassCount(1, 1, 0.7)}
     assert raw[("cam-old", T // 60 * 60)] is None  # a classifier's step has no detections at all
     # Rolled up in two runs (the second minute's window later): the counts survive and merge.
     assert store.compact(T + 60 + 3600 + 1, raw_keep_s=3600)["windows"] == 3  # cam-d's first two, cam-old's

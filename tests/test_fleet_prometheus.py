@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgekit._core.sketch import LatencySketch
+from edgekit._core.tally import ClassCount
 from edgekit.fleet import prometheus
 from edgekit.fleet.prometheus import (
     CONTENT_TYPE,
@@ -33,7 +34,6 @@ from edgekit.fleet.prometheus import (
     cumulative_counts,
     render,
 )
-from edgekit.fleet.sums import ClassSum
 from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.stages import STAGES
 from edgekit.telemetry.window import MetricsWindow
@@ -149,7 +149,7 @@ def full_exposition() -> str:
     d = Device("demo", "cam-1")
     d.window(np.random.default_rng(1).lognormal(np.log(20.0), 0.3, 50))
     d.totals.gaps = 1
-    d.totals.detections = {"face": ClassSum(3, 5, 0.9)}  # a detector's per-class counters
+    d.totals.detections = {"face": ClassCount(3, 5, 0.9)}  # a detector's per-class counters
     offline = DeviceTotals("demo", "cam-2", "offline", 1_800_000_000.0, {}, None)
     return render([d.totals, offline], COLLECTOR)
 
@@ -325,7 +325,7 @@ def test_hostile_label_values_are_escaped() -> None:
     t.latency.extend([10.0, 20.0])
     # Class names come from the device's model too: a detector's counters escape them alike.
     hostile_class = 'fa"ce} 9\nedgekit_up 1\\'
-    t.detections = {hostile_class: ClassSum(1, 2, 0.5)}
+    t.detections = {hostile_class: ClassCount(1, 2, 0.5)}
     text = render([t], {"rejected": {'re"ason\n': 1}})
     text.encode("utf-8")  # a lone surrogate would make the response unencodable
     # No label broke a line: each line is a comment or an edgekit_ sample.

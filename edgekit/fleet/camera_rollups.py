@@ -20,7 +20,7 @@ SELECT = "SELECT fleet, device, stop, name, frames, missed, dropped, latency FRO
 
 
 def as_window(frames: Any, missed: Any, dropped: Any, latency: str) -> dict[str, Any]:
-    """A stored camera row as a window's camera entry (what ``CameraTally.add`` takes)."""
+    """A stored camera row as a window's camera entry (what ``FrameTally.add`` takes)."""
     return {"frames": frames, "missed": missed, "dropped": dropped, "latency_ms": loads(latency)}
 
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
-from edgekit.fleet.cameras import CameraTally, add_cameras, merge_cameras
-from edgekit.fleet.sums import Bucket, ClassSum, add_detections
+from edgekit._core.tally import ClassCount, FrameTally
+from edgekit.fleet.cameras import add_cameras, merge_cameras
+from edgekit.fleet.sums import Bucket, add_detections
 from edgekit.protocol.stages import STAGES
 
 
@@ -29,9 +30,9 @@ class Tally:
     latency: LatencySketch = field(default_factory=LatencySketch)
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
     #: A detector's per-class counts (bounded: ``sums.MAX_CLASSES``); ``None`` until a window has them.
-    detections: dict[str, ClassSum] | None = None
+    detections: dict[str, ClassCount] | None = None
     #: A many-camera device's figures per camera; ``None`` for a single-source device.
-    cameras: dict[str, CameraTally] | None = None
+    cameras: dict[str, FrameTally] | None = None
 
     @classmethod
     def of(cls, b: Bucket) -> Tally:

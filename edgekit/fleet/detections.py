@@ -1,7 +1,7 @@
 """A detector's per-class counts as the fleet server shows them: the device page's class table
 (over the window and its last few steps) and the totals ``/metrics`` exports.
 
-The counts themselves are summed by :mod:`edgekit.fleet.sums` (``ClassSum``) inside the view's
+The counts themselves (``ClassCount``) are summed by :mod:`edgekit.fleet.sums` inside the view's
 buckets (:class:`edgekit.fleet.charts.Tally`); this module only shapes them for reading.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgekit._core.tally import ClassCount
 from edgekit.fleet.charts import Tally
-from edgekit.fleet.sums import ClassSum
 
 DETECTION_STEPS = 6  # the most recent steps the device page lists a detector's classes for
 
@@ -32,14 +32,14 @@ def class_table(key: str, series: dict[int, dict[str, Tally]]) -> dict[str, Any]
         "t": recent,
         "classes": [
             c.to_dict()
-            | {"name": name, "steps": [(steps[t] or {}).get(name, ClassSum()).objects for t in recent]}
+            | {"name": name, "steps": [(steps[t] or {}).get(name, ClassCount()).objects for t in recent]}
             for name, c in classes
         ],
     }
 
 
-def totals_copy(counts: dict[str, ClassSum] | None) -> dict[str, ClassSum] | None:
+def totals_copy(counts: dict[str, ClassCount] | None) -> dict[str, ClassCount] | None:
     """A device's per-class totals copied for ``/metrics`` (read outside the view's lock); ``None`` for a classifier."""
     if counts is None:
         return None
-    return {k: ClassSum(c.frames, c.objects, c.max_score) for k, c in counts.items()}
+    return {k: c.copy() for k, c in counts.items()}

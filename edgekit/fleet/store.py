@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from edgekit._core.sketch import LatencySketch
+from edgekit._core.tally import ClassCount
 from edgekit.fleet import camera_rollups
 from edgekit.fleet.sql import (
     INSERT_WINDOW,
@@ -36,7 +37,7 @@ from edgekit.fleet.sql import (
     where_clause,
     window_row,
 )
-from edgekit.fleet.sums import Bucket, ClassSum, SketchSum, WindowSum, add_detections, loads
+from edgekit.fleet.sums import Bucket, SketchSum, WindowSum, add_detections, loads
 
 SQLITE = Dialect("sqlite", "?", "MAX", "REAL", "INTEGER")
 
@@ -336,7 +337,7 @@ class FleetStore:
             total = at(f, d, stop)
             total.detections = add_detections(
                 total.detections if total.detections is not None else {},
-                {str(name): ClassSum(int(frames), int(objects), float(max_score))},
+                {str(name): ClassCount(int(frames), int(objects), float(max_score))},
             )
         camera_rollups.add_rows(at, rolled_cameras)
         return [sums[k].bucket(*k) for k in sorted(sums)]
@@ -422,7 +423,7 @@ class FleetStore:
             ):
                 r = rollups.get((f, d, float(t0)))
                 if r is not None:
-                    earlier = {str(name): ClassSum(int(frames), int(objects), float(max_score))}
+                    earlier = {str(name): ClassCount(int(frames), int(objects), float(max_score))}
                     r.detections = add_detections(r.detections if r.detections is not None else {}, earlier)
             camera_rollups.merge_earlier(self._query, f, d, span, t0s, rollups)
         self._execute_many(

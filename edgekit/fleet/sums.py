@@ -1,6 +1,6 @@
 """Stored telemetry added up: sketch dicts summed (``SketchSum``), windows and rollups of one device and
 time step summed (``WindowSum``) into a ``Bucket``, ``merge`` of sketch dicts, and a detector's
-per-class counts summed (``ClassSum``, ``add_detections``).
+per-class counts (``ClassCount``s) summed by ``add_detections``.
 
 The store decodes and sums thousands of stored windows per query or compaction; these sums
 work on the decoded dicts and check the result once, which is what keeps that fast.
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
-from edgekit.fleet.cameras import CameraTally, add_cameras
+from edgekit._core.tally import ClassCount, FrameTally
+from edgekit.fleet.cameras import add_cameras
 
 _fast_loads: Callable[[str], Any]
 try:
@@ -39,42 +40,16 @@ MAX_CLASSES = 256
 OTHER = "other"
 
 
-class ClassSum:
-    """One class's detection counts added up: frames with one, objects, the best score."""
-
-    __slots__ = ("frames", "max_score", "objects")
-
-    def __init__(self, frames: int = 0, objects: int = 0, max_score: float = 0.0) -> None:
-        self.frames, self.objects, self.max_score = frames, objects, max_score
-
-    def add(self, frames: int, objects: int, max_score: float) -> None:
-        self.frames += int(frames)
-        self.objects += int(objects)
-        self.max_score = max(self.max_score, float(max_score))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"frames": self.frames, "objects": self.objects, "max_score": round(self.max_score, 5)}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ClassSum) and self.to_dict() == other.to_dict()
-
-    def __repr__(self) -> str:
-        return f"ClassSum({self.frames}, {self.objects}, {self.max_score})"
-
-
 def add_detections(
-    into: dict[str, ClassSum], counts: dict[str, Any], cap: int = MAX_CLASSES
-) -> dict[str, ClassSum]:
+    into: dict[str, ClassCount], counts: dict[str, Any], cap: int = MAX_CLASSES
+) -> dict[str, ClassCount]:
     """Add per-class counts (a window's ``detections``, or stored sums' dicts) into ``into``, at most ``cap`` classes."""
     for name, c in counts.items():
         key = name if name in into or len(into) < cap - 1 else OTHER
         total = into.get(key)
         if total is None:
-            total = into[key] = ClassSum()
-        if isinstance(c, ClassSum):
-            total.add(c.frames, c.objects, c.max_score)
-        else:
-            total.add(c["frames"], c["objects"], c["max_score"])
+            total = into[key] = ClassCount()
+        total.merge(c)
     return into
 
 
@@ -90,9 +65,9 @@ class Bucket:
     latency: LatencySketch
     stages: dict[str, LatencySketch]
     #: A detector's per-class counts; ``None`` when no window of the step had any (a classifier).
-    detections: dict[str, ClassSum] | None = None
+    detections: dict[str, ClassCount] | None = None
     #: A many-camera device's figures per camera; ``None`` when no window of the step had any.
-    cameras: dict[str, CameraTally] | None = None
+    cameras: dict[str, FrameTally] | None = None
 
 
 class SketchSum:
@@ -153,8 +128,8 @@ class WindowSum:
         self.stop = -math.inf
         self.latency = SketchSum()
         self.stages: dict[str, SketchSum] = {}
-        self.detections: dict[str, ClassSum] | None = None
-        self.cameras: dict[str, CameraTally] | None = None
+        self.detections: dict[str, ClassCount] | None = None
+        self.cameras: dict[str, FrameTally] | None = None
 
     def add(
         self,

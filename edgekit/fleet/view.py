@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
-from edgekit.fleet.cameras import CameraTally, camera_table, cameras_copy
+from edgekit._core.tally import ClassCount, FrameTally
+from edgekit.fleet.cameras import camera_table, cameras_copy
 from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
 from edgekit.fleet.detections import class_table, totals_copy
-from edgekit.fleet.sums import ClassSum
 from edgekit.protocol.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,9 @@ class DeviceTotals:
     windows: int = 0
     gaps: int = 0
     #: A detector's per-class counts since the server started; ``None`` for a classifier.
-    detections: dict[str, ClassSum] | None = None
+    detections: dict[str, ClassCount] | None = None
     #: A many-camera device's figures per camera since the server started; ``None`` for a single source.
-    cameras: dict[str, CameraTally] | None = None
+    cameras: dict[str, FrameTally] | None = None
 
 
 @dataclass
