@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgekit._core.tally import ClassCount, FrameTally
+from edgekit._core.tally import ClassCount, FrameTally, count_detections
 from edgekit.protocol.messages import CameraWindow, DetectionCount
 
 
@@ -42,9 +42,11 @@ def test_a_window_without_drops_adds_as_none_dropped() -> None:
 
 
 def test_a_class_count_counts_frames_once_and_keeps_the_best_score() -> None:
-    c = ClassCount()
-    c.count(2, 0.5)
-    c.count(1, 0.9)
+    counts: dict[str, ClassCount] = {}
+    count_detections(counts, [("face", 0.5), ("face", 0.3), ("hand", 0.6)])
+    count_detections(counts, [("face", 0.9)])
+    assert counts == {"face": ClassCount(2, 3, 0.9), "hand": ClassCount(1, 1, 0.6)}
+    c = counts["face"]
     c.merge({"frames": 1, "objects": 4, "max_score": 0.7})
     c.merge(ClassCount(1, 1, 0.2))
     assert c == ClassCount(4, 8, 0.9)

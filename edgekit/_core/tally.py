@@ -10,7 +10,7 @@
 
 ``ClassCount``
     One detection class over some frames: the frames with at least one detection of it,
-    its detections (``objects``) and the best score.  ``{frames, objects, max_score}`` is
+    its detections (``objects``) and the best score; ``count_detections`` adds a frame.  ``{frames, objects, max_score}`` is
     its wire form, in a telemetry window's ``detections``, in the fleet's rollups and in
     ``edgekit run --json``'s ``seen``.  ``from_dict`` also reads the spelling ``seen`` had
     before (``frames_with_detections``, ``detections``), so documents saved then still read.
@@ -20,7 +20,7 @@ Percentiles are never averaged: a tally's latency is a sketch, merged by adding 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ class FrameTally:
         self.latency.merge(other.latency)
 
     def copy(self) -> FrameTally:
+        """The tally alone (a subclass's own fields are not copied)."""
         out = FrameTally(self.frames, self.missed, self.dropped)
         out.latency.merge(self.latency)
         return out
@@ -92,12 +93,6 @@ class ClassCount:
     objects: int = 0
     max_score: float = 0.0
 
-    def count(self, objects: int, best_score: float) -> None:
-        """One frame that held ``objects`` (>= 1) detections of the class, the best scoring ``best_score``."""
-        self.frames += 1
-        self.objects += objects
-        self.max_score = max(self.max_score, best_score)
-
     def add(self, frames: int, objects: int, max_score: float) -> None:
         self.frames += int(frames)
         self.objects += int(objects)
@@ -122,3 +117,26 @@ class ClassCount:
         """A count from its wire form, or from the spelling ``run --json`` wrote before (``frames_with_detections``)."""
         named = {_OLD_CLASS_FIELDS.get(k, k): v for k, v in data.items()}
         return cls(int(named["frames"]), int(named["objects"]), float(named["max_score"]))
+
+
+def count_detections(
+    counts: dict[str, ClassCount], detections: Iterable[tuple[str, float]], key: Callable[[str], str] = str
+) -> None:
+    """Add one frame's detections, ``(class name, score)``, to per-class counts.
+
+    A class counts the frame once however many of its detections it holds, each detection
+    as an object, and its best score.  ``key`` names the class a detection is counted under
+    (a telemetry window cuts long names and folds classes past its bound into ``other``).
+    """
+    in_frame: set[str] = set()
+    for name, score in detections:
+        k = key(name)
+        c = counts.get(k)
+        if c is None:
+            c = counts[k] = ClassCount()
+        c.objects += 1
+        if score > c.max_score:
+            c.max_score = score
+        if k not in in_frame:
+            in_frame.add(k)
+            c.frames += 1

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit._core.sketch import LatencySketch
+from edgekit._core.tally import ClassCount, FrameTally, count_detections
 from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.messages import (
     MAX_CAMERA_NAME,
@@ -43,18 +44,6 @@ from edgekit.protocol.stages import STAGES
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ClassCount:
-    """One class over one window: frames with at least one detection of it, detections, best score."""
-
-    frames: int = 0
-    objects: int = 0
-    max_score: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"frames": self.frames, "objects": self.objects, "max_score": round(self.max_score, 5)}
-
-
 def class_key(name: str, known: dict[str, ClassCount]) -> str:
     """The name a class is counted under: cut to ``MAX_CLASS_NAME``, ``other`` once the window is full."""
     key = name[:MAX_CLASS_NAME] or OTHER_CLASS
@@ -63,38 +52,21 @@ def class_key(name: str, known: dict[str, ClassCount]) -> str:
     return OTHER_CLASS
 
 
-@dataclass
-class CameraCount:
-    """One camera over one window: its frames, misses, the frames its slot dropped, its latency sketch."""
+@dataclass(kw_only=True)
+class Window(FrameTally):
+    """One reporting window: its wall-clock span, its frames, misses and latency, the per-stage sketches.
 
-    frames: int = 0
-    missed: int = 0
-    dropped: int = 0
-    latency: LatencySketch = field(default_factory=LatencySketch)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "frames": self.frames,
-            "missed": self.missed,
-            "dropped": self.dropped,
-            "latency_ms": self.latency.to_dict(),
-        }
-
-
-@dataclass
-class Window:
-    """One reporting window: its wall-clock span, the latency and per-stage sketches, frames and misses."""
+    Its own ``dropped`` is not on the wire: a single source's drops travel in the message's
+    ``counters`` (since the start), a many-camera pipeline's also per camera (``cameras``).
+    """
 
     start: float
     end: float = 0.0
-    latency: LatencySketch = field(default_factory=LatencySketch)
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
-    frames: int = 0
-    missed: int = 0
     #: Per class, a detector's counts; ``None`` for a classifier (its message has no such field).
     detections: dict[str, ClassCount] | None = None
     #: Per camera, a many-camera pipeline's counts; ``None`` for a single source (no such field).
-    cameras: dict[str, CameraCount] | None = None
+    cameras: dict[str, FrameTally] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         span = self.end - self.start
@@ -130,7 +102,7 @@ class MetricsWindow:
         self._window = self._new(time.time())
 
     def _new(self, start: float) -> Window:
-        cameras = {key: CameraCount() for key in self._camera_slots} if self._camera_slots else None
+        cameras = {key: FrameTally() for key in self._camera_slots} if self._camera_slots else None
         return Window(start=start, detections={} if self.detections else None, cameras=cameras)
 
     def _camera_key(self, camera: str) -> str:
@@ -160,31 +132,23 @@ class MetricsWindow:
     def observe(self, record: FrameRecord) -> None:
         with self._lock:
             w = self._window
-            w.latency.add(record.latency_ms)
+            w.count(record.latency_ms, record.met, record.dropped_before)
             for stage, ms in record.stage_ms().items():
                 w.stages[stage].add(ms)
-            w.frames += 1
-            if not record.met:
-                w.missed += 1
             if record.camera:
                 self._observe_camera(w, record)
             counts = w.detections
             if counts is None or not record.detections:
                 return
-            seen: set[str] = set()
-            for det in record.detections:
-                key = class_key(det.name, counts)
-                c = counts.get(key)
-                if c is None:
-                    c = counts[key] = ClassCount()
-                c.objects += 1
+            count_detections(
+                counts,
                 # min/max keep a bad score (NaN, above 1) from reaching the message: the fleet refuses it.
-                score = min(max(float(det.score), 0.0), 1.0) if det.score == det.score else 0.0
-                if score > c.max_score:
-                    c.max_score = score
-                if key not in seen:
-                    seen.add(key)
-                    c.frames += 1
+                (
+                    (d.name, min(max(float(d.score), 0.0), 1.0) if d.score == d.score else 0.0)
+                    for d in record.detections
+                ),
+                key=lambda name: class_key(name, counts),
+            )
 
     def _observe_camera(self, w: Window, record: FrameRecord) -> None:
         # Under the lock.  Two dict look-ups on the usual path; the slow path runs once per camera.
@@ -196,12 +160,8 @@ class MetricsWindow:
             cams = w.cameras = {}
         c = cams.get(key)
         if c is None:
-            c = cams[key] = CameraCount()
-        c.frames += 1
-        c.latency.add(record.latency_ms)
-        if not record.met:
-            c.missed += 1
-        c.dropped += record.dropped_before
+            c = cams[key] = FrameTally()
+        c.count(record.latency_ms, record.met, record.dropped_before)
 
     def take(self) -> Window:
         """The window so far (closed now); a new one starts."""
