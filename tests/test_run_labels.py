@@ -79,12 +79,11 @@ def test_a_detectors_records_and_json_say_what_it_found(
     out, _ = run(detector_bundle, keys[1], "--source", str(frames), "--json", "--records", str(records))
     summary = json.loads(out)
     assert summary["frames"] == len(PATH)
-    # The document ends with what was seen: per class, frames with it, detections, best score.
+    # The document ends with what was seen: per class, frames with it, detections (objects), best
+    # score, under the names a telemetry window gives them.
     assert list(summary)[-2:] == ["task", "seen"] and summary["task"] == "detection"
     squares = sum(c is not None for c in PATH)
-    assert summary["seen"] == {
-        "square": {"frames_with_detections": squares, "detections": squares, "max_score": 1.0}
-    }
+    assert summary["seen"] == {"square": {"frames": squares, "objects": squares, "max_score": 1.0}}
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert [row["index"] for row in rows] == list(range(len(PATH)))
     for row, cell in zip(rows, PATH, strict=True):
@@ -166,8 +165,8 @@ def test_seen_counts_frames_once_per_class_and_keeps_the_best_score() -> None:
     ):
         seen.observe(_record(i, detections=dets))
     assert seen.to_dict() == {
-        "face": {"frames_with_detections": 2, "detections": 3, "max_score": 0.95},
-        "hand": {"frames_with_detections": 1, "detections": 1, "max_score": 0.7},
+        "face": {"frames": 2, "objects": 3, "max_score": 0.95},
+        "hand": {"frames": 1, "objects": 1, "max_score": 0.7},
     }
     top = Seen("classification")
     for name in ["cat", "dog", "cat"]:

@@ -357,7 +357,7 @@ class Pipeline:
         self.candidates_used[record.candidate] = self.candidates_used.get(record.candidate, 0) + 1
         self.stats.add(record)
         if self.per_camera:
-            self.per_camera[record.camera].add(record)
+            self.per_camera[record.camera].count(record.latency_ms, record.met)
         self.last_record = record
         self._sync_counters()
         if self._controller is not None:

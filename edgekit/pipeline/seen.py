@@ -8,26 +8,10 @@ frame and nothing is kept per frame.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
+from edgekit._core.tally import ClassCount, count_detections
 from edgekit.pipeline.records import FrameRecord
-
-
-@dataclass
-class ClassSeen:
-    """One class of a detector over a run."""
-
-    frames_with_detections: int = 0
-    detections: int = 0
-    max_score: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "frames_with_detections": self.frames_with_detections,
-            "detections": self.detections,
-            "max_score": round(self.max_score, 5),
-        }
 
 
 class Seen:
@@ -37,7 +21,7 @@ class Seen:
         self.task = task
         self.frames = 0
         self.top1: Counter[str] = Counter()  # classification: frames whose best label this is
-        self.classes: dict[str, ClassSeen] = {}  # detection: by class name
+        self.classes: dict[str, ClassCount] = {}  # detection: by class name
 
     def observe(self, record: FrameRecord) -> None:
         self.frames += 1
@@ -45,22 +29,13 @@ class Seen:
             if record.labels:
                 self.top1[record.labels[0].name] += 1
             return
-        in_frame: set[str] = set()
-        for d in record.detections:
-            c = self.classes.get(d.name)
-            if c is None:
-                c = self.classes[d.name] = ClassSeen()
-            c.detections += 1
-            c.max_score = max(c.max_score, d.score)
-            in_frame.add(d.name)
-        for name in in_frame:
-            self.classes[name].frames_with_detections += 1
+        count_detections(self.classes, ((d.name, d.score) for d in record.detections))
 
     def to_dict(self) -> dict[str, Any]:
-        """Detection: ``{class: {frames_with_detections, detections, max_score}}``, most frames first;
-        classification: ``{top-1 name: frames}``, most frames first."""
+        """Detection: ``{class: {frames, objects, max_score}}`` (as telemetry names them), most frames
+        first; classification: ``{top-1 name: frames}``, most frames first."""
         if self.task == "detection":
-            ranked = sorted(self.classes.items(), key=lambda kv: (-kv[1].frames_with_detections, kv[0]))
+            ranked = sorted(self.classes.items(), key=lambda kv: (-kv[1].frames, kv[0]))
             return {name: c.to_dict() for name, c in ranked}
         return dict(sorted(self.top1.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -69,8 +44,7 @@ class Seen:
         if self.task == "detection":
             head = f"What the model saw ({self.frames} frames; detections by class):"
             rows = [
-                f"  {name:<24} {c['detections']:>7} in {c['frames_with_detections']} frames"
-                f" (max score {c['max_score']:.2f})"
+                f"  {name:<24} {c['objects']:>7} in {c['frames']} frames (max score {c['max_score']:.2f})"
                 for name, c in list(self.to_dict().items())[:limit]
             ]
             empty = "  nothing detected"

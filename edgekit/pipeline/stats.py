@@ -14,6 +14,7 @@ from typing import Any
 from edgekit._core.sketch import LatencySketch
 from edgekit._core.stats import PERCENTILES as REPORTED
 from edgekit._core.stats import percentile
+from edgekit._core.tally import FrameTally
 from edgekit.pipeline.records import Counters, FrameRecord
 from edgekit.protocol.stages import STAGES
 
@@ -49,24 +50,17 @@ class RunStats:
         return out
 
 
-@dataclass
-class CameraStats:
-    """One camera's share of a many-camera run: its frames, met and missed, drops, latency, how it ended."""
+@dataclass(kw_only=True)
+class CameraStats(FrameTally):
+    """One camera's share of a many-camera run: its tally, its budget and policy, how it ended.
+
+    Its ``dropped`` follows the camera's slot (set by the loop, drops after its last frame
+    included), so a frame is counted with ``count(latency_ms, met)`` alone.
+    """
 
     budget_ms: float = math.nan  # the camera's own budget, or the pipeline's
     policy: str = ""  # its overload policy
-    frames: int = 0
-    met: int = 0
-    missed: int = 0
-    dropped: int = 0
     ended: str = ""
-    latency: LatencySketch = field(default_factory=LatencySketch)
-
-    def add(self, record: FrameRecord) -> None:
-        self.frames += 1
-        self.met += record.met
-        self.missed += not record.met
-        self.latency.add(record.latency_ms)
 
     def to_dict(self) -> dict[str, Any]:
         def r(x: float) -> float | None:
