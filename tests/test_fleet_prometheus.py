@@ -98,7 +98,14 @@ class Device:
 
     def __init__(self, fleet: str, device: str, **birth: Any) -> None:
         b = {**BIRTH, **birth}
-        self.totals = DeviceTotals(fleet, device, "online", 1_800_000_000.0, b, b.get("budget_ms"))
+        self.totals = DeviceTotals(
+            fleet=fleet,
+            device=device,
+            state="online",
+            last_seen=1_800_000_000.0,
+            birth=b,
+            budget_ms=b.get("budget_ms"),
+        )
         self.raw: list[np.ndarray] = []
         self.raw_stages: dict[str, list[float]] = {s: [] for s in STAGES}
 
@@ -150,7 +157,9 @@ def full_exposition() -> str:
     d.window(np.random.default_rng(1).lognormal(np.log(20.0), 0.3, 50))
     d.totals.gaps = 1
     d.totals.detections = {"face": ClassCount(3, 5, 0.9)}  # a detector's per-class counters
-    offline = DeviceTotals("demo", "cam-2", "offline", 1_800_000_000.0, {}, None)
+    offline = DeviceTotals(
+        fleet="demo", device="cam-2", state="offline", last_seen=1_800_000_000.0, birth={}, budget_ms=None
+    )
     return render([d.totals, offline], COLLECTOR)
 
 
@@ -321,7 +330,9 @@ def test_hostile_label_values_are_escaped() -> None:
         "precision": None,
         "profile": "p" * 1000,
     }
-    t = DeviceTotals("demo", hostile_id, "online", 1.0, birth, 20.0)
+    t = DeviceTotals(
+        fleet="demo", device=hostile_id, state="online", last_seen=1.0, birth=birth, budget_ms=20.0
+    )
     t.latency.extend([10.0, 20.0])
     # Class names come from the device's model too: a detector's counters escape them alike.
     hostile_class = 'fa"ce} 9\nedgekit_up 1\\'

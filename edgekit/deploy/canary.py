@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
+from edgekit._core.tally import FrameTally
 from edgekit.deploy.link import Telemetry
 from edgekit.fleet.collector import Collector
 from edgekit.fleet.store import FleetStore
@@ -25,23 +25,17 @@ DEFAULT_MISS_RATE = 0.01
 ALL_TIME_S = 2.0**62
 
 
-@dataclass
-class Health:
-    """What the canary window saw of one device's new pipeline."""
+@dataclass(kw_only=True)
+class Health(FrameTally):
+    """What the canary window saw of one device's new pipeline: its windows' tally, held to the SLO."""
 
     device: str
-    frames: int = 0
-    missed: int = 0
     windows: int = 0
     p95_ms: float | None = None
     budget_ms: float | None = None
     limit_ms: float | None = None
     sessions: list[str] = field(default_factory=list)
     breach: str | None = None
-
-    @property
-    def miss_rate(self) -> float:
-        return self.missed / self.frames if self.frames else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,15 +81,12 @@ class CanaryWatch:
         """
         fresh = {s: body for s, body in births.items() if s not in old and _of_version(body, version)}
         self._take(device, messages, set(fresh), set(births))
-        h = Health(device, sessions=sorted(fresh))
+        h = Health(device=device, sessions=sorted(fresh))
         self.collector.flush()
-        sketch = LatencySketch()
         for bucket in self.store.buckets(-math.inf, math.inf, ALL_TIME_S, self.fleet, device):
-            h.frames += bucket.frames
-            h.missed += bucket.missed
-            sketch.merge(bucket.latency)
+            h.merge(bucket)
         h.windows = len(self.store.seqs(self.fleet, device))
-        h.p95_ms = sketch.quantile(0.95) if sketch.count else None
+        h.p95_ms = h.latency.quantile(0.95) if h.latency.count else None
         budgets = [
             float(b["budget_ms"]) for b in fresh.values() if isinstance(b.get("budget_ms"), (int, float))
         ]

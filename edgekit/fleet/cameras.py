@@ -1,6 +1,6 @@
 """A many-camera device's per-camera figures as the fleet keeps them: a ``FrameTally`` per camera
 (frames, misses, drops and the merged latency sketch over some windows), how they add up, the
-device page's camera table and the copy ``/metrics`` reads.
+device page's camera table.
 
 A window of a single-source pipeline has no ``cameras``; everything here then stays ``None``, so
 such a device has no camera table and no camera series.  Latency percentiles of a camera come
@@ -51,11 +51,6 @@ def merge_cameras(
     for name, tally in other.items():
         _slot(out, name, cap).merge(tally)
     return out
-
-
-def cameras_copy(cameras: Mapping[str, FrameTally] | None) -> dict[str, FrameTally] | None:
-    """A device's per-camera totals copied for ``/metrics`` (read outside the view's lock)."""
-    return None if cameras is None else {name: t.copy() for name, t in cameras.items()}
 
 
 def _ms(sketch: LatencySketch, q: float) -> float | None:

@@ -1,5 +1,5 @@
-"""What the dashboard's charts draw, from merged telemetry: ``Tally`` (frames, misses and merged sketches of
-some windows) and ``chart_series``, which turns per-step tallies into the latency, stage and
+"""What the dashboard's charts draw, from merged telemetry: ``Tally`` (the frame tally and merged sketches
+of some windows) and ``chart_series``, which turns per-step tallies into the latency, stage and
 miss-rate heatmap series of a snapshot.
 
 Every percentile here comes from a merged sketch: a step's fleet p99 is the p99 of all its
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,13 +21,11 @@ from edgekit.fleet.sums import Bucket, add_detections
 from edgekit.protocol.stages import STAGES
 
 
-@dataclass
-class Tally:
-    """Frames, misses and merged latency and stage sketches of some windows (one step, or since start)."""
+@dataclass(kw_only=True)
+class Tally(FrameTally):
+    """The frame tally of some windows (one step, or since start) with their merged stage sketches,
+    a detector's per-class counts and a many-camera device's per-camera tallies."""
 
-    frames: int = 0
-    missed: int = 0
-    latency: LatencySketch = field(default_factory=LatencySketch)
     stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
     #: A detector's per-class counts (bounded: ``sums.MAX_CLASSES``); ``None`` until a window has them.
     detections: dict[str, ClassCount] | None = None
@@ -37,13 +35,19 @@ class Tally:
     @classmethod
     def of(cls, b: Bucket) -> Tally:
         """A store's bucket as a tally (its sketches are the bucket's own: merge it, do not keep it)."""
-        return cls(b.frames, b.missed, b.latency, dict(b.stages), b.detections, b.cameras)
+        return cls(
+            frames=b.frames,
+            missed=b.missed,
+            dropped=b.dropped,
+            latency=b.latency,
+            stages=dict(b.stages),
+            detections=b.detections,
+            cameras=b.cameras,
+        )
 
-    def add(self, window: dict[str, Any]) -> None:
+    def add(self, window: Mapping[str, Any]) -> None:
         """Fold in one window as the collector accepted it (its sketches were checked there)."""
-        self.frames += int(window["frames"])
-        self.missed += int(window["missed"])
-        self.latency.merge_dict(window["latency_ms"])
+        super().add(window)
         for stage, data in (window.get("stages_ms") or {}).items():
             if stage in self.stages:
                 self.stages[stage].merge_dict(data)
@@ -52,10 +56,11 @@ class Tally:
             self.detections = add_detections(self.detections if self.detections is not None else {}, counts)
         self.cameras = add_cameras(self.cameras, window.get("cameras"))
 
-    def merge(self, other: Tally) -> None:
-        self.frames += other.frames
-        self.missed += other.missed
-        self.latency.merge(other.latency)
+    def merge(self, other: FrameTally) -> None:
+        """Add another tally; of another ``Tally``, its stages, classes and cameras too (copied)."""
+        super().merge(other)
+        if not isinstance(other, Tally):
+            return
         for stage, sketch in other.stages.items():
             self.stages[stage].merge(sketch)
         if other.detections is not None:

@@ -1,5 +1,5 @@
 """A detector's per-class counts as the fleet server shows them: the device page's class table
-(over the window and its last few steps) and the totals ``/metrics`` exports.
+(over the window and its last few steps).
 
 The counts themselves (``ClassCount``) are summed by :mod:`edgekit.fleet.sums` inside the view's
 buckets (:class:`edgekit.fleet.charts.Tally`); this module only shapes them for reading.
@@ -36,10 +36,3 @@ def class_table(key: str, series: dict[int, dict[str, Tally]]) -> dict[str, Any]
             for name, c in classes
         ],
     }
-
-
-def totals_copy(counts: dict[str, ClassCount] | None) -> dict[str, ClassCount] | None:
-    """A device's per-class totals copied for ``/metrics`` (read outside the view's lock); ``None`` for a classifier."""
-    if counts is None:
-        return None
-    return {k: c.copy() for k, c in counts.items()}

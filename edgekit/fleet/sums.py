@@ -53,16 +53,14 @@ def add_detections(
     return into
 
 
-@dataclass
-class Bucket:
-    """One device's telemetry over one time step: counts and merged sketches (``t0`` = the step's start)."""
+@dataclass(kw_only=True)
+class Bucket(FrameTally):
+    """One device's telemetry over one time step: its frame tally and merged stage sketches (``t0`` =
+    the step's start).  Its ``dropped`` stays 0: a window's own figures carry none."""
 
     fleet: str
     device: str
     t0: float
-    frames: int
-    missed: int
-    latency: LatencySketch
     stages: dict[str, LatencySketch]
     #: A detector's per-class counts; ``None`` when no window of the step had any (a classifier).
     detections: dict[str, ClassCount] | None = None
@@ -161,15 +159,15 @@ class WindowSum:
     def bucket(self, fleet: str, device: str, t0: float) -> Bucket:
         stages = {name: s.sketch() for name, s in self.stages.items()}
         return Bucket(
-            fleet,
-            device,
-            t0,
-            self.frames,
-            self.missed,
-            self.latency.sketch(),
-            stages,
-            self.detections,
-            self.cameras,
+            fleet=fleet,
+            device=device,
+            t0=t0,
+            frames=self.frames,
+            missed=self.missed,
+            latency=self.latency.sketch(),
+            stages=stages,
+            detections=self.detections,
+            cameras=self.cameras,
         )
 
 

@@ -20,11 +20,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.tally import ClassCount, FrameTally
-from edgekit.fleet.cameras import camera_table, cameras_copy
+from edgekit.fleet.cameras import camera_table
 from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
-from edgekit.fleet.detections import class_table, totals_copy
+from edgekit.fleet.detections import class_table
 from edgekit.protocol.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -45,9 +43,10 @@ class SloPolicy:
     miss_rate: float = 0.01  # misses above this share over ``over_s`` also breach
 
 
-@dataclass
-class DeviceTotals:
-    """One device since the server started: what ``/metrics`` exports (counters never go down)."""
+@dataclass(kw_only=True)
+class DeviceTotals(Tally):
+    """One device since the server started, what ``/metrics`` exports (counters never go down): its
+    tally (frames, misses, sketches, a detector's classes, a many-camera device's cameras) and who it is."""
 
     fleet: str
     device: str
@@ -55,16 +54,8 @@ class DeviceTotals:
     last_seen: float
     birth: dict[str, Any]
     budget_ms: float | None
-    frames: int = 0
-    missed: int = 0
-    latency: LatencySketch = field(default_factory=LatencySketch)
-    stages: dict[str, LatencySketch] = field(default_factory=lambda: {s: LatencySketch() for s in STAGES})
     windows: int = 0
     gaps: int = 0
-    #: A detector's per-class counts since the server started; ``None`` for a classifier.
-    detections: dict[str, ClassCount] | None = None
-    #: A many-camera device's figures per camera since the server started; ``None`` for a single source.
-    cameras: dict[str, FrameTally] | None = None
 
 
 @dataclass
@@ -455,20 +446,16 @@ class FleetView:
             out = []
             for d in sorted(self._devices.values(), key=lambda x: x.key):
                 t = DeviceTotals(
-                    d.fleet,
-                    d.device,
-                    d.state,
-                    d.last_seen,
-                    dict(d.birth),
-                    d.budget_ms,
+                    fleet=d.fleet,
+                    device=d.device,
+                    state=d.state,
+                    last_seen=d.last_seen,
+                    birth=dict(d.birth),
+                    budget_ms=d.budget_ms,
                     windows=d.windows,
                     gaps=d.gaps,
                 )
-                t.frames, t.missed = d.totals.frames, d.totals.missed
-                t.detections, t.cameras = totals_copy(d.totals.detections), cameras_copy(d.totals.cameras)
-                t.latency.merge(d.totals.latency)
-                for s, sk in d.totals.stages.items():
-                    t.stages[s].merge(sk)
+                t.merge(d.totals)  # a copy, read outside the lock: merging copies classes and cameras
                 out.append(t)
         return out
 
