@@ -13,9 +13,10 @@ import hashlib
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from edgekit._core.io import write_atomic
 from edgekit.bundle.errors import KeyFileError
@@ -30,10 +31,34 @@ PRIVATE_SUFFIX = ".pem"
 _INSTALL = 'pip install "edgekit[build]" (it brings cryptography)'
 
 
+#: Public key files as a caller may name them: one path (``str`` or ``Path``), or several.
+KeyPaths: TypeAlias = "str | os.PathLike[str] | Iterable[str | os.PathLike[str]]"
+
+
 def default_key_stem() -> Path:
     """Where ``edgekit keys generate`` writes by default: outside any project, so a key is not committed."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "edgekit" / "keys" / "edgekit"
+
+
+def key_files(keys: KeyPaths | object) -> list[Path]:
+    """``keys`` as a list of paths (``~`` expanded): one path or an iterable of them; ``KeyFileError`` otherwise.
+
+    A lone ``str`` is one path, never a sequence of one-letter paths.  Anything else is checked
+    here, not by the type checker alone: a script passes what it passes.
+    """
+    if isinstance(keys, str | os.PathLike):
+        return [Path(keys).expanduser()]
+    wrong = f"trusted_keys takes a path to a .pub.pem file (str or Path) or a list of them, not {type(keys).__name__}"
+    example = 'for example trusted_keys="~/.config/edgekit/keys/edgekit.pub.pem"'
+    if isinstance(keys, bytes) or not isinstance(keys, Iterable):
+        raise KeyFileError(wrong, example)
+    paths = []
+    for item in keys:
+        if not isinstance(item, str | os.PathLike):
+            raise KeyFileError(f"{wrong} (it holds a {type(item).__name__})", example)
+        paths.append(Path(item).expanduser())
+    return paths
 
 
 def key_paths(stem: Path) -> tuple[Path, Path]:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from edgekit.bundle.errors import VerificationError
+from edgekit.bundle.keys import KeyPaths, key_files
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,11 @@ def store_keys() -> list[Path]:
     return found
 
 
-def keys_for(trusted_keys: Sequence[Path] | None) -> tuple[list[Path], bool]:
-    """``(keys, explicit)``: the keys passed (an empty list trusts nothing), else (None) the trust store's."""
+def keys_for(trusted_keys: KeyPaths | None) -> tuple[list[Path], bool]:
+    """``(keys, explicit)``: the keys passed (one path or several; an empty list trusts nothing),
+    else (None) the trust store's."""
     if trusted_keys is not None:
-        return list(trusted_keys), True
+        return key_files(trusted_keys), True
     return store_keys(), False
 
 

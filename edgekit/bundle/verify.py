@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from edgekit._core.io import CHUNK
 from edgekit.bundle.errors import BundleError, VerificationError
+from edgekit.bundle.keys import KeyPaths, key_files
 from edgekit.bundle.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
@@ -89,7 +90,7 @@ class VerifyReport:
 
 def verify(
     bundle: Path,
-    trusted_keys: Sequence[Path] | None = None,
+    trusted_keys: KeyPaths | None = None,
     *,
     require_signature: bool = False,
     hash_files: Collection[str] | None = None,
@@ -98,7 +99,8 @@ def verify(
 
     Checks that the manifest parses; that every listed file is a plain file with the listed
     size and SHA-256; that no file is missing or extra; and that ``manifest.sig`` is a valid
-    Ed25519 signature of ``manifest.json`` by one of ``trusted_keys`` (public key PEM files).
+    Ed25519 signature of ``manifest.json`` by one of ``trusted_keys`` (public key PEM files: one
+    path or several).
     A signed bundle checked without keys is reported ``unchecked``, an unsigned one
     ``unsigned``; both fail only with ``require_signature``.  An unreadable key file or an
     unsafe archive raises (``KeyFileError``, ``UnsafeArchiveError``).
@@ -110,7 +112,7 @@ def verify(
     """
     from edgekit.bundle.archive import open_bundle
 
-    keys = _load_keys(trusted_keys or ())
+    keys = _load_keys(key_files(trusted_keys) if trusted_keys is not None else [])
     with open_bundle(bundle) as folder:
         return _verify_folder(folder, bundle, keys, require_signature, hash_files)
 

@@ -40,6 +40,7 @@ from edgekit.runtime.profiles import Candidate
 if TYPE_CHECKING:
     import numpy as np
 
+    from edgekit.bundle.keys import KeyPaths
     from edgekit.bundle.manifest import Manifest
     from edgekit.runtime.preprocessing import Preprocessor
 
@@ -224,7 +225,7 @@ def load(
     bundle: str | Path,
     device: str = "auto",
     *,
-    trusted_keys: Sequence[Path] | None = None,
+    trusted_keys: KeyPaths | None = None,
     require_signature: bool = True,
     allow_unsigned: bool = False,
     measure: bool | MeasureLimits | None = None,
@@ -232,8 +233,9 @@ def load(
 ) -> Model:
     """Verify and load a bundle (directory or .tar.gz) on the best backend for ``device``.
 
-    The bundle must be signed by a trusted key: one of ``trusted_keys`` when given (then
-    only those), else one in the trust store (``edgekit.bundle.trust``).  ``allow_unsigned``
+    The bundle must be signed by a trusted key: one of ``trusted_keys`` when given (a public
+    key's path, ``str`` or ``Path``, or a list of them; then only those), else one in the trust
+    store (``edgekit.bundle.trust``).  ``allow_unsigned``
     loads a bundle that is unsigned, or signed by a key nobody here trusts, with a warning
     (never one whose signature is bad, nor an unsigned one when ``trusted_keys`` are given).
     ``require_signature`` is kept for old callers: a signature is required either way.
