@@ -139,10 +139,10 @@ def host_reference_bundle() -> Path:
 
 def trust_demo_key() -> None:
     """Add the demo key's folder to this process's trust store (``$EDGEKIT_TRUST``, which children inherit)."""
-    from edgekit.bundle.trust import trust_dirs
+    from edgekit.bundle.trust import user_trust_dirs
 
     folder = str(demo_key()[1].parent)
-    dirs = [str(d) for d in trust_dirs()[:-1]]  # the user's store; the agent's is added anyway
+    dirs = [str(d) for d in user_trust_dirs()]  # the agent's store is added anyway
     os.environ["EDGEKIT_TRUST"] = os.pathsep.join(dict.fromkeys([folder, *dirs]))
 
 

@@ -10,6 +10,7 @@ it converts anything.  Against tiny real bundles and the real command.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,8 @@ from tiny_detector import classifier_bundle
 
 import edgekit
 from edgekit.errors import EdgekitError
+
+from conftest import edgekit as edgekit_cli
 
 
 @pytest.fixture
@@ -57,3 +60,32 @@ def test_trusted_keys_of_another_type_is_a_clear_error(signed: tuple[Path, Path]
     with pytest.raises(EdgekitError) as err:
         edgekit.load(signed[0], device="x86_64-cpu", trusted_keys=keys)  # type: ignore[arg-type]
     assert "trusted_keys takes a path" in err.value.message and "trusted_keys=" in err.value.hint
+
+
+@pytest.fixture
+def new_user(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """A user with nothing set up: an empty config folder and no $EDGEKIT_TRUST (the run's store is not theirs)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("EDGEKIT_TRUST", raising=False)
+    monkeypatch.setenv("EDGEKIT_AGENT_ROOT", str(tmp_path / "no-agent"))
+    return {**os.environ}
+
+
+def generated_key(env: dict[str, str]) -> tuple[Path, Path]:
+    """``edgekit keys generate`` with no ``--out``, as the README runs it; the pair it wrote."""
+    r = edgekit_cli(env, "keys", "generate")
+    assert r.returncode == 0, r.stderr
+    folder = Path(env["XDG_CONFIG_HOME"]) / "edgekit" / "keys"
+    return folder / "edgekit.pem", folder / "edgekit.pub.pem"
+
+
+def test_the_key_keys_generate_made_is_trusted_by_load_and_by_run(
+    new_user: dict[str, str], tmp_path: Path
+) -> None:
+    private, _ = generated_key(new_user)
+    bundle = classifier_bundle(tmp_path / "bundle", private)
+    with edgekit.load(bundle, device="x86_64-cpu") as model:  # no key named: the user's own is trusted
+        assert model.classify(frame(), k=3)
+    r = edgekit_cli(new_user, "run", str(bundle), "--source", "synthetic:64x48@30", "--frames", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "UNSIGNED" not in r.stderr

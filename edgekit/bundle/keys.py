@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, TypeAlias
 
 from edgekit._core.io import write_atomic
+from edgekit._core.paths import config_root
 from edgekit.bundle.errors import KeyFileError
 
 if TYPE_CHECKING:
@@ -37,8 +38,7 @@ KeyPaths: TypeAlias = "str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 def default_key_stem() -> Path:
     """Where ``edgekit keys generate`` writes by default: outside any project, so a key is not committed."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "edgekit" / "keys" / "edgekit"
+    return config_root() / "keys" / "edgekit"
 
 
 def key_files(keys: KeyPaths | object) -> list[Path]:

@@ -6,10 +6,15 @@ trusted key unless the caller explicitly allows an unsigned bundle.
 
 *Trusted keys* are the ones the caller passes (``--key``, ``trusted_keys=``); when it passes
 none, the trust store: every ``*.pub.pem`` in ``$EDGEKIT_TRUST`` (folders separated by
-``:``), else in ``$XDG_CONFIG_HOME/edgekit/trusted-keys`` (``~/.config/edgekit/trusted-keys``),
-plus the device agent's own store ``<agent root>/keys`` (``$EDGEKIT_AGENT_ROOT``, else
-``/var/lib/edgekit``) when it is readable.  Keys passed explicitly replace the store: only
-they count.  A bundle signed by a key that is in neither is refused, never run as if checked.
+``:``), else in ``$XDG_CONFIG_HOME/edgekit/trusted-keys`` (``~/.config/edgekit/trusted-keys``)
+and in the folder ``edgekit keys generate`` writes to (``~/.config/edgekit/keys``: a bundle
+you signed yourself runs here, whether through the CLI or ``edgekit.load``), plus the device
+agent's own store ``<agent root>/keys`` (``$EDGEKIT_AGENT_ROOT``, else ``/var/lib/edgekit``)
+when it is readable.  Keys passed explicitly replace the store: only they count.  A bundle
+signed by a key that is in neither is refused, never run as if checked.
+
+Trusting the generated keys' folder widens nothing: it is made 0700 beside ``trusted-keys``,
+in the same config folder, so whoever could put a key in one could put it in the other.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ import logging
 import os
 from pathlib import Path
 
+from edgekit._core.paths import config_root
 from edgekit.bundle.errors import VerificationError
-from edgekit.bundle.keys import KeyPaths, key_files
+from edgekit.bundle.keys import KeyPaths, default_key_stem, key_files
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +36,19 @@ UNSIGNED_RISK = (
 )
 
 
-def trust_dirs() -> list[Path]:
-    """The trust store's folders, in order (they need not exist)."""
+def user_trust_dirs() -> list[Path]:
+    """This user's part of the trust store: ``$EDGEKIT_TRUST``'s folders, else ``trusted-keys`` and
+    the folder ``edgekit keys generate`` writes to, in the config folder."""
     env = os.environ.get("EDGEKIT_TRUST")
     if env is not None:
-        dirs = [Path(p).expanduser() for p in env.split(os.pathsep) if p]
-    else:
-        xdg = os.environ.get("XDG_CONFIG_HOME")
-        config = Path(xdg).expanduser() if xdg else Path.home() / ".config"
-        dirs = [config / "edgekit" / "trusted-keys"]
+        return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    return [config_root() / "trusted-keys", default_key_stem().parent]
+
+
+def trust_dirs() -> list[Path]:
+    """The trust store's folders, in order (they need not exist): the user's, then the agent's."""
     agent = os.environ.get("EDGEKIT_AGENT_ROOT")
-    dirs.append((Path(agent).expanduser() if agent else AGENT_ROOT) / "keys")
-    return dirs
+    return [*user_trust_dirs(), (Path(agent).expanduser() if agent else AGENT_ROOT) / "keys"]
 
 
 def store_keys() -> list[Path]:

@@ -178,7 +178,7 @@ def run_command(
         typer.Option(
             "--key",
             help="Trusted public key (repeat): the bundle must be signed by one of these "
-            "(default: the trust store, $EDGEKIT_TRUST or ~/.config/edgekit/trusted-keys).",
+            "(default: the trust store, $EDGEKIT_TRUST or ~/.config/edgekit/trusted-keys and keys).",
         ),
     ] = None,
     allow_unsigned: Annotated[

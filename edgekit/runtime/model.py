@@ -235,7 +235,7 @@ def load(
 
     The bundle must be signed by a trusted key: one of ``trusted_keys`` when given (a public
     key's path, ``str`` or ``Path``, or a list of them; then only those), else one in the trust
-    store (``edgekit.bundle.trust``).  ``allow_unsigned``
+    store (``edgekit.bundle.trust``), which holds the key ``edgekit keys generate`` made.  ``allow_unsigned``
     loads a bundle that is unsigned, or signed by a key nobody here trusts, with a warning
     (never one whose signature is bad, nor an unsigned one when ``trusted_keys`` are given).
     ``require_signature`` is kept for old callers: a signature is required either way.
