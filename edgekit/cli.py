@@ -21,7 +21,7 @@ from edgekit._version import __version__
 from edgekit.commands import register_all
 from edgekit.commands.common import JsonOpt, console, err_console
 from edgekit.commands.common import print_json as _print_json
-from edgekit.errors import EdgekitError
+from edgekit.errors import EdgekitError, command_line_hints
 
 app = typer.Typer(
     name="edgekit",
@@ -229,8 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 usage error, 2 edgekit error)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        # Typer reports its own usage errors and always ends with SystemExit.
-        app(args=args, prog_name="edgekit")
+        # Typer reports its own usage errors and always ends with SystemExit.  Hints name options.
+        with command_line_hints():
+            app(args=args, prog_name="edgekit")
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except EdgekitError as err:

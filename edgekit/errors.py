@@ -8,7 +8,11 @@ logged and re-raised in every layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 def first_line(err: BaseException) -> str:
@@ -17,6 +21,29 @@ def first_line(err: BaseException) -> str:
         ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("Exception from src")
     ]
     return lines[0][:300] if lines else type(err).__name__
+
+
+_from_cli = False
+
+
+@contextlib.contextmanager
+def command_line_hints() -> Iterator[None]:
+    """While it is open, ``spelled`` names settings as the ``edgekit`` command's options (the CLI opens it)."""
+    global _from_cli
+    before, _from_cli = _from_cli, True
+    try:
+        yield
+    finally:
+        _from_cli = before
+
+
+def spelled(cli: _T, python: _T) -> _T:
+    """A setting named the way the user gave it: ``cli`` (``--key KEY.pub.pem``) while the ``edgekit``
+    command runs, else ``python`` (``trusted_keys=...``), for a program that called the API.
+
+    A process-wide flag, not a context variable: the command's worker threads speak its language too.
+    """
+    return cli if _from_cli else python
 
 
 class EdgekitError(Exception):

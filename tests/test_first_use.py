@@ -89,3 +89,17 @@ def test_the_key_keys_generate_made_is_trusted_by_load_and_by_run(
     r = edgekit_cli(new_user, "run", str(bundle), "--source", "synthetic:64x48@30", "--frames", "2", "--json")
     assert r.returncode == 0, r.stderr
     assert "UNSIGNED" not in r.stderr
+
+
+def test_a_refusal_from_python_names_trusted_keys_and_from_the_cli_names_key(
+    signed: tuple[Path, Path], new_user: dict[str, str]
+) -> None:
+    bundle, _ = signed
+    with pytest.raises(EdgekitError) as err:
+        edgekit.load(bundle, device="x86_64-cpu")
+    hint = err.value.hint
+    assert "trusted_keys=" in hint and "allow_unsigned=True" in hint, hint
+    assert "--key" not in hint and "--allow-unsigned" not in hint, hint
+    r = edgekit_cli(new_user, "run", str(bundle), "--source", "synthetic:64x48@30", "--frames", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--key" in r.stderr and "--allow-unsigned" in r.stderr and "trusted_keys" not in r.stderr

@@ -136,7 +136,7 @@ def test_load_refuses_unsigned_by_default_and_allows_it_loudly(
     with pytest.raises(EdgekitError) as err:
         edgekit.load(bundle, device="x86_64-cpu")
     assert "not signed" in err.value.message
-    assert "--key" in err.value.hint and "--allow-unsigned" in err.value.hint
+    assert "trusted_keys=" in err.value.hint and "allow_unsigned=True" in err.value.hint  # Python's names
     with caplog.at_level("WARNING"), edgekit.load(bundle, device="x86_64-cpu", allow_unsigned=True) as m:
         assert m.classify(tiny_frame())
     assert "UNSIGNED" in caplog.text

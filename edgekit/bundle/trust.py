@@ -26,6 +26,7 @@ from pathlib import Path
 from edgekit._core.paths import config_root
 from edgekit.bundle.errors import VerificationError
 from edgekit.bundle.keys import KeyPaths, default_key_stem, key_files
+from edgekit.errors import spelled
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,17 @@ def keys_for(trusted_keys: KeyPaths | None) -> tuple[list[Path], bool]:
     return store_keys(), False
 
 
+def _key_option() -> str:
+    return spelled(cli="--key KEY.pub.pem", python='trusted_keys="KEY.pub.pem"')
+
+
 def trust_hint(explicit: bool) -> str:
     where = ", ".join(str(d) for d in trust_dirs())
     if explicit:
-        return "pass the public key of the key that signed it with --key KEY.pub.pem"
+        return f"pass the public key of the key that signed it: {_key_option()}"
     return (
-        f"pass the builder's public key with --key KEY.pub.pem, or put it in the trust store ({where}); "
-        "to run it anyway, unchecked, pass --allow-unsigned"
+        f"pass the builder's public key ({_key_option()}), or put it in the trust store ({where}); "
+        f"to run it anyway, unchecked, pass {spelled(cli='--allow-unsigned', python='allow_unsigned=True')}"
     )
 
 
@@ -104,9 +109,10 @@ def require_trusted(
     else:  # invalid / missing: verify already failed on these
         raise VerificationError(f"{shown}: signature {signature}", trust_hint(explicit))
     if explicit:  # keys were named: it must be signed by one of them, whatever else was allowed
+        given, allow = spelled(cli=("--key", "--allow-unsigned"), python=("trusted_keys", "allow_unsigned"))
         raise VerificationError(
-            what + "; keys were given (--key), so it must be signed by one of them "
-            "(--allow-unsigned does not override --key)",
+            what + f"; keys were given ({given}), so it must be signed by one of them "
+            f"({allow} does not override {given})",
             hint,
         )
     if not allow_unsigned:
