@@ -103,3 +103,11 @@ def test_a_refusal_from_python_names_trusted_keys_and_from_the_cli_names_key(
     r = edgekit_cli(new_user, "run", str(bundle), "--source", "synthetic:64x48@30", "--frames", "1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "--key" in r.stderr and "--allow-unsigned" in r.stderr and "trusted_keys" not in r.stderr
+
+
+def test_a_missing_bundle_says_it_does_not_exist(tmp_path: Path) -> None:
+    for missing in (tmp_path / "bundles" / "enl0-x86", tmp_path / "enl0-x86.tar.gz"):
+        with pytest.raises(EdgekitError) as err:
+            edgekit.load(missing, device="x86_64-cpu")
+        assert f"{missing} does not exist" in err.value.message
+        assert "is not a file" not in err.value.message

@@ -126,6 +126,11 @@ def unpack(
     ``max_bytes`` bytes or ``max_members`` entries.  Nothing is left behind on failure.
     """
     if not archive.is_file():
+        if not (archive.exists() or archive.is_symlink()):
+            where = "" if archive.is_absolute() else f" (looked for in {Path.cwd()})"
+            raise BundleError(
+                f"{archive} does not exist{where}", "pass a bundle folder or .tar.gz written by edgekit build"
+            )
         raise BundleError(f"{archive} is not a file", "pass a bundle .tar.gz made by edgekit build or pack")
     dest = dest.absolute()
     check_replaceable(dest)
@@ -221,9 +226,5 @@ def open_bundle(bundle: Path) -> Iterator[Path]:
     if bundle.is_dir():
         yield bundle
         return
-    if not bundle.exists():
-        raise BundleError(
-            f"{bundle} does not exist", "pass a bundle folder or .tar.gz written by edgekit build"
-        )
     with tempfile.TemporaryDirectory(prefix="edgekit-bundle-") as tmp:
         yield unpack(bundle, Path(tmp) / "bundle")
