@@ -11,6 +11,7 @@ it converts anything.  Against tiny real bundles and the real command.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -111,3 +112,72 @@ def test_a_missing_bundle_says_it_does_not_exist(tmp_path: Path) -> None:
             edgekit.load(missing, device="x86_64-cpu")
         assert f"{missing} does not exist" in err.value.message
         assert "is not a file" not in err.value.message
+
+
+# -- edgekit build checks its signing key first ------------------------------------------------------
+
+
+def tiny_onnx(folder: Path) -> Path:
+    import tiny_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return tiny_model.write_onnx(folder / "tiny.onnx", tiny_model.make_weights())
+
+
+@pytest.mark.parametrize("problem", ["missing", "public", "not a key", "folder"])
+def test_build_checks_the_signing_key_before_any_step(
+    problem: str, new_user: dict[str, str], tmp_path: Path
+) -> None:
+    from edgekit.bundle import generate_keypair
+    from edgekit.convert.build_records import BuildRequest
+    from edgekit.convert.builder import build
+    from edgekit.convert.modelcard import card_for_file
+
+    onnx = tiny_onnx(tmp_path / "model")
+    _, public = generate_keypair(tmp_path / "keys" / "k")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a key\n")
+    key = {"missing": tmp_path / "edgekit.pem", "public": public, "not a key": junk, "folder": tmp_path}[
+        problem
+    ]
+    steps: list[tuple[str, str]] = []
+    req = BuildRequest(
+        card=card_for_file(onnx, mean=(0.0, 0.0, 0.0), std=(255.0, 255.0, 255.0)),
+        device="x86_64-cpu",
+        out=tmp_path / "out",
+        onnx=onnx,
+        backends=("onnxruntime",),
+        precisions=("fp32",),
+        measure_latency=False,
+        sign_key=key,
+    )
+    with pytest.raises(EdgekitError) as err:
+        build(req, lambda step, status: steps.append((step, status)))
+    assert str(key) in err.value.message and err.value.hint
+    assert steps == []  # refused before the first step, not after the last
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_sign_key_hint_names_the_key_keys_generate_wrote(
+    new_user: dict[str, str], tmp_path: Path
+) -> None:
+    private, _ = generated_key(new_user)
+    onnx = tiny_onnx(tmp_path / "model")
+    r = edgekit_cli(new_user, "build", "--onnx", str(onnx), "--mean", "0,0,0", "--std", "255,255,255",
+            "--device", "x86_64-cpu", "-o", str(tmp_path / "b"), "--sign-key", "edgekit.pem")  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "edgekit.pem does not exist" in r.stderr and str(private) in r.stderr, r.stderr
+    assert "fp32-onnx" not in r.stderr and not (tmp_path / "b").exists()
+
+
+def test_the_generated_key_signs_a_build(new_user: dict[str, str], tmp_path: Path) -> None:
+    private, _ = generated_key(new_user)
+    onnx = tiny_onnx(tmp_path / "model")
+    out = tmp_path / "b"
+    r = edgekit_cli(new_user, "build", "--onnx", str(onnx), "--mean", "0,0,0", "--std", "255,255,255",
+            "--device", "x86_64-cpu", "--backends", "onnxruntime", "--precisions", "fp32",
+            "-o", str(out), "--sign-key", str(private), "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    with edgekit.load(out, device="x86_64-cpu") as model:
+        assert model.classify(frame())
+    shutil.rmtree(out)

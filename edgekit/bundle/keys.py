@@ -158,13 +158,17 @@ def _kind(key: object) -> str:
     )
 
 
-def _read(path: Path, what: str) -> bytes:
+def _read(path: Path, what: str, private: bool) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError as err:
-        raise KeyFileError(
-            f"{what} {path} does not exist", "make a key pair with: edgekit keys generate"
-        ) from err
+        mine = key_paths(default_key_stem())[0 if private else 1]
+        hint = (
+            f"edgekit keys generate wrote yours to {mine}: pass that path"
+            if mine.is_file() and mine.absolute() != path.absolute()
+            else "make a key pair with: edgekit keys generate"
+        )
+        raise KeyFileError(f"{what} {path} does not exist", hint) from err
     except OSError as err:
         raise KeyFileError(
             f"{what} {path} cannot be read: {err.strerror}", "check the path and its permissions"
@@ -177,7 +181,7 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    data = _read(path, "signing key")
+    data = _read(path, "signing key", private=True)
     if b"PUBLIC KEY-----" in data:
         raise KeyFileError(
             f"{path} is a public key; signing needs the private key",
@@ -211,7 +215,7 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    data = _read(path, "public key")
+    data = _read(path, "public key", private=False)
     if b"PRIVATE KEY-----" in data:
         raise KeyFileError(
             f"{path} is a private key; verifying takes the public key",

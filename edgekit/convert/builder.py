@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 
 def build(req: BuildRequest, progress: Progress = no_progress) -> BuildResult:
     """Run a build; returns what it made.  Raises :class:`BuildError` and leaves no bundle on failure."""
+    if req.sign_key is not None:
+        from edgekit.bundle.keys import load_private_key
+
+        # Before any step: a missing, unreadable or public key would otherwise fail only at the
+        # very end, when the bundle is signed, after minutes of converting.
+        load_private_key(req.sign_key)
     b = BuildSteps(req, progress)
     try:
         return _build(b)
