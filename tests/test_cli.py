@@ -107,3 +107,17 @@ def test_debug_shows_the_traceback() -> None:
 def test_usage_error_exit_code() -> None:
     r = edgekit("devices", "frobnicate")
     assert r.returncode != 0 and "Traceback" not in r.stderr
+
+
+def test_tables_are_not_cut_to_80_columns_when_stdout_is_piped() -> None:
+    # Piped, rich would fit a table to 80 columns and cut its cells ("onnxrun…", a latency's "17…"):
+    # what a program or a log reads must hold every value whole, one row a line.
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_TERMINAL", "TTY_COMPATIBLE")}
+    r = subprocess.run([*EDGEKIT, "devices", "list"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout, r.stdout
+    profiles = json.loads(edgekit("devices", "list", "--json").stdout)
+    rows = r.stdout.splitlines()
+    for p in profiles:
+        cells = (p["name"], f"{p['budget_ms']:g} ms", p["candidates"][0]["name"], p["description"])
+        assert any(all(c in row for c in cells) for row in rows), (cells, r.stdout)

@@ -13,10 +13,23 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-console = Console()
-err_console = Console(stderr=True)
+#: The width of a console that is not a terminal: rich would fit tables to 80 columns and cut
+#: their cells ("17…" for 170 ms); a file or a pipe has no width to fit, so nothing is cut.
+PIPE_WIDTH = 1000
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console for stdout or stderr: a terminal's width on a terminal, else ``$COLUMNS`` or ``PIPE_WIDTH``."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal and not os.environ.get("COLUMNS"):
+        made.width = PIPE_WIDTH
+    return made
+
+
+console = _console()
+err_console = _console(stderr=True)
 # Piped or redirected, stderr is read by programs and by people grepping logs: an error, a hint or
-# a path is never hard-wrapped at rich's 80 columns there.  On a terminal rich wraps to its width.
+# a path is never hard-wrapped there.  On a terminal rich wraps to its width.
 err_console.soft_wrap = not err_console.is_terminal
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
