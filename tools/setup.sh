@@ -20,8 +20,15 @@ done
 if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     echo "setup: installing ${missing[*]}"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # Another apt (unattended-upgrades, a second setup) may hold its locks: wait, up to 10 min.
+    # install waits by itself (DPkg::Lock::Timeout); update does not for the lists' lock (apt 2.6).
+    for ((waited = 0; ; waited += 5)); do
+      if out=$(apt-get -q update 2>&1); then echo "$out"; break; fi
+      if ! grep -q "Could not get lock" <<<"$out" || ((waited >= 600)); then echo "$out" >&2; exit 1; fi
+      ((waited)) || echo "setup: another apt holds its lock; waiting for it (up to 10 min)" >&2
+      sleep 5
+    done
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}"
   else
     echo "setup: please install these system packages (as root): ${missing[*]}" >&2
   fi
@@ -33,9 +40,13 @@ PYTHON=${PYTHON:-python3}
 # torch==2.13.0 (pinned in the build extra) is a CPU build; an unpinned torch pulls CUDA.
 .venv/bin/python -m pip install -q -e ".[all,dev,fast]"
 # The PyTorch -> LiteRT converter is a second step: through ai-edge-litert[model-utils] it pins
-# xdsl==0.28.0, whose stale typing-extensions<4.13 pin would break `import tvm` if pip resolved
-# them together.  Install it, then put typing-extensions/pydantic back (checked: both work).
-.venv/bin/python -m pip install -q "litert-torch==0.10.0"
+# xdsl==0.28.0, whose stale typing-extensions<4.13 pin would break `import tvm` and pydantic
+# (>=2.12 needs typing-extensions>=4.14) if pip resolved them together; no resolution satisfies
+# both.  Install it once, then put typing-extensions/pydantic back (checked: both work).  Asking
+# pip for litert-torch again would resolve its tree again and downgrade both, every run: so only
+# when it is missing or another version.
+installed() { .venv/bin/python -c 'import sys, importlib.metadata as m; sys.exit(m.version(sys.argv[1]) != sys.argv[2])' "$1" "$2" 2>/dev/null; }
+installed litert-torch 0.10.0 || .venv/bin/python -m pip install -q "litert-torch==0.10.0"
 .venv/bin/python -m pip install -q "typing-extensions>=4.14" "pydantic>=2.12"
 # The BlazeFace detector (models/blazeface) is MediaPipe's .tflite, a data file of this package.
 # --no-deps: it declares tensorflow (for its own code, several GB), and edgekit reads only the file.
