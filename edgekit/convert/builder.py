@@ -33,6 +33,7 @@ from edgekit.convert.images import ImageSet
 from edgekit.convert.latency import measure
 from edgekit.convert.recipes import (
     litert_artifacts,
+    litert_left_out,
     plan_recipes,
     recipe_artifacts,
     recipe_of,
@@ -213,14 +214,10 @@ def _build(b: BuildSteps) -> BuildResult:
     reports: dict[str, ArtifactReport] = {}
     litert_recipes = [r for r in recipes if r.startswith("litert-")]
     if litert_recipes:
-        if req.onnx is not None and req.pytorch_module is None:
+        if why := litert_left_out(b):
             for r in litert_recipes:
-                reports[r] = ArtifactReport(
-                    r,
-                    None,
-                    skipped="LiteRT artifacts are converted from the PyTorch model; an ONNX file has none "
-                    "(give the .tflite instead, or build from a PyTorch model card)",
-                )
+                reports[r] = ArtifactReport(r, None, skipped=why)
+                b.progress(f"compile {r}", f"skipped: {why}")
         else:
             for r, a in litert_artifacts(b, litert_recipes, fp32, calib, calib_hash).items():
                 reports[r] = ArtifactReport(r, a)

@@ -49,10 +49,13 @@ if TYPE_CHECKING:
 PRECISIONS = ("fp32", "int8", "edgetpu")
 LAYOUT = "NHWC"
 TARGET = "LiteRT (.tflite)"
+# Not an extra of edgekit: litert-torch 0.10.0 pulls xdsl==0.28.0 (through ai-edge-litert[model-utils]
+# and litert-converter), which pins typing-extensions<4.13, and TVM's apache-tvm-ffi 0.1.14 needs
+# >=4.13, so no resolver can install it beside edgekit[tvm] (edgekit[all]).
 CONVERTER_HINT = (
     'pip install "litert-torch==0.10.0", then pip install "typing-extensions>=4.14" "pydantic>=2.12" '
-    "(litert-torch pulls xdsl, which pins typing-extensions<4.13; the LiteRT paths edgekit uses "
-    "work with the newer one and TVM needs it)"
+    "(a second step, not in edgekit[all]: its xdsl pins typing-extensions<4.13, TVM needs >=4.13; "
+    "edgekit's LiteRT paths work with the newer one)"
 )
 COMPILER_TIMEOUT_S = 600
 EDGETPU_NOT_COMPILED = (

@@ -7,6 +7,7 @@ progress (:class:`edgekit.convert.build_steps.BuildSteps`).
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -71,6 +72,27 @@ UNTUNED_TVM = (
     "no tuned schedules for this model on this CPU; tune with --tune-trials N "
     "or build it untuned with --tvm-untuned"
 )
+
+
+ONNX_HAS_NO_PYTORCH = (
+    "LiteRT artifacts are converted from the PyTorch model; an ONNX file has none "
+    "(give the .tflite instead, or build from a PyTorch model card)"
+)
+
+
+def litert_left_out(b: BuildSteps) -> str | None:
+    """Why the build leaves every LiteRT artifact out, or None when it converts them.
+
+    The converter (litert-torch) is not in ``edgekit[all]``: pip cannot install it beside TVM
+    (litert.CONVERTER_HINT says why), so a build without it still makes every other artifact.
+    """
+    from edgekit.convert.litert import CONVERTER_HINT
+
+    if b.req.onnx is not None and b.req.pytorch_module is None:
+        return ONNX_HAS_NO_PYTORCH
+    if importlib.util.find_spec("litert_torch") is None:
+        return f"litert-torch (the PyTorch to LiteRT converter) is not installed: {CONVERTER_HINT}"
+    return None
 
 
 def untuned_tvm(b: BuildSteps, recipe: str, fp32_hash: str) -> str | None:
