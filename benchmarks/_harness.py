@@ -12,9 +12,8 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import sys
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -56,11 +55,6 @@ def bundle_of(args: argparse.Namespace) -> Path:
 
 def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
-
-
-def p99(values: Iterable[float]) -> float:
-    """The 99th percentile, as ``statistics.quantiles`` cuts it (needs at least two values)."""
-    return statistics.quantiles(list(values), n=100)[98]
 
 
 @contextmanager

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks._harness import bundle_of, parse, parser, print_json, run
+from edgekit._core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry
@@ -255,21 +255,20 @@ def main(argv: list[str] | None = None) -> int:
             else {}
         )
 
-    med = statistics.median
     summary: dict[str, Any] = {}
     for name, runs in results.items():
         keys = list(dict.fromkeys(k for r in runs for k in r["phases"]))
-        phases = {k: med(r["phases"].get(k, 0.0) for r in runs) for k in keys}
+        phases = {k: median(r["phases"].get(k, 0.0) for r in runs) for k in keys}
         heavy = sorted({m for r in runs for m in r["modules"] if m in HEAVY})
         summary[name] = {
             "candidate": runs[0]["candidate"],
-            "cold_start_ms": med(r["cold_ms"] for r in runs),
+            "cold_start_ms": median(r["cold_ms"] for r in runs),
             "cold_start_ms_all": [round(r["cold_ms"], 1) for r in runs],
-            "cpu_to_first_label_ms": med(r["cpu_first_s"] * 1e3 for r in runs),
+            "cpu_to_first_label_ms": median(r["cpu_first_s"] * 1e3 for r in runs),
             "phases_ms": phases,
-            "peak_rss_first_mb": med(r["rss_first_mb"] for r in runs),
-            "peak_rss_mb": med(r["rss_mb"] for r in runs),
-            "maxrss_mb": med(r["maxrss_mb"] for r in runs),
+            "peak_rss_first_mb": median(r["rss_first_mb"] for r in runs),
+            "peak_rss_mb": median(r["rss_mb"] for r in runs),
+            "maxrss_mb": median(r["maxrss_mb"] for r in runs),
             "heavy_imports": heavy,
             "imports_ms": imports.get(name, []),
         }

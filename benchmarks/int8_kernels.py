@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr
+from edgekit._core.stats import median
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ISA limits worth running, each with the /proc/cpuinfo flag a CPU needs for the limit to
@@ -48,8 +49,6 @@ def kernels(path: Path, choice: str) -> list[str]:
 
 def worker(bundle: Path, queries: int) -> list[dict[str, Any]]:
     """In this process (its ISA limit set by the parent): every OpenVINO fp32/int8 artifact, gated and timed."""
-    import numpy as np
-
     from edgekit.backends import open_session
     from edgekit.bundle import read_manifest
     from edgekit.convert.accuracy import compare, run_batch
@@ -93,7 +92,7 @@ def worker(bundle: Path, queries: int) -> list[dict[str, Any]]:
                 "decisive_images": gate.decisive_images,
                 "max_abs_logit_diff": gate.max_abs_logit_diff,
                 "passed_gate": gate.passed,
-                "p50_ms": float(np.median(times)) / 1e6 if times else None,
+                "p50_ms": median(times) / 1e6 if times else None,
             }
         )
     return rows

@@ -18,13 +18,13 @@ The ratios are the result; the milliseconds are this machine's.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr
+from edgekit._core.stats import median
 
 WAYS = ("edgekit", "plugin")
 
@@ -64,7 +64,7 @@ def profile(path: Path, kernels: str, runs: int = 200, warmup: int = 20) -> dict
             if p.status == p.Status.EXECUTED:
                 seen.setdefault(p.node_name, []).append(p.real_time.total_seconds() * 1e6)
                 last[p.node_name] = (p.node_type, p.exec_type)
-    return {name: Profiled(*last[name], statistics.median(t)) for name, t in seen.items()}
+    return {name: Profiled(*last[name], median(t)) for name, t in seen.items()}
 
 
 def measure(bundle: Path, rounds: int, queries: int) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def measure(bundle: Path, rounds: int, queries: int) -> dict[str, Any]:
                             "plugin": {"kernel": theirs[name].kernel, "us": theirs[name].us},
                         }
                     )
-        p50 = {way: statistics.median(t) / 1e6 for way, t in times.items()}
+        p50 = {way: median(t) / 1e6 for way, t in times.items()}
         rows.append(
             {
                 "artifact": a.name,

@@ -20,7 +20,6 @@ artifact of the bundle fed that way, against the fp32 artifact fed INTER_AREA as
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr, run, verdict
+from edgekit._core.stats import median
 from edgekit.protocol.stages import STAGES
 from edgekit.runtime.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 
@@ -76,7 +76,7 @@ def resize_study(bundle: Path) -> None:
             t0 = time.perf_counter_ns()
             crop_resize(frame, spec, m)
             times.append((time.perf_counter_ns() - t0) / 1e6)
-        print(f"  {m:13s} p50 {statistics.median(times):.3f} ms  min {min(times):.3f} ms")
+        print(f"  {m:13s} p50 {median(times):.3f} ms  min {min(times):.3f} ms")
     images = smoke_set()
     arts = [a for a in manifest.artifacts if a.backend == "onnxruntime"]
     ref_art = next(a for a in arts if a.precision == "fp32")
@@ -151,7 +151,7 @@ def measure(bundle: Path, args: argparse.Namespace) -> dict[str, Any]:
             # Frames must find the loop idle, or the time they wait in the slot (capture_wait)
             # measures an overloaded loop, not the pipeline: on a busy shared machine a run can
             # take longer than a 30 fps frame period.  A third of the loop's capacity at most.
-            fps = min(30.0, 1000 / (3 * statistics.median(warm)))
+            fps = min(30.0, 1000 / (3 * median(warm)))
             args.source = f"synthetic:640x480@{fps:.1f}"
         candidate, interpolation = model.candidate, model.preprocess.interpolation
         print(
@@ -169,7 +169,7 @@ def measure(bundle: Path, args: argparse.Namespace) -> dict[str, Any]:
                 p.add_observer(recs.append)
                 for _ in p:
                     pass
-            b, e = statistics.median(times), statistics.median(rec.latency_ms for rec in recs)
+            b, e = median(times), median(rec.latency_ms for rec in recs)
             print(f"  round {r + 1}: bare p50 {b:.2f} ms   end-to-end p50 {e:.2f} ms   ratio {b / e:.3f}")
             bare += times
             e2e += [rec.latency_ms for rec in recs]
@@ -186,22 +186,19 @@ def measure(bundle: Path, args: argparse.Namespace) -> dict[str, Any]:
             prep(frame)
             prep_ms.append((time.perf_counter_ns() - t1) / 1e6)
             resize_ms.append((t1 - t0) / 1e6)
-    b, e = statistics.median(bare), statistics.median(e2e)
+    b, e = median(bare), median(e2e)
     print(f"bare session.run p50      : {b:.3f} ms ({len(bare)} runs)")
     print(f"end-to-end frame p50      : {e:.3f} ms ({len(e2e)} frames)")
-    print(
-        "  stage p50 (ms)          : "
-        + "  ".join(f"{s} {statistics.median(v):.3f}" for s, v in stages.items())
-    )
-    rz, pp = statistics.median(resize_ms), statistics.median(prep_ms)
+    print("  stage p50 (ms)          : " + "  ".join(f"{s} {median(v):.3f}" for s, v in stages.items()))
+    rz, pp = median(resize_ms), median(prep_ms)
     print(f"  preprocess alone (p50)  : {pp:.3f} ms, of which the resize {rz:.3f} ms ({100 * rz / pp:.0f}%)")
     ratio = b / e
     print(f"pipeline efficiency       : {ratio:.3f} (goal >= 0.95: {verdict(ratio >= 0.95)})")
     # On a shared machine the runtime's speed drifts between the bare rounds and the pipeline
     # rounds; within one frame it does not.  The overhead in ms is what the pipeline adds,
     # whatever the model: efficiency on a quiet machine is bare / (bare + overhead).
-    overhead = statistics.median(lat - inf for lat, inf in zip(e2e, stages["inference"], strict=True))
-    per_frame = statistics.median(inf / lat for lat, inf in zip(e2e, stages["inference"], strict=True))
+    overhead = median(lat - inf for lat, inf in zip(e2e, stages["inference"], strict=True))
+    per_frame = median(inf / lat for lat, inf in zip(e2e, stages["inference"], strict=True))
     print(
         f"  per frame (same frame)  : inference / latency p50 {per_frame:.3f}; overhead p50 {overhead:.3f} ms"
     )
@@ -214,7 +211,7 @@ def measure(bundle: Path, args: argparse.Namespace) -> dict[str, Any]:
         "bare_p50_ms": b,
         "e2e_p50_ms": e,
         "efficiency": ratio,
-        "stages_p50_ms": {s: statistics.median(v) for s, v in stages.items()},
+        "stages_p50_ms": {s: median(v) for s, v in stages.items()},
         "preprocess_p50_ms": pp,
         "resize_p50_ms": rz,
         "overhead_p50_ms": overhead,

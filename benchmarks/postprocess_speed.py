@@ -16,7 +16,6 @@ probabilities bit for bit) before anything is timed.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._harness import bundle_of, parse, parser, run
+from edgekit._core.stats import median
 from edgekit.backends.base import Quantization, TensorSpec
 from edgekit.runtime.postprocess import _top_k_plain
 from edgekit.runtime.tensors import from_output, output_top_k
@@ -66,7 +66,7 @@ def measure(
             if before is not None:
                 before()
             times[name].append(timed(call, y))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: median(t) for name, t in times.items()}
 
 
 def model_run(bundle: Path) -> Callable[[], object]:

@@ -11,13 +11,13 @@ compared.  Goal: identical bytes, and the fast one at most 0.25 ms for 640x480 (
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from benchmarks._harness import parse, parser, print_json, progress_on_stderr, run, verdict
+from edgekit._core.stats import median
 
 FRAMES = [(480, 640), (720, 1280), (1080, 1920)]
 TARGET = (224, 224)
@@ -30,7 +30,7 @@ def _median_us(fn: Callable[[], object], reps: int) -> float:
         t0 = time.perf_counter_ns()
         fn()
         times.append((time.perf_counter_ns() - t0) / 1e3)
-    return statistics.median(times)
+    return median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                 "frame": f"{fw}x{fh}",
                 "crop": f"{w}x{h}",
                 "period": list(resizer.period),
-                "cv2_us": round(statistics.median(slow), 1),
-                "fast_us": round(statistics.median(fast), 1),
-                "speedup": round(statistics.median(slow) / statistics.median(fast), 2),
+                "cv2_us": round(median(slow), 1),
+                "fast_us": round(median(fast), 1),
+                "speedup": round(median(slow) / median(fast), 2),
                 "bit_exact": exact,
             }
             rows.append(row)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import parse, parser
+from edgekit._core.stats import median
 
 MODELS = ("yolov8s-fall", "yolov8n-doclaynet", "palm-detection", "open-nsfw")
 DEVICES = ("x86_64-cpu", "rpi5", "jetson-orin-nano")
@@ -91,7 +92,7 @@ def bench_cells(bench: dict[str, Any]) -> tuple[dict[str, float], float | None]:
         pp = (r.get("postprocess") or {}).get("p50_ms")
         if isinstance(pp, (int, float)):
             post.append(float(pp))
-    return p50, (sorted(post)[len(post) // 2] if post else None)
+    return p50, (median(post) if post else None)
 
 
 def name_of(artifact: dict[str, Any]) -> str:

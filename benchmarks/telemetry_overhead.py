@@ -10,12 +10,12 @@ Goal: overhead < 1% on p50.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from pathlib import Path
 
 import edgekit
-from benchmarks._harness import bundle_of, p99, parse, parser, run, verdict
+from benchmarks._harness import bundle_of, parse, parser, run, verdict
+from edgekit._core.stats import median, percentile
 from edgekit.telemetry import report
 from edgekit.testing.mosquitto import Mosquitto
 
@@ -47,22 +47,22 @@ def main(argv: list[str] | None = None) -> int:
                     p.run()
                 extra = f"  published {pub.published}, acked {pub.acked}" if mode == "on" else ""
                 print(
-                    f"  round {r + 1} {mode:>3}: p50 {statistics.median(lat):.3f} ms  "
-                    f"p99 {p99(lat):.3f} ms{extra}"
+                    f"  round {r + 1} {mode:>3}: p50 {median(lat):.3f} ms  "
+                    f"p99 {percentile(sorted(lat), 99):.3f} ms{extra}"
                 )
                 results[mode] += lat
                 if mode == "off":
-                    off_p50 = statistics.median(lat)
+                    off_p50 = median(lat)
                 else:
-                    ratios.append(statistics.median(lat) / off_p50)
-    p50 = {m: statistics.median(v) for m, v in results.items()}
-    tail = {m: p99(v) for m, v in results.items()}
+                    ratios.append(median(lat) / off_p50)
+    p50 = {m: median(v) for m, v in results.items()}
+    tail = {m: percentile(sorted(v), 99) for m, v in results.items()}
     print(
         f"telemetry off : p50 {p50['off']:.3f} ms  p99 {tail['off']:.3f} ms  ({len(results['off'])} frames)"
     )
     print(f"telemetry on  : p50 {p50['on']:.3f} ms  p99 {tail['on']:.3f} ms  ({len(results['on'])} frames)")
     print(f"pooled p50 on/off     : {p50['on'] / p50['off'] - 1:+.2%}")
-    over = statistics.median(ratios) - 1
+    over = median(ratios) - 1
     print(f"paired p50 overhead   : {over:+.2%} (median of {len(ratios)} round pairs; goal < 1%: "
           f"{verdict(over < 0.01)})")  # fmt: skip
     return 0

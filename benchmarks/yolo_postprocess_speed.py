@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._harness import parse, parser, print_doc, run
+from edgekit._core.stats import median
 from edgekit.bundle.manifest import DetectionHead
 from edgekit.runtime.detection import Detector
 from edgekit.runtime.preprocessing import PreprocessSpec
@@ -56,7 +57,7 @@ def p50_ms(call: Any, outputs: list[np.ndarray], runs: int) -> float:
         t0 = time.perf_counter_ns()
         call(y)
         times.append((time.perf_counter_ns() - t0) / 1e6)
-    return statistics.median(times)
+    return median(times)
 
 
 def measure(classes: int, objects: int, runs: int) -> dict[str, Any]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edgekit._core.stats import median
 from edgekit.backends.base import Session
 
 if TYPE_CHECKING:
@@ -72,4 +72,4 @@ def model_ms(model: Model, frame: np.ndarray, runs: int = 7) -> float:
         model.session.run(prep(frame))
         if i >= 2:  # the first runs warm caches and thread pools
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median(times)

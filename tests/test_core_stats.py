@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgekit._core.stats import PERCENTILES, TIE_MARGIN, agreement, label, percentile
+from edgekit._core.stats import PERCENTILES, TIE_MARGIN, agreement, label, median, percentile
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -50,6 +53,42 @@ def test_percentile_is_monotone_in_q_and_between_min_and_max(values: list[float]
     for method in ("loadgen", "linear"):
         assert ordered[0] <= percentile(ordered, lo, method) <= percentile(ordered, hi, method) + 1e-6
         assert percentile(ordered, hi, method) <= ordered[-1] + 1e-6
+
+
+def test_median_is_the_p50_of_the_values_in_any_order() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    # Of an even count, the upper of the two middle values (LoadGen's index n // 2), not their mean.
+    assert median([4.0, 1.0, 3.0, 2.0]) == 3.0 and statistics.median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median(x for x in (5, 9)) == 9.0  # any iterable, ints too
+    assert math.isnan(median([]))
+
+
+@given(st.lists(finite, min_size=1, max_size=300))
+def test_median_is_percentile_50_and_an_observed_value(values: list[float]) -> None:
+    got = median(values)
+    assert got == percentile(sorted(values), 50) and got in values
+    if len(values) % 2:  # of an odd count every rule agrees
+        assert got == statistics.median(values)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Another median or percentile rule: the standard library's or numpy's (a sketch's quantile is the
+# streamed estimate of this one, within its accuracy, and is not matched), or a hand-written middle.
+OTHER_RULES = re.compile(
+    r"statistics\.(median|quantiles)\b|np\.(median|percentile|quantile|nanmedian|nanpercentile)\b"
+    r"|\[len\((\w+)\) // 2\]"
+)
+
+
+def test_no_other_median_or_percentile_rule_in_edgekit_benchmarks_or_tools() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for top in ("edgekit", "benchmarks", "tools")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OTHER_RULES.search(line)
+    ]
+    assert not found, "use edgekit._core.stats.median / percentile:\n" + "\n".join(found)
 
 
 def test_the_bench_and_the_pipeline_use_this_percentile() -> None:

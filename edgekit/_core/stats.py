@@ -8,7 +8,10 @@ Percentiles
     the pipeline's degrade controller and the benchmark give the same p99 of the same
     samples.  ``method="linear"`` is numpy's default (Hyndman-Fan type 7), only for
     comparison with other tools.  ``PERCENTILES`` is every percentile edgekit reports;
-    each report shows a subset of it (the pipeline summary leaves out p97).
+    each report shows a subset of it (the pipeline summary leaves out p97).  ``median(values)``
+    is the same rule at q = 50 on values in any order: the sample at index ``n // 2`` of the
+    sorted values, so of an even count the upper of the two middle ones, not their mean.  Every
+    median edgekit and its benchmarks take (a latency, a capture interval, a ratio) is this one.
 
 Top-1 agreement
     An artifact agrees with the fp32 reference on a frame when both take the same best
@@ -25,7 +28,7 @@ Pure Python, importing nothing else from edgekit: a device needs no numpy for th
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,6 +55,11 @@ def percentile(sorted_values: Sequence[float], q: float, method: Method = "loadg
         hi = min(lo + 1, n - 1)
         return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
     raise ValueError(f"unknown percentile method {method!r} (loadgen or linear)")
+
+
+def median(values: Iterable[float]) -> float:
+    """The p50 of ``values`` in any order, by ``percentile``'s rule (an observed value); NaN when empty."""
+    return percentile(sorted(values), 50.0)
 
 
 def label(q: float) -> str:

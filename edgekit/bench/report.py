@@ -9,11 +9,10 @@ plans the candidates and fills these in.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.stats import agreement
+from edgekit._core.stats import agreement, median
 from edgekit.bench.stats import LatencySummary, label, min_queries, percentile
 from edgekit.runtime.detection_gate import DetectionAgreement, DeviceBar
 from edgekit.runtime.pacing import CameraRate, PacedRun, camera_rate
@@ -136,7 +135,7 @@ class Result:
             return None
         warm = None
         if self.paced_warm_ms:
-            pass_ms = statistics.median(self.warm_pass_ms) if self.warm_pass_ms else math.nan
+            pass_ms = median(self.warm_pass_ms) if self.warm_pass_ms else math.nan
             warm = PacedRun(
                 self.fps, tuple(self.paced_warm_ms), self.paced_warm_overruns, 0.0, self.warm_passes, pass_ms
             )
@@ -190,9 +189,9 @@ class Result:
 
     def to_dict(self, with_samples: bool = False) -> dict[str, Any]:
         c = self.candidate
-        cold = statistics.median(self.cold_start_s) if self.cold_start_s else None
+        cold = median(self.cold_start_s) if self.cold_start_s else None
         parts = (
-            {k: round(statistics.median(p[k] for p in self.cold_parts), 4) for k in self.cold_parts[0]}
+            {k: round(median(p[k] for p in self.cold_parts), 4) for k in self.cold_parts[0]}
             if self.cold_parts
             else {}
         )

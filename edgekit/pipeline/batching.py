@@ -30,13 +30,13 @@ that cameras out of phase are not held back waiting for each other.
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.stats import median
 from edgekit.errors import EdgekitError, PipelineError
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class Arrivals:
     def next_due(self, besides: set[str]) -> int | None:
         """The earliest predicted capture of a camera not in ``besides`` (None: none predictable)."""
         due = [
-            self.last_ns[cam] + int(statistics.median(gaps))
+            self.last_ns[cam] + int(median(gaps))
             for cam, gaps in self.gaps.items()
             if cam not in besides and gaps
         ]
@@ -241,4 +241,4 @@ def _median_ns(session: Session, x: Any, runs: int = 5) -> float:
         t0 = time.perf_counter_ns()
         session.run(x)
         times.append(time.perf_counter_ns() - t0)
-    return float(statistics.median(times))
+    return median(times)

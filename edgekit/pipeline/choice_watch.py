@@ -14,9 +14,10 @@ policy's business.
 from __future__ import annotations
 
 import logging
-import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from edgekit._core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.pipeline.records import FrameRecord
@@ -50,7 +51,7 @@ class ChoiceWatch:
         self._window.append(record.inference_ms)
         if len(self._window) < WINDOW:
             return
-        p50 = statistics.median(self._window)
+        p50 = median(self._window)
         self._window.clear()
         measured = self.measured_p50_ms
         if p50 <= FACTOR * measured or p50 - measured <= SHARE_OF_BUDGET * self.budget_ms:

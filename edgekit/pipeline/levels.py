@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from edgekit._core.stats import median
+
 if TYPE_CHECKING:
     from edgekit.backends.base import Session, TensorSpec
     from edgekit.runtime.model import Model
@@ -82,7 +84,7 @@ def measure(level: Level, runs: int = 15) -> float:
         level.session.run(x)
         if i >= 3:  # the first runs warm caches and thread pools
             times.append((time.perf_counter_ns() - t0) / 1e6)
-    return float(np.median(times))
+    return median(times)
 
 
 def degrade_chain(primary: Level, model: Model) -> list[Level]:

@@ -20,7 +20,6 @@ how long and whether the deadline was met.
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from edgekit._core.redact import redact_source
+from edgekit._core.stats import median
 from edgekit.errors import PipelineError
 from edgekit.pipeline.batching import Batcher, batch_summary, parse_batch
 from edgekit.pipeline.cameras import Camera, CameraGroup, Sources, name_cameras, open_cameras, parse_budget
@@ -246,7 +246,7 @@ class Pipeline:
                 frame = None
                 warm_at = None
                 if warmer.mode != "off" and last_image is not None:  # no median per frame for nothing
-                    warm_at = warmer.next_pass_at(int(statistics.median(work)) if work else 0)
+                    warm_at = warmer.next_pass_at(int(median(work)) if work else 0)
                 if warm_at is not None:
                     if warm_at > now:
                         frame = group.take(timeout=min(wait, (warm_at - now) / 1e9))

@@ -37,9 +37,9 @@ It reads no clock: the tests drive ``Warmer`` with frame times they make.
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
+from edgekit._core.stats import median
 from edgekit.runtime.pacing import WARM_MARGIN_NS as MIN_MARGIN_NS
 from edgekit.runtime.pacing import WarmCosts
 
@@ -106,7 +106,7 @@ class Warmer:
         if len(self._arrivals) < 5:
             return 0
         a = list(self._arrivals)
-        return int(statistics.median(b - c for b, c in zip(a[1:], a[:-1], strict=True)))
+        return int(median(b - c for b, c in zip(a[1:], a[:-1], strict=True)))
 
     def next_pass_at(self, frame_work_ns: int) -> int | None:
         """When to start the warm passes before the next frame, or None (not now, or not at all).
@@ -141,4 +141,4 @@ class Warmer:
         a = list(self._arrivals)
         if len(a) < 5:
             return 0
-        return int(statistics.median(abs((b - c) - period) for b, c in zip(a[1:], a[:-1], strict=True)))
+        return int(median(abs((b - c) - period) for b, c in zip(a[1:], a[:-1], strict=True)))

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from edgekit._core.stats import median
 from edgekit.errors import EdgekitError, InputError
 from edgekit.runtime.matching import artifact_for
 
@@ -127,7 +127,7 @@ def timing_order(candidates: Sequence[Candidate], figures: Mapping[str, float]) 
 def scale_ratio(measured_ms: Mapping[str, float], figures: Mapping[str, float]) -> float | None:
     """Median of measured / build figure over the candidates that have both; None without any."""
     ratios = [measured_ms[k] / figures[k] for k in measured_ms if figures.get(k, 0) > 0]
-    return statistics.median(ratios) if ratios else None
+    return median(ratios) if ratios else None
 
 
 def estimate_untimed(
@@ -195,8 +195,7 @@ def _measure_one(
 
     # Back to back first: the warm-up (first-run compilation, allocations) and an estimate of
     # one query, from which the number of paced queries that fit in this candidate's share.
-    guess = sorted(back_to_back_latencies(run, max(1, limits.warmup), warmup=1))
-    one_ms = guess[len(guess) // 2]
+    one_ms = median(back_to_back_latencies(run, max(1, limits.warmup), warmup=1))
     slot_s = max(1.0 / fps, one_ms / 1e3)
     queries = max(limits.min_queries, min(limits.queries, int(share_s / slot_s)))
     if best_ms is not None and one_ms > 2 * best_ms:

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgekit._core.stats import percentile
+from edgekit._core.stats import median, percentile
 
 Clock = Callable[[], int]  # nanoseconds, monotonic
 Sleep = Callable[[float], object]  # seconds
@@ -114,7 +113,7 @@ class WarmCosts:
 
 
 def _median(values: deque[int]) -> int:
-    return int(statistics.median(values)) if values else 0
+    return int(median(values)) if values else 0
 
 
 def fps_for_budget(budget_ms: float) -> float:
