@@ -31,7 +31,6 @@ import http.client
 import logging
 import os
 import re
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from edgekit._core.backoff import Backoff
 from edgekit._core.io import fsync_dir, sha256_file
 from edgekit._version import __version__
 from edgekit.errors import DeployError
@@ -204,6 +204,7 @@ def _fetch(
 ) -> Path:
     opener = _opener(allowed)
     last = "no attempt made"
+    backoff = Backoff(backoff_s)  # uncapped: ``attempts`` bounds it
     for attempt in range(1, attempts + 1):
         try:
             _transfer(opener, url, part, size, timeout_s, progress, token)
@@ -211,12 +212,11 @@ def _fetch(
         except _Retry as why:
             last = str(why)
             if attempt < attempts:
-                delay = backoff_s * 2 ** (attempt - 1)
                 log.warning(
                     "agent: download of %s: %s (%d of %d bytes here); retry %d/%d in %g s",
-                    url, last, _size(part), size, attempt, attempts - 1, delay,
+                    url, last, _size(part), size, attempt, attempts - 1, backoff.delay_s,
                 )  # fmt: skip
-                time.sleep(delay)
+                backoff.wait()
     else:
         raise DownloadError(FAILED, _FAILED_HINT, f"could not download {url} in {attempts} attempts: {last}")
     actual = sha256_file(part)

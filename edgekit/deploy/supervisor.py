@@ -20,13 +20,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgekit._core.backoff import Backoff
 from edgekit._core.redact import has_secret, redact_source
 
 log = logging.getLogger(__name__)
 
 # A child that ran this long before it exited was healthy: the next crash starts the back-off again.
 HEALTHY_RUN_S = 60.0
+# A child that crashed sooner is started again after 2 s, then 4, 8 ... at most 60 s; one that was
+# healthy after 1 s (and a crash soon after that waits 2 s again).
+CRASH_BACKOFF_FIRST_S = 2.0
 MAX_BACKOFF_S = 60.0
+AFTER_HEALTHY_RUN_S = 1.0
 STOP_CHILD_S = 10.0
 
 
@@ -82,7 +87,7 @@ class PipelineSupervisor:
                 log.exception("agent: reporting the pipeline state failed")
 
     def _run(self) -> None:
-        backoff = 1.0
+        backoff = Backoff(CRASH_BACKOFF_FIRST_S, cap_s=MAX_BACKOFF_S)
         while not self._stop.is_set():
             self._restart.clear()
             bundle = self._active_bundle()
@@ -102,17 +107,21 @@ class PipelineSupervisor:
                         break
             if self._restart.is_set():  # a switch or a stop: end the child, start again at once
                 self._end_child()
-                backoff = 1.0
+                backoff.reset()
                 continue
             code = self._proc.returncode if self._proc is not None else None
             ran = time.monotonic() - started
-            backoff = 1.0 if ran >= HEALTHY_RUN_S else min(backoff * 2, MAX_BACKOFF_S)
+            if ran >= HEALTHY_RUN_S:
+                backoff.reset()
+                delay = AFTER_HEALTHY_RUN_S
+            else:
+                delay = backoff.next_delay()
             log.warning(
                 "agent: the pipeline on %s exited with %s after %.0f s; starting it again in %g s",
-                bundle, code, ran, backoff,
+                bundle, code, ran, delay,
             )  # fmt: skip
             self._set("backoff")
-            self._restart.wait(backoff)
+            self._restart.wait(delay)  # a restart or a stop ends the wait at once
 
     def _spawn(self, bundle: Path) -> None:
         argv = self._command(bundle)

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from edgekit._core.backoff import Backoff
 from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.protocol.topics import EVERYTHING
@@ -235,12 +236,12 @@ class FleetSubscriber:
 
     def _run(self) -> None:
         """Connect, read, and on any failure connect again with back-off, until ``stop()``: the thread never dies."""
-        delay = RETRY_S
+        backoff = Backoff(RETRY_S, cap_s=RETRY_MAX_S)
         while not self._stop.is_set():
             try:
                 if self._sock is None:
                     self._sock = self._connect()
-                delay = RETRY_S
+                backoff.reset()
                 self._serve(self._sock)
             except Refused as err:
                 self.last_error = str(err)
@@ -248,24 +249,27 @@ class FleetSubscriber:
             except Malformed as err:
                 self.malformed += 1
                 self.last_error = str(err)
-                log.warning("fleet: %s; reconnecting to %s in %g s", err, self.broker.describe(), delay)
+                log.warning(
+                    "fleet: %s; reconnecting to %s in %g s", err, self.broker.describe(), backoff.delay_s
+                )
             except (OSError, ConnectionError) as err:
                 if self._stop.is_set():
                     break
                 self.last_error = str(err)
-                log.warning("fleet: lost %s (%s); reconnecting in %g s", self.broker.describe(), err, delay)
+                log.warning(
+                    "fleet: lost %s (%s); reconnecting in %g s", self.broker.describe(), err, backoff.delay_s
+                )
             except Exception as err:  # a bug or an input nobody foresaw: start over, never end collection
                 self.restarts += 1
                 self.last_error = f"reader failed: {err!r}"[:300]
-                log.exception("fleet: the reader failed; restarting it in %g s", delay)
+                log.exception("fleet: the reader failed; restarting it in %g s", backoff.delay_s)
             finally:
                 self.connected.clear()
                 self._skip, self._skip_ack = 0, b""
                 if self._sock is not None:
                     self._sock.close()
                     self._sock = None
-            self._stop.wait(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
+            backoff.wait(self._stop)
 
     def _serve(self, sock: socket.socket) -> None:
         keepalive = self.broker.keepalive_s

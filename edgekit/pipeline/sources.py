@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit._core.backoff import Backoff
 from edgekit._core.redact import redact_source
 from edgekit.errors import SourceError
 from edgekit.runtime.preprocessing import as_bgr
@@ -41,8 +42,8 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".
 STREAM_SCHEMES = ("http://", "https://", "rtsp://", "rtsps://", "rtmp://", "udp://", "tcp://", "srt://")
 # How long OpenCV's FFmpeg may wait to open or read a network stream before giving up.
 NETWORK_TIMEOUT_MS = 5000
-# Backoff between reopen attempts of a live source: first wait, cap.
-BACKOFF_S = (0.1, 4.0)
+# Back-off between reopen attempts of a live source: the first wait, doubling up to the cap.
+REOPEN_FIRST_S, REOPEN_MAX_S = 0.1, 4.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class _CaptureSource(Source):
             if self._cap is not None:
                 self._cap.release()
                 self._cap = None
-        wait = BACKOFF_S[0]
+        backoff = Backoff(REOPEN_FIRST_S, cap_s=REOPEN_MAX_S)
         while not self.closed:
             cap = self._open()
             if cap is not None:
@@ -193,9 +194,8 @@ class _CaptureSource(Source):
                     "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
                 )
                 return
-            # Wait on the close event: close() ends the backoff at once, never a hang.
-            self._closed.wait(wait)
-            wait = min(wait * 2, BACKOFF_S[1])
+            # Wait on the close event: close() ends the back-off at once, never a hang.
+            backoff.wait(self._closed)
 
     def close(self) -> None:
         super().close()
