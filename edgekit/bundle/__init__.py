@@ -10,13 +10,16 @@ Layout of a bundle folder (and, at the top level, of its archive)::
 The build writes one (``edgekit.convert.bundle_writer.write_bundle``); check one with ``verify`` (hashes, no missing or extra
 file, signature against keys the caller trusts); open an archive only through ``unpack``
 or ``open_bundle``, which refuse links, ``..``, absolute names, devices and tar bombs.
+Those rules live in ``edgekit.bundle.integrity``, applied alike by ``verify`` and by the
+streamed check of a received archive (``edgekit.bundle.streamed``).
 Needs ``pydantic`` (and ``cryptography`` to sign or check a signature).
 """
 
 from __future__ import annotations
 
-from edgekit.bundle.archive import MAX_UNPACKED_BYTES, is_archive_name, open_bundle, pack, unpack
+from edgekit.bundle.archive import is_archive_name, open_bundle, pack, unpack
 from edgekit.bundle.errors import BundleError, KeyFileError, UnsafeArchiveError, VerificationError
+from edgekit.bundle.integrity import MAX_UNPACKED_BYTES
 from edgekit.bundle.keys import default_key_stem, generate_keypair, key_id, load_private_key, load_public_key
 from edgekit.bundle.manifest import (
     MANIFEST_FILE,

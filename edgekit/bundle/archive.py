@@ -1,9 +1,10 @@
 """A bundle as one ``.tar.gz`` file, and the only way edgekit opens one: a checked, capped unpack.
 
 ``unpack`` trusts nothing in an archive: it extracts regular files and folders only, each
-checked before a byte is written (no absolute names, no ``..``, no links of any kind, no
-device files, no duplicates), caps the total size and the member count against tar bombs,
-and writes into a temp folder that is renamed into place only when everything is out.
+admitted by ``edgekit.bundle.integrity.MemberRules`` before a byte is written (no absolute
+names, no ``..``, no links of any kind, no device files, no duplicates, capped size and
+member count against tar bombs), and writes into a temp folder that is renamed into place
+only when everything is out.
 """
 
 from __future__ import annotations
@@ -11,25 +12,21 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-import re
 import stat
 import tarfile
 import tempfile
 import zlib
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO
 
 from edgekit._core.io import CHUNK, atomic_path, remove_tree
 from edgekit.bundle._fs import check_replaceable, replace_dir, temp_beside
-from edgekit.bundle.errors import BundleError, UnsafeArchiveError
+from edgekit.bundle.errors import BundleError
+from edgekit.bundle.integrity import MAX_MEMBERS, MAX_UNPACKED_BYTES, MemberRules
 from edgekit.bundle.manifest import MANIFEST_FILE, read_manifest
 
-MAX_UNPACKED_BYTES = 2 << 30  # 2 GiB: far above any edge model bundle, far below a full disk
-MAX_MEMBERS = 10_000
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
-
-_DRIVE = re.compile(r"^[A-Za-z]:")
 
 
 def is_archive_name(path: Path) -> bool:
@@ -86,31 +83,6 @@ def pack(bundle_dir: Path, out_tar: Path) -> Path:
     return out_tar
 
 
-def _safe_name(member: tarfile.TarInfo, archive: Path) -> str:
-    """The member's name, normalised, or ``UnsafeArchiveError`` if it could land outside the folder."""
-    name = member.name
-
-    def unsafe(why: str) -> UnsafeArchiveError:
-        return UnsafeArchiveError(
-            f"{archive}: member {name!r} {why}; nothing was unpacked",
-            "do not use this archive: a bundle written by edgekit never holds such a member",
-        )
-
-    if "\x00" in name or "\\" in name:
-        raise unsafe("has a NUL or backslash in its name")
-    if name.startswith("/") or _DRIVE.match(name):
-        raise unsafe("has an absolute path")
-    parts = [p for p in PurePosixPath(name).parts if p != "."]
-    if ".." in parts:
-        raise unsafe("has a '..' component (it would land outside the folder)")
-    if member.issym() or member.islnk():
-        kind = "symlink" if member.issym() else "hard link"
-        raise unsafe(f"is a {kind} (to {member.linkname!r}); bundles hold plain files only")
-    if not (member.isreg() or member.isdir()):
-        raise unsafe("is a device file, FIFO or other special file")
-    return "/".join(parts)
-
-
 def unpack(
     archive: Path,
     dest: Path,
@@ -150,60 +122,23 @@ def unpack(
 
 
 def _extract(archive: Path, into: Path, max_bytes: int, max_members: int) -> None:
-    # Streaming mode ("r|*") reads each header once, in order, so the caps stop a tar bomb
-    # before its bulk is even decompressed.
-    data_filter = getattr(tarfile, "data_filter", None)  # Python 3.12, 3.11.4+, 3.10.12+
-    files: set[str] = set()
-    dirs: set[str] = set()
-    total = 0
+    rules = MemberRules(str(archive), max_members=max_members, max_bytes=max_bytes, into=into)
     try:
-        with tarfile.open(archive, mode="r|*") as tar:
-            for count, member in enumerate(tar, 1):
-                name = _safe_name(member, archive)
-                if count > max_members:
-                    raise UnsafeArchiveError(
-                        f"{archive} holds more than {max_members} members; nothing was unpacked",
-                        "a bundle holds a handful of files: do not use this archive",
-                    )
-                total += member.size
-                if total > max_bytes:
-                    raise UnsafeArchiveError(
-                        f"{archive} unpacks to more than {max_bytes:,} bytes; nothing was unpacked",
-                        "a bundle this large is not one edgekit wrote: do not use this archive",
-                    )
-                if data_filter is not None:
-                    try:  # the standard library's own rules, as a second opinion
-                        data_filter(member, str(into))
-                    except tarfile.FilterError as err:
-                        raise UnsafeArchiveError(
-                            f"{archive}: member {member.name!r} refused: {err}; nothing was unpacked",
-                            "do not use this archive",
-                        ) from err
+        with tarfile.open(archive, mode="r|*") as tar:  # streaming: each header once, in order
+            for member in tar:
+                name = rules.admit(member)
                 if not name:
                     continue  # the archive's own "." entry
-                parents = {"/".join(name.split("/")[:i]) for i in range(1, name.count("/") + 1)}
-                if name in files or (member.isreg() and name in dirs) or parents & files:
-                    raise UnsafeArchiveError(
-                        f"{archive}: member {name!r} appears twice or clashes with another; nothing was unpacked",
-                        "do not use this archive",
-                    )
                 target = into / name
-                if not target.resolve().is_relative_to(into.resolve()):
-                    raise UnsafeArchiveError(
-                        f"{archive}: member {name!r} leaves the folder", "do not use this archive"
-                    )
+                if not target.resolve().is_relative_to(into.resolve()):  # what the names imply, on disk
+                    raise rules.refuse(f"member {name!r} leaves the folder")
                 if member.isdir():
-                    dirs.add(name)
                     target.mkdir(parents=True, exist_ok=True)
                     continue
-                files.add(name)
-                dirs.update(parents)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 source = tar.extractfile(member)
                 if source is None:  # pragma: no cover - isreg() members always have data
-                    raise UnsafeArchiveError(
-                        f"{archive}: member {name!r} has no data", "do not use this archive"
-                    )
+                    raise rules.refuse(f"member {name!r} has no data")
                 _copy(source, target, member.size)
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as err:
         raise BundleError(
