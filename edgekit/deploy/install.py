@@ -162,7 +162,7 @@ def install(
                 raise StepFailed("signature", *refused)
             raised = floor.after(manifest.build.serial, digest)
             report("hashes", {"files": len(manifest.files())})
-            check_hashes(bundle, manifest, keys)
+            check_hashes(bundle, manifest)
             report("unpack", {"slot": target})
             _unpack(root, target, bundle, data, sig, manifest, keys)
             report("health", {"slot": target, "profile": profile or "auto", "runs": health_runs})
