@@ -81,6 +81,13 @@ def digest_mismatch(digest: str, size: int, entry: Entry) -> str | None:
     )
 
 
+def header_too_big(name: str, size: int) -> str | None:
+    """Why a header file (``manifest.json``, ``manifest.sig``) of ``size`` bytes is refused unread; None if not."""
+    if size <= MAX_HEADER_BYTES:
+        return None
+    return f"{name} is larger than {MAX_HEADER_BYTES:,} bytes"
+
+
 def digest_stream(source: IO[bytes] | None) -> tuple[str, int]:
     """``(sha256, size)`` of what ``source`` reads until its end (an empty stream for None)."""
     h = hashlib.sha256()
@@ -202,8 +209,9 @@ class MemberRules:
         if member.isdir():
             return
         if name in HEADER_FILES:
-            if member.size > MAX_HEADER_BYTES:
-                raise self.refuse(f"{name} is larger than {MAX_HEADER_BYTES:,} bytes", REBUILD)
+            why = header_too_big(name, member.size)
+            if why is not None:
+                raise self.refuse(why, REBUILD)
             return
         why = size_mismatch(member.size, self.listing.files[name])
         if why is not None:
@@ -243,8 +251,9 @@ def read_header_file(folder: Path, name: str) -> bytes | None:
         return None
     with os.fdopen(fd, "rb") as f:
         data = f.read(MAX_HEADER_BYTES + 1)
-    if len(data) > MAX_HEADER_BYTES:
-        raise BundleError(f"{name} is larger than {MAX_HEADER_BYTES:,} bytes", REBUILD)
+    why = header_too_big(name, len(data))
+    if why is not None:
+        raise BundleError(why, REBUILD)
     return data
 
 

@@ -19,13 +19,13 @@ from edgekit.bundle.archive import is_archive_name
 from edgekit.bundle.errors import BundleError, VerificationError
 from edgekit.bundle.integrity import (
     HEADER_FILES,
-    MAX_HEADER_BYTES,
     MAX_UNPACKED_BYTES,
     REBUILD,
     Listing,
     MemberRules,
     digest_mismatch,
     digest_stream,
+    header_too_big,
     plain_name,
     read_header_file,
 )
@@ -54,8 +54,9 @@ def read_header(bundle: Path) -> tuple[bytes, bytes | None]:
                 if name in HEADER_FILES and member.isreg():
                     if name in found:
                         raise BundleError(f"{bundle} holds {name} twice", REBUILD)
-                    if member.size > MAX_HEADER_BYTES:
-                        raise BundleError(f"{name} is larger than {MAX_HEADER_BYTES:,} bytes", REBUILD)
+                    too_big = header_too_big(name, member.size)
+                    if too_big is not None:
+                        raise BundleError(too_big, REBUILD)
                     f = tar.extractfile(member)
                     found[name] = f.read() if f is not None else b""
                 if len(found) == len(HEADER_FILES) or count >= HEADER_MEMBERS:
