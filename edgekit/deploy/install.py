@@ -321,6 +321,7 @@ def _copy_listed(src: Path, dest: Path, data: bytes, sig: bytes | None, manifest
 
     from edgekit.bundle import MANIFEST_FILE, SIGNATURE_FILE
     from edgekit.bundle._fs import copy_hashed
+    from edgekit.bundle.integrity import digest_mismatch
 
     tmp = dest.with_name(f".{dest.name}{TMP_MARK}{secrets.token_hex(4)}")
     tmp.mkdir()
@@ -329,7 +330,7 @@ def _copy_listed(src: Path, dest: Path, data: bytes, sig: bytes | None, manifest
             out = tmp / rel
             out.parent.mkdir(parents=True, exist_ok=True)
             digest, size = copy_hashed(src / rel, out)
-            if digest != entry.sha256 or size != entry.size:
+            if digest_mismatch(digest, size, entry) is not None:
                 raise StepFailed("unpack", f"{rel} changed while it was copied", REBUILD)
         (tmp / MANIFEST_FILE).write_bytes(data)
         if sig is not None:
