@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks._harness import bundle_of, parse, parser, print_json, run
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parse(ap, argv)
 
-    from edgekit._core.elf import host_arch
     from edgekit.bundle import read_manifest
+    from edgekit.core.elf import host_arch
     from edgekit.runtime.host import match_profile
 
     bundle = bundle_of(args).resolve()

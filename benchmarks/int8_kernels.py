@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ISA limits worth running, each with the /proc/cpuinfo flag a CPU needs for the limit to
@@ -121,14 +121,14 @@ def run_limited(bundle: Path, isa: str, queries: int) -> list[dict[str, Any]]:
 
 def limits_here() -> list[str]:
     """``native`` and each limit below this CPU's own ISA."""
-    from edgekit._core.cpu import this_cpu
+    from edgekit.core.cpu import this_cpu
 
     cpu = this_cpu()
     return ["native", *(isa for isa, above in LIMITS.items() if above in cpu.flags)]
 
 
 def measure(bundle: Path, isas: list[str], queries: int) -> dict[str, Any]:
-    from edgekit._core.cpu import this_cpu
+    from edgekit.core.cpu import this_cpu
 
     cpu = this_cpu()
     runs = []

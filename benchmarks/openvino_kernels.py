@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 WAYS = ("edgekit", "plugin")
 
@@ -70,10 +70,10 @@ def profile(path: Path, kernels: str, runs: int = 200, warmup: int = 20) -> dict
 def measure(bundle: Path, rounds: int, queries: int) -> dict[str, Any]:
     import numpy as np
 
-    from edgekit._core.cpu import this_cpu
     from edgekit.backends import open_session
     from edgekit.bundle import read_manifest
     from edgekit.convert.images import smoke_set
+    from edgekit.core.cpu import this_cpu
     from edgekit.runtime.preprocessing import PreprocessSpec
 
     manifest = read_manifest(bundle)

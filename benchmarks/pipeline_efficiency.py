@@ -30,7 +30,7 @@ import numpy as np
 
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr, run, verdict
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 from edgekit.protocol.stages import STAGES
 from edgekit.runtime.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._harness import bundle_of, parse, parser, run
-from edgekit._core.stats import median
 from edgekit.backends.base import Quantization, TensorSpec
+from edgekit.core.stats import median
 from edgekit.runtime.postprocess import _top_k_plain
 from edgekit.runtime.tensors import from_output, output_top_k
 

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from benchmarks._harness import parse, parser, print_json, progress_on_stderr, run, verdict
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 FRAMES = [(480, 640), (720, 1280), (1080, 1920)]
 TARGET = (224, 224)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import parse, parser
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 MODELS = ("yolov8s-fall", "yolov8n-doclaynet", "palm-detection", "open-nsfw")
 DEVICES = ("x86_64-cpu", "rpi5", "jetson-orin-nano")

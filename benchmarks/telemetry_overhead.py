@@ -15,7 +15,7 @@ from pathlib import Path
 
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, run, verdict
-from edgekit._core.stats import median, percentile
+from edgekit.core.stats import median, percentile
 from edgekit.telemetry import report
 from edgekit.testing.mosquitto import Mosquitto
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks._harness import parse, parser, print_doc, run
-from edgekit._core.stats import median
 from edgekit.bundle.manifest import DetectionHead
+from edgekit.core.stats import median
 from edgekit.runtime.detection import Detector
 from edgekit.runtime.preprocessing import PreprocessSpec
 

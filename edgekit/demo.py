@@ -64,7 +64,7 @@ def reference_model_dir(model: str = REFERENCE_MODEL) -> Path:
 
 
 def demo_dir() -> Path:
-    from edgekit._core.paths import cache_root
+    from edgekit.core.paths import cache_root
 
     return cache_root() / "demo"
 
@@ -77,8 +77,8 @@ def demo_key() -> tuple[Path, Path]:
     Not in the cache beside the bundle: whoever can write a shared cache could then replace
     the key with the bundle, and the demo would load their native code.
     """
-    from edgekit._core.paths import config_root
     from edgekit.bundle.keys import generate_keypair, key_paths
+    from edgekit.core.paths import config_root
 
     stem = config_root() / "demo" / "demo-signing-key"
     private, public = key_paths(stem)

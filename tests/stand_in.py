@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edgekit._core.stats import median
 from edgekit.backends.base import Session
+from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.runtime.model import Model

@@ -101,9 +101,9 @@ def test_bench_reports_the_kernels_edgekit_chose_on_this_cpu(
     bench_json: tuple[dict[str, Any], Path], x86_bundle: tuple[Path, dict[str, Any]]
 ) -> None:
     """The OpenVINO candidates list the layers edgekit chose kernels for here (none on a CPU without AMX)."""
-    from edgekit._core.cpu import this_cpu
     from edgekit.backends.openvino_kernels import prefer
     from edgekit.bundle import read_manifest
+    from edgekit.core.cpu import this_cpu
 
     report, _ = bench_json
     path = {a.name: x86_bundle[0] / a.path for a in read_manifest(x86_bundle[0]).artifacts}

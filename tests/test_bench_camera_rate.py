@@ -23,7 +23,6 @@ import pytest
 from rich.console import Console
 from stand_in import SlowSession
 
-from edgekit._core.elf import host_arch
 from edgekit.backends import registry
 from edgekit.backends.base import Session
 from edgekit.bench import worker
@@ -32,6 +31,7 @@ from edgekit.bench.render import legend, table
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings
 from edgekit.bench.stats import summarize
 from edgekit.bundle import read_manifest
+from edgekit.core.elf import host_arch
 from edgekit.runtime.matching import candidates_for
 from edgekit.runtime.measured import measured_order
 from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES

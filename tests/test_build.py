@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit._core.elf import elf_arch, host_arch
 from edgekit.backends import open_session
 from edgekit.bundle import read_manifest, verify
 from edgekit.convert.images import smoke_set
 from edgekit.convert.modelcard import read_card
+from edgekit.core.elf import elf_arch, host_arch
 from edgekit.runtime.tensors import from_output, to_input
 
 from conftest import CARD, ROOT, edgekit

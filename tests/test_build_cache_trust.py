@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from edgekit._core.io import sha256_file
+from edgekit.core.io import sha256_file
 from edgekit.errors import BuildError
 
 import tiny_model

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit._core.elf import elf_arch, host_arch
-from edgekit._core.io import sha256_file
 from edgekit.bundle import read_manifest
 from edgekit.convert import tvm_cpu
 from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.build_records import BuildResult
+from edgekit.core.elf import elf_arch, host_arch
+from edgekit.core.io import sha256_file
 from edgekit.errors import BuildError
 from edgekit.runtime.profiles import get_profile
 

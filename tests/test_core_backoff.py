@@ -1,4 +1,4 @@
-"""edgekit's one exponential back-off (``edgekit._core.backoff``), and that every retrying loop uses it."""
+"""edgekit's one exponential back-off (``edgekit.core.backoff``), and that every retrying loop uses it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit._core.backoff import Backoff
+from edgekit.core.backoff import Backoff
 
 
 def delays(b: Backoff, n: int) -> list[float]:
@@ -98,4 +98,4 @@ def test_no_hand_written_back_off_in_edgekit() -> None:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if HAND_WRITTEN.search(line)
     ]
-    assert not found, "use edgekit._core.backoff.Backoff:\n" + "\n".join(found)
+    assert not found, "use edgekit.core.backoff.Backoff:\n" + "\n".join(found)

@@ -1,4 +1,4 @@
-"""edgekit._core.io: atomic writes, hashing, removing folders."""
+"""edgekit.core.io: atomic writes, hashing, removing folders."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekit._core.io import CHUNK, atomic_path, digest_file, remove_tree, sha256_file, write_atomic
-from edgekit._core.paths import cache_root, state_root
+from edgekit.core.io import CHUNK, atomic_path, digest_file, remove_tree, sha256_file, write_atomic
+from edgekit.core.paths import cache_root, state_root
 
 
 def _names(folder: Path) -> list[str]:

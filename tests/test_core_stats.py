@@ -1,4 +1,4 @@
-"""edgekit's one percentile and one top-1 agreement rule (``edgekit._core.stats``)."""
+"""edgekit's one percentile and one top-1 agreement rule (``edgekit.core.stats``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edgekit._core.stats import PERCENTILES, TIE_MARGIN, agreement, label, median, percentile
+from edgekit.core.stats import PERCENTILES, TIE_MARGIN, agreement, label, median, percentile
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -88,7 +88,7 @@ def test_no_other_median_or_percentile_rule_in_edgekit_benchmarks_or_tools() -> 
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if OTHER_RULES.search(line)
     ]
-    assert not found, "use edgekit._core.stats.median / percentile:\n" + "\n".join(found)
+    assert not found, "use edgekit.core.stats.median / percentile:\n" + "\n".join(found)
 
 
 def test_the_bench_and_the_pipeline_use_this_percentile() -> None:
@@ -185,9 +185,9 @@ def test_the_bench_result_uses_the_rule() -> None:
 
 def test_the_module_imports_nothing_heavy() -> None:
     code = (
-        "import sys, edgekit; before = set(sys.modules); import edgekit._core.stats; "
+        "import sys, edgekit; before = set(sys.modules); import edgekit.core.stats; "
         "bad = sorted(m for m in set(sys.modules) - before "
-        "if m.split('.')[0] == 'numpy' or (m.startswith('edgekit.') and not m.startswith('edgekit._core'))); "
+        "if m.split('.')[0] == 'numpy' or (m.startswith('edgekit.') and not m.startswith('edgekit.core'))); "
         "print(bad); raise SystemExit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

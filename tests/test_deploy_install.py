@@ -34,9 +34,9 @@ from deploy_bundles import (
 )
 
 import edgekit
-from edgekit._core.stats import TIE_MARGIN
 from edgekit.bundle import pack, read_manifest, verify
 from edgekit.bundle.manifest import parse_manifest
+from edgekit.core.stats import TIE_MARGIN
 from edgekit.deploy import STEPS, StateRoot, install, recover, rollback
 
 from conftest import EDGEKIT, ROOT

@@ -359,7 +359,7 @@ def test_a_download_cut_off_midway_resumes_with_a_range_request(tmp_path: Path) 
 
 
 def test_canary_share_and_durations() -> None:
-    from edgekit._core.units import parse_seconds
+    from edgekit.core.units import parse_seconds
     from edgekit.deploy.members import canary_count, parse_share
     from edgekit.errors import DeployError, EdgekitError
 
@@ -375,7 +375,7 @@ def test_canary_share_and_durations() -> None:
 
 
 def test_the_canary_window_counts_only_the_new_versions_windows_once_each() -> None:
-    from edgekit._core.sketch import LatencySketch
+    from edgekit.core.sketch import LatencySketch
     from edgekit.deploy.canary import CanaryWatch
     from edgekit.deploy.link import Telemetry
     from edgekit.protocol.stages import STAGES

@@ -265,7 +265,7 @@ def test_the_bundles_own_selection_wins_over_measuring(
 ) -> None:
     from deploy_bundles import resign
 
-    from edgekit._core.elf import host_arch
+    from edgekit.core.elf import host_arch
 
     def select_ort(doc: dict[str, Any]) -> None:
         art = next(a for a in doc["artifacts"] if a["backend"] == "onnxruntime")

@@ -23,7 +23,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.sketch import LatencySketch
 from edgekit.fleet import Collector
 from edgekit.fleet.open_store import open_store
 from edgekit.fleet.store import FleetStore

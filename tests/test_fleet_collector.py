@@ -361,7 +361,7 @@ def test_sketches_that_would_break_a_fleet_query_are_refused(bad: Any) -> None:
 
 
 def test_every_sketch_a_device_makes_passes_the_check_and_reads_back() -> None:
-    from edgekit._core.sketch import LatencySketch
+    from edgekit.core.sketch import LatencySketch
     from edgekit.fleet.collector import check_sketch
 
     rng = np.random.default_rng(5)

@@ -14,7 +14,7 @@ from chromium import open_chromium
 from detector_telemetry import offline_publisher, record
 from postgres import PostgresServer
 
-from edgekit._core.tally import ClassCount
+from edgekit.core.tally import ClassCount
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.open_store import open_store
 from edgekit.fleet.prometheus import render

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
+from edgekit.core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.fleet.collector import Collector
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.view import FleetView

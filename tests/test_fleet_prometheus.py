@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.tally import ClassCount
+from edgekit.core.sketch import LatencySketch
+from edgekit.core.tally import ClassCount
 from edgekit.fleet import prometheus
 from edgekit.fleet.prometheus import (
     CONTENT_TYPE,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from postgres import PASSWORD, PostgresServer
 
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.sketch import LatencySketch
 from edgekit.errors import EdgekitError
 from edgekit.fleet import Collector
 from edgekit.fleet.open_store import open_store

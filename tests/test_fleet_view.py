@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.sketch import LatencySketch
 from edgekit.fleet.view import FleetView, SloPolicy
 from edgekit.protocol.stages import STAGES
 from edgekit.telemetry.window import Window

@@ -90,8 +90,8 @@ def test_an_upward_import_breaks_the_layer_contract(tmp_path: Path) -> None:
     shutil.copytree(REPO / "edgekit", tmp_path / "edgekit", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     assert _lint_imports(tmp_path).returncode == 0, "the contract should hold on the copy as it is"
-    io = tmp_path / "edgekit" / "_core" / "io.py"
+    io = tmp_path / "edgekit" / "core" / "io.py"
     io.write_text(io.read_text() + "\n\ndef _upward() -> None:\n    import edgekit.cli  # noqa: F401\n")
     broken = _lint_imports(tmp_path)
     assert broken.returncode != 0
-    assert "BROKEN" in broken.stdout and "edgekit._core.io -> edgekit.cli" in broken.stdout, broken.stdout
+    assert "BROKEN" in broken.stdout and "edgekit.core.io -> edgekit.cli" in broken.stdout, broken.stdout

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit._core import cpu as cpu_module
-from edgekit._core.cpu import CpuFeatures
 from edgekit.backends import openvino_kernels as ok
+from edgekit.core import cpu as cpu_module
+from edgekit.core.cpu import CpuFeatures
 
 AMX = frozenset({"avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"})
 VNNI = frozenset({"avx2", "avx512f", "avx512_vnni"})  # Ice Lake, Zen 4: no AMX

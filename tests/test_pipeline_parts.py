@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from edgekit._core.sketch import LatencySketch
 from edgekit.backends.base import Quantization, TensorSpec
+from edgekit.core.sketch import LatencySketch
 from edgekit.errors import EdgekitError, InputError, PipelineError
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters

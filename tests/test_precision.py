@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgekit._core.cpu import CpuFeatures, parse_cpuinfo, read_cpu
+from edgekit.core.cpu import CpuFeatures, parse_cpuinfo, read_cpu
 from edgekit.errors import ProfileError
 from edgekit.runtime.host import read_host
 from edgekit.runtime.precision import compute_precision, int8_pick
@@ -255,9 +255,9 @@ def test_reference_openvino_fp32_agrees_with_onnxruntime_fp32(
 
 def test_the_x86_bundle_carries_both_int8_recipes_and_bf16(x86_bundle: tuple[Path, dict[str, Any]]) -> None:
     """Each artifact is gated, or says why not: only a CPU lacking what it needs leaves it to the device."""
-    from edgekit._core.cpu import this_cpu
     from edgekit.bundle import read_manifest
     from edgekit.convert.gate import host_gap
+    from edgekit.core.cpu import this_cpu
 
     bundle, summary = x86_bundle
     arts = {a.name: a for a in read_manifest(bundle).artifacts}

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 from mjpeg_server import MjpegCamera
 
-from edgekit._core.redact import has_secret, on_command_line, redact_source, redact_url, without_password
+from edgekit.core.redact import has_secret, on_command_line, redact_source, redact_url, without_password
 from edgekit.errors import DeployError
 from edgekit.protocol.broker import BrokerConfig, password_from_environment, warn_if_on_command_line
 from edgekit.testing.mosquitto import secure_mosquitto

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgekit._core.tally import ClassCount, FrameTally, count_detections
+from edgekit.core.tally import ClassCount, FrameTally, count_detections
 from edgekit.protocol.messages import CameraWindow, DetectionCount
 
 

@@ -17,7 +17,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 import edgekit
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.sketch import LatencySketch
 from edgekit.errors import TelemetryError
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
@@ -538,7 +538,7 @@ def test_gauges_read_what_raspberry_pi_and_jetson_expose(tmp_path: Path) -> None
 
 
 def test_names_and_credentials_that_must_not_reach_the_broker() -> None:
-    from edgekit._core.redact import redact_source
+    from edgekit.core.redact import redact_source
 
     for bad in ("cam 1", "a/b", "cam+", ".hidden", "x" * 129, "a..b"):
         with pytest.raises(TelemetryError, match="cannot be part of an MQTT topic"):

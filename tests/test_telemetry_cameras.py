@@ -19,7 +19,7 @@ from detector_telemetry import record
 from test_telemetry import RawSubscriber, Subscriber, stop_when, validator
 
 import edgekit
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.sketch import LatencySketch
 from edgekit.protocol import messages
 from edgekit.protocol import sparkplug as sp
 from edgekit.telemetry import report

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edgekit._core.elf import elf_arch, host_arch
 from edgekit.backends import open_session
+from edgekit.core.elf import elf_arch, host_arch
 from edgekit.errors import ModelLoadError
 
 from conftest import TinyArtifacts
@@ -83,7 +83,7 @@ def test_a_library_compiled_for_instructions_this_cpu_lacks_is_refused_before_it
     tiny: TinyArtifacts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its first run would die of SIGILL (a Pi 5's dotprod library on a Pi 4): refused with the flags instead."""
-    from edgekit._core import cpu
+    from edgekit.core import cpu
 
     avx2_only = cpu.parse_cpuinfo("flags\t: sse4_2 avx fma avx2\n", "x86_64")
     monkeypatch.setattr(cpu, "this_cpu", lambda: avx2_only)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from edgekit._core.cpu import CpuFeatures, target_flags
 from edgekit.convert import tvm_cpu
 from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
+from edgekit.core.cpu import CpuFeatures, target_flags
 from edgekit.runtime.profiles import get_profile
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "efficientnet-lite0"

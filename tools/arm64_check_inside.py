@@ -40,10 +40,10 @@ def classify_all(
     import numpy as np
 
     import edgekit
-    from edgekit._core.cpu import this_cpu
-    from edgekit._core.elf import host_arch
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
+    from edgekit.core.cpu import this_cpu
+    from edgekit.core.elf import host_arch
     from edgekit.errors import EdgekitError
     from edgekit.runtime.matching import artifact_for
     from edgekit.runtime.model import Model
@@ -159,7 +159,7 @@ def compare(x86: dict[str, Any], arm: dict[str, Any], doctor: dict[str, Any] | N
     is decisive and may take the reference's second class on a near-tie, as the build's
     accuracy gate allows; such flips are printed.
     """
-    from edgekit._core.stats import TIE_MARGIN  # the build's accuracy gate: a frame counts when decisive
+    from edgekit.core.stats import TIE_MARGIN  # the build's accuracy gate: a frame counts when decisive
 
     problems: list[str] = []
     if arm["host_arch"] != "aarch64":

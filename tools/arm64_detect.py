@@ -40,10 +40,10 @@ def detect_all(bundle: Path, frames: list[Path], device: str, trusted: Path) -> 
     import cv2
 
     import edgekit
-    from edgekit._core.cpu import this_cpu
-    from edgekit._core.elf import host_arch
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
+    from edgekit.core.cpu import this_cpu
+    from edgekit.core.elf import host_arch
     from edgekit.errors import EdgekitError
     from edgekit.runtime.matching import artifact_for
     from edgekit.runtime.model import Model

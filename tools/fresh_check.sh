@@ -277,7 +277,7 @@ quiet build-rpi5.log in_root .venv/bin/edgekit build --onnx /tmp/fresh-check/tin
 quiet check-rpi5.log in_root .venv/bin/python -c '
 from pathlib import Path
 from edgekit.bundle import read_manifest
-from edgekit._core.elf import elf_arch
+from edgekit.core.elf import elf_arch
 out = Path("/tmp/fresh-check/tiny-rpi5")
 libs = [a for a in read_manifest(out).artifacts if a.backend == "tvm"]
 assert libs, "the rpi5 bundle has no TVM library"

@@ -59,7 +59,7 @@ def runtime() -> tuple[ModuleType, str]:
 
 
 def _version(package: str) -> str:
-    from edgekit._core.packages import installed_version
+    from edgekit.core.packages import installed_version
 
     found = installed_version(package)
     return f"{found} ({package})" if found else package
@@ -89,7 +89,7 @@ class LiteRTBackend:
         version = _version(package)
         if opts.get("delegate") != "edgetpu":
             return Availability(True, "", version, ("CPU",))
-        from edgekit._core.sysfs import edgetpu_devices
+        from edgekit.core.sysfs import edgetpu_devices
 
         lib = _edgetpu_library(opts)
         try:

@@ -161,8 +161,8 @@ def read_ir(
         import numpy as np
         import openvino as ov
 
-        from edgekit._core.cpu import this_cpu
         from edgekit.backends.openvino_kernels import prefer
+        from edgekit.core.cpu import this_cpu
 
         preferred = prefer(artifact, this_cpu().flags)
         if preferred is not None:

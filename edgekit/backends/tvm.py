@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.elf import host_arch, read_elf
 from edgekit.backends.base import (
     Availability,
     Options,
@@ -29,6 +28,7 @@ from edgekit.backends.base import (
     known_options,
     load_failed,
 )
+from edgekit.core.elf import host_arch, read_elf
 from edgekit.errors import ModelLoadError, RunError
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def cpu_lacks(target: dict[str, Any]) -> tuple[str, ...]:
     Nothing when the target implies nothing known (``generic``, no ``mattr``) or when this
     CPU's flags could not be read at all: unknown is not lacking.
     """
-    from edgekit._core.cpu import target_flags, this_cpu
+    from edgekit.core.cpu import target_flags, this_cpu
 
     need, cpu = target_flags(target), this_cpu()
     if not need or not cpu.flags:
@@ -137,7 +137,7 @@ class TVMBackend:
         lacking = cpu_lacks(target)
         if lacking:
             # Loading it would work; its first run would die of SIGILL, taking the process along.
-            from edgekit._core.cpu import target_attrs
+            from edgekit.core.cpu import target_attrs
 
             compiled_for = " ".join(str(v) for v in (target.get("mcpu", ""), *target_attrs(target)) if v)
             raise ModelLoadError(

@@ -115,7 +115,6 @@ def write_selection(bundle: Path, selection: Selection, sign_key: Path | None = 
 
 
 def _rewrite(root: Path, selection: Selection, sign_key: Path | None) -> None:
-    from edgekit._core.io import write_atomic
     from edgekit.bundle.keys import key_id, load_private_key, sign
     from edgekit.bundle.manifest import (
         MANIFEST_FILE,
@@ -124,6 +123,7 @@ def _rewrite(root: Path, selection: Selection, sign_key: Path | None) -> None:
         parse_manifest,
         read_manifest,
     )
+    from edgekit.core.io import write_atomic
 
     manifest = read_manifest(root)
     # The selection must name artifacts this bundle has: check before anything else.

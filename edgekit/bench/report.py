@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.stats import agreement, median
 from edgekit.bench.stats import LatencySummary, label, min_queries, percentile
+from edgekit.core.stats import agreement, median
 from edgekit.runtime.detection_gate import DetectionAgreement, DeviceBar
 from edgekit.runtime.pacing import CameraRate, PacedRun, camera_rate
 
@@ -173,7 +173,7 @@ class Result:
 
         For a detector, the share of the reference's decisive detections it matched (same
         class, IoU >= 0.5; ``edgekit.runtime.detection_gate``).  For a classifier, top-1
-        agreement by the build's and the health gate's rule (``edgekit._core.stats.agreement``):
+        agreement by the build's and the health gate's rule (``edgekit.core.stats.agreement``):
         only the frames where fp32 is decisive count, or every frame when none is.  A frame
         without a stored margin counts as decisive.
         """

@@ -22,9 +22,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.cpu import CpuFeatures, this_cpu
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings, Skipped
 from edgekit.bench.stats import summarize
+from edgekit.core.cpu import CpuFeatures, this_cpu
 from edgekit.errors import EdgekitError
 from edgekit.runtime.detection_gate import DetectionAgreement, device_bar
 from edgekit.runtime.measured import THREAD_OPTION
@@ -67,9 +67,9 @@ def plan(
     threads: Sequence[int] = (),
 ) -> tuple[list[BenchCandidate], list[Skipped]]:
     """The candidates of the bundle at ``root`` that can run here, and what was left out and why."""
-    from edgekit._core.elf import host_arch
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
+    from edgekit.core.elf import host_arch
     from edgekit.runtime.matching import artifact_for, candidates_for
     from edgekit.runtime.profiles import Candidate as ProfileCandidate
     from edgekit.runtime.profiles import get_profile, pin_precision

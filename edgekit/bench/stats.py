@@ -7,7 +7,7 @@ not sketched.  Two rules apply:
   ``floor(n * q / 100)`` of the sorted latencies (clipped to the last), which is what
   LoadGen's ``PerformanceSummary`` reports; ``method="linear"`` is numpy's default
   (Hyndman-Fan type 7) for comparison with other tools.  It is edgekit's one percentile,
-  defined in ``edgekit._core.stats`` with ``PERCENTILES`` and ``label``.
+  defined in ``edgekit.core.stats`` with ``PERCENTILES`` and ``label``.
 * LoadGen's early-stopping rule says how many queries a percentile needs before it means
   anything: with ``c = 99%`` confidence that the true ``q`` percentile is below the
   estimate, allowing one query over it, a p90 needs 64 queries and a p99 needs 662.
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from edgekit._core.stats import PERCENTILES as PERCENTILES
-from edgekit._core.stats import label as label
-from edgekit._core.stats import percentile as percentile
+from edgekit.core.stats import PERCENTILES as PERCENTILES
+from edgekit.core.stats import label as label
+from edgekit.core.stats import percentile as percentile
 
 #: SingleStream's headline percentile (a summary reports every one in ``PERCENTILES``).
 HEADLINE = 90.0

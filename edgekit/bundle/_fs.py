@@ -1,6 +1,6 @@
 """File helpers the bundle code shares: copying while hashing, temp folders beside a target, replacing a folder.
 
-Hashing a file, atomic writes and removing a folder are in :mod:`edgekit._core.io`.
+Hashing a file, atomic writes and removing a folder are in :mod:`edgekit.core.io`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import secrets
 import shutil
 from pathlib import Path
 
-from edgekit._core.io import CHUNK
 from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import MANIFEST_FILE
+from edgekit.core.io import CHUNK
 
 
 def copy_hashed(src: Path, dst: Path) -> tuple[str, int]:

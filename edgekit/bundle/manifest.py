@@ -178,7 +178,7 @@ class ArtifactEntry(Schema):
     #: Which recipe of that precision ("full": full-range int8 weights); left out when default,
     #: so a manifest without variants reads and hashes as before.
     variant: str = Field(default="", pattern=r"^[a-z0-9-]*$", exclude_if=lambda v: v == "")
-    #: CPU capabilities the artifact needs to compute as built (``edgekit._core.cpu.CAPABILITIES``).
+    #: CPU capabilities the artifact needs to compute as built (``edgekit.core.cpu.CAPABILITIES``).
     requires: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
     kind: str = ""
     arch: str = "any"

@@ -285,8 +285,8 @@ def trust_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Trust a bundle-signing public key: bundles it signs can be installed here."""
-    from edgekit._core.io import write_atomic
     from edgekit.bundle import key_id, load_public_key
+    from edgekit.core.io import write_atomic
     from edgekit.deploy import StateRoot
     from edgekit.deploy.keystore import is_system_root, require_root_for, secure_key_file
 
@@ -418,8 +418,8 @@ def run_agent_command(
     import logging
     import socket
 
-    from edgekit._core.names import safe_name
-    from edgekit._core.units import parse_seconds
+    from edgekit.core.names import safe_name
+    from edgekit.core.units import parse_seconds
     from edgekit.deploy.agent import AgentConfig, run_agent
     from edgekit.deploy.download import parse_origin
     from edgekit.errors import DeployError
@@ -448,7 +448,7 @@ def run_agent_command(
                 "scheme://host[:port] of the artifact server, e.g. https://fleet.local:8443",
             ) from None
     window_s = parse_seconds(rollback_window, "--rollback-window")
-    from edgekit._core.tokens import ARTIFACT_TOKEN_ENV, read_token
+    from edgekit.core.tokens import ARTIFACT_TOKEN_ENV, read_token
 
     artifact_token = read_token(artifact_token_file, ARTIFACT_TOKEN_ENV, "--artifact-token-file")
     broker = BrokerConfig.from_url(
@@ -457,7 +457,7 @@ def run_agent_command(
     from edgekit.deploy.keystore import check_trust_store
 
     check_trust_store(root, Path(root) / "keys")  # refuse a trust store the agent's own user could change
-    from edgekit._core.redact import warn_secret_on_command_line
+    from edgekit.core.redact import warn_secret_on_command_line
 
     if source is not None:  # the child gets it in EDGEKIT_SOURCE, we cannot take it off our own
         warn_secret_on_command_line(

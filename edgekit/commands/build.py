@@ -232,7 +232,7 @@ def _write_card(onnx: Path | None, dest: Path, flags: dict[str, Any], as_json: b
 
 def _check_select(select: str, profile_arch: str) -> None:
     """Before building: --select must be a known rule and the bundle must be runnable here to be measured."""
-    from edgekit._core.elf import host_arch
+    from edgekit.core.elf import host_arch
 
     if select != "fastest":
         raise BuildError(f"--select takes 'fastest', got {select!r}", "use --select fastest, or leave it out")

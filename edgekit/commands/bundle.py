@@ -249,7 +249,7 @@ def _print_precision_choice(m: Manifest) -> None:
     """Which artifacts need what of a CPU, and which int8 recipe this machine's CPU takes."""
     from rich.markup import escape
 
-    from edgekit._core.cpu import this_cpu
+    from edgekit.core.cpu import this_cpu
     from edgekit.runtime.precision import int8_choice
 
     cpu = this_cpu()

@@ -280,7 +280,7 @@ def deploy_command(
     }
     _one_transport(host, fleet, fleet_only)
     if artifact_url is not None:  # the --mqtt URL is warned about where it is parsed (BrokerConfig)
-        from edgekit._core.redact import warn_secret_on_command_line
+        from edgekit.core.redact import warn_secret_on_command_line
 
         warn_secret_on_command_line(
             artifact_url,
@@ -455,7 +455,7 @@ def _check_bundle(bundle: Path, profile: str | None) -> None:
 
 def _fleet_rollout(req: FleetRequest) -> int:
     """``edgekit deploy --fleet`` / ``edgekit deploy rollback --fleet``: progress lines, then the report."""
-    from edgekit._core.tokens import ARTIFACT_TOKEN_ENV, read_token
+    from edgekit.core.tokens import ARTIFACT_TOKEN_ENV, read_token
     from edgekit.deploy.rollout import run
 
     token = read_token(req.artifact_token_file, ARTIFACT_TOKEN_ENV, "--artifact-token-file")

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from edgekit._core.units import parse_seconds
 from edgekit.commands.common import MqttCaOpt, err_console
+from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
 
 fleet_app = typer.Typer(help="The fleet: collect telemetry, store it, show it.", no_args_is_help=True)
@@ -160,7 +160,7 @@ def serve_command(
         raise EdgekitError(
             f"the fleet dashboard needs its extra: {err}", "pip install 'edgekit[fleet]'"
         ) from err
-    from edgekit._core.redact import warn_secret_on_command_line
+    from edgekit.core.redact import warn_secret_on_command_line
     from edgekit.fleet.access import ARTIFACT_TOKEN_ENV, MAKE_ONE, allowed_hosts, needs_token, read_token
     from edgekit.fleet.collector import Collector
     from edgekit.fleet.dashboard import Ticker, create_app

@@ -383,7 +383,7 @@ def _merged(run_file: RunConfig | None, given: set[str], cli: dict[str, Any]) ->
 
 
 def _warn_if_source_secret_on_command_line(source: str) -> None:
-    from edgekit._core.redact import warn_secret_on_command_line
+    from edgekit.core.redact import warn_secret_on_command_line
 
     warn_secret_on_command_line(
         source,

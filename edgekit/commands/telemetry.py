@@ -34,7 +34,7 @@ def _num(value: Any, fmt: str = "{:.1f}") -> str:
 
 
 def _quantile(sketch: Any, q: float) -> float | None:
-    from edgekit._core.sketch import LatencySketch
+    from edgekit.core.sketch import LatencySketch
 
     try:
         value = LatencySketch.from_dict(sketch).quantile(q)

@@ -5,7 +5,7 @@ An image on which the reference itself is undecided (its two best classes within
 ``TIE_MARGIN`` = 10 points of softmax probability) has no single right answer — chelsea,
 the smoke set's cat, is 0.08 between "Egyptian cat" and "tiger cat" — so a flip there is
 counted and reported but does not fail the gate; on every other image the top-1 must
-agree (the one rule, ``edgekit._core.stats.agreement``: if no image were decisive, every
+agree (the one rule, ``edgekit.core.stats.agreement``: if no image were decisive, every
 image would count).  Measured on the smoke set: every int8 flip (ORT, OpenVINO, LiteRT) is on an image
 with a margin under 0.10, and 18 of its 36 images are decisive.  The threshold defaults to 98% — MLPerf's rule for quantized models (99% of fp32
 accuracy for its classification tasks is stricter on labelled data; on an unlabelled
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.stats import agreement
 from edgekit.backends.base import Session
+from edgekit.core.stats import agreement
 from edgekit.runtime.tensors import from_output, to_input
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ class Artifact:
     notes: Mapping[str, Any] = field(default_factory=dict)
     kind: str = ""  # e.g. "onnx", "openvino-ir", "tflite", "tflite-edgetpu", "tvm-so", "tensorrt-onnx"
     variant: str = ""  # a second recipe of the same precision: "full" (full-range int8 weights)
-    requires: tuple[str, ...] = ()  # CPU capabilities it needs to compute as built (edgekit._core.cpu)
+    requires: tuple[str, ...] = ()  # CPU capabilities it needs to compute as built (edgekit.core.cpu)
 
     @property
     def all_files(self) -> tuple[Path, ...]:

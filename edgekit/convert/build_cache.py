@@ -33,11 +33,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import atomic_path
-from edgekit._core.paths import cache_root
 from edgekit._version import __version__
 from edgekit.convert import cache_trust as trust
 from edgekit.convert.artifact import Artifact
+from edgekit.core.io import atomic_path
+from edgekit.core.paths import cache_root
 
 log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.io import sha256_file
-from edgekit._core.packages import installed_versions
 from edgekit.convert.accuracy_detection import detection_head
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.build_cache import BuildCache, step_key
 from edgekit.convert.build_records import BuildRequest, StageTime
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
+from edgekit.core.io import sha256_file
+from edgekit.core.packages import installed_versions
 from edgekit.runtime.profiles import get_profile
 
 if TYPE_CHECKING:

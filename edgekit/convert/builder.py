@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from edgekit._core.io import sha256_file
 from edgekit.convert.accuracy import run_batch, run_outputs
 from edgekit.convert.accuracy_detection import detection_head
 from edgekit.convert.artifact import Artifact
@@ -39,6 +38,7 @@ from edgekit.convert.recipes import (
     recipe_of,
     untuned_tvm,
 )
+from edgekit.core.io import sha256_file
 from edgekit.errors import BuildError, EdgekitError
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from edgekit._core.io import remove_tree
 from edgekit.bundle._fs import check_replaceable, copy_hashed, replace_dir, temp_beside
 from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import (
@@ -40,6 +39,7 @@ from edgekit.bundle.manifest import (
     SignatureInfo,
     describe,
 )
+from edgekit.core.io import remove_tree
 
 if TYPE_CHECKING:
     from edgekit.convert.artifact import Artifact

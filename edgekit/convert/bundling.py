@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgekit._core.packages import installed_versions
 from edgekit.convert.images import ImageSet
+from edgekit.core.packages import installed_versions
 
 if TYPE_CHECKING:
     import numpy as np

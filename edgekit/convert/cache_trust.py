@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from edgekit._core.io import CHUNK, write_atomic
-from edgekit._core.paths import config_root
+from edgekit.core.io import CHUNK, write_atomic
+from edgekit.core.paths import config_root
 
 log = logging.getLogger(__name__)
 

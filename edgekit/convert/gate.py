@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from edgekit._core.cpu import CpuFeatures, this_cpu
-from edgekit._core.elf import host_arch
 from edgekit.convert.accuracy import compare, run_batch, run_outputs
 from edgekit.convert.latency import measure
+from edgekit.core.cpu import CpuFeatures, this_cpu
+from edgekit.core.elf import host_arch
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.runtime.profiles import pin_precision
 from edgekit.runtime.tensors import from_output, to_input

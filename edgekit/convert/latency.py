@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgekit._core.stats import percentile
 from edgekit.backends.base import Session
+from edgekit.core.stats import percentile
 from edgekit.runtime.tensors import to_input
 
 if TYPE_CHECKING:

@@ -36,10 +36,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.io import write_atomic
-from edgekit._core.packages import installed_versions
 from edgekit.convert import heads, tflite_heads
 from edgekit.convert.artifact import Artifact
+from edgekit.core.io import write_atomic
+from edgekit.core.packages import installed_versions
 from edgekit.errors import BuildError, EdgekitError
 from edgekit.runtime.preprocessing import PreprocessSpec
 

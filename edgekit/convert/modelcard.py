@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from edgekit._core.io import sha256_file
 from edgekit.bundle.manifest import DetectionHead
+from edgekit.core.io import sha256_file
 from edgekit.errors import BuildError
 from edgekit.runtime.preprocessing import PreprocessSpec
 from edgekit.runtime.profiles import PRECISIONS

@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import sha256_file
 from edgekit.convert.file_card import (
     Fact,
     Inferred,
@@ -20,6 +19,7 @@ from edgekit.convert.file_card import (
     mark_guesses,
 )
 from edgekit.convert.modelcard import CARD_FILE, ModelCard, card_for_file, card_from_data, read_labels
+from edgekit.core.io import sha256_file
 from edgekit.errors import BuildError
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import atomic_path
+from edgekit.core.io import atomic_path
 from edgekit.errors import BuildError, first_line
 from edgekit.runtime.preprocessing import PreprocessSpec
 

@@ -103,8 +103,8 @@ def untuned_tvm(b: BuildSteps, recipe: str, fp32_hash: str) -> str | None:
     minutes on YOLOv8s).  A library for another architecture (rpi5, jetson) is still built:
     any schedules it gets are its best chance, and it is gated on the device.
     """
-    from edgekit._core.elf import host_arch
     from edgekit.convert import tvm_database
+    from edgekit.core.elf import host_arch
 
     target = dict(b.profile.tvm_target)
     if recipe != "tvm-fp32" or b.req.tune_trials or b.req.tvm_untuned:

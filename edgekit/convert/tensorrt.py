@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import write_atomic
 from edgekit.convert.artifact import Artifact
+from edgekit.core.io import write_atomic
 
 CONFIG_SUFFIX = ".trt.json"
 

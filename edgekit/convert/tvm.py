@@ -117,10 +117,10 @@ def compile_onnx(
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from edgekit._core.io import sha256_file
     from edgekit.convert import tvm_database as tdb
     from edgekit.convert import tvm_tuning as tt
     from edgekit.convert.onnx_export import pin_batch
+    from edgekit.core.io import sha256_file
 
     if tune_trials < 0:
         raise BuildError(

@@ -8,7 +8,7 @@ other caches, the same schedule is valid code but not the fast one for it: on a 
 AVX-512 and VNNI the shipped AMD EPYC (AVX2) schedules gave a tvm-fp32 library of 16.7 ms
 p50, against 1.1-3 ms for the other runtimes on the same machine.  So every database records
 the CPU it was tuned on (``tuned_on_cpu`` in ``tuning.json``: model name, architecture and
-its notable instruction-set flags, :mod:`edgekit._core.cpu`), and :func:`schedule_note` compares
+its notable instruction-set flags, :mod:`edgekit.core.cpu`), and :func:`schedule_note` compares
 it with the CPU the artifact is for: the target's ``mcpu``/``mattr`` and, when the target
 is the build host's architecture, the build host's own flags.  A difference goes into the
 artifact's notes (``schedules``), which ``edgekit inspect`` shows, and ``edgekit bench``
@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.cpu import NOTABLE, CpuFeatures, target_flags, this_cpu
 from edgekit.convert.tvm_database import TuningDatabase, target_arch, target_key
+from edgekit.core.cpu import NOTABLE, CpuFeatures, target_flags, this_cpu
 
 RETUNE = "tune on the device (edgekit build --tune-trials N)"
 
@@ -49,7 +49,7 @@ def _recorded(record: Any) -> tuple[str, CpuFeatures] | None:
 
 
 def _flag_list(flags: frozenset[str] | set[str], arch: str) -> str:
-    """Flags in :data:`edgekit._core.cpu.NOTABLE` order (then any others, sorted)."""
+    """Flags in :data:`edgekit.core.cpu.NOTABLE` order (then any others, sorted)."""
     order = NOTABLE.get(arch, ())
     known = [f for f in order if f in flags]
     return ", ".join(known + sorted(f for f in flags if f not in order)) or "none of note"
@@ -89,7 +89,7 @@ def schedule_note(
     on (``tuned_on_cpu``) against those the target compiles for (``mcpu``/``mattr``: any
     flag the target has that the tuning CPU lacked) and, when the target is ``cpu``'s
     architecture, against ``cpu``'s own flags (any difference): ``cpu`` is the build
-    host, this machine's CPU (:func:`edgekit._core.cpu.this_cpu`) unless given, named
+    host, this machine's CPU (:func:`edgekit.core.cpu.this_cpu`) unless given, named
     ``cpu_name``.  A database without the record says it was tuned on an unrecorded CPU.
     """
     key = target_key(target)

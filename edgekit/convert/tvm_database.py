@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.elf import host_arch, normalize_arch
-from edgekit._core.paths import cache_root
 from edgekit.convert import cache_trust as trust
+from edgekit.core.elf import host_arch, normalize_arch
+from edgekit.core.paths import cache_root
 from edgekit.errors import BuildError
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.elf import host_arch
 from edgekit.convert.tvm_cpu import _cpu_name, _recorded, cpu_record
 from edgekit.convert.tvm_database import (
     META_FILE,
@@ -39,6 +38,7 @@ from edgekit.convert.tvm_database import (
     target_arch,
     target_key,
 )
+from edgekit.core.elf import host_arch
 from edgekit.errors import BuildError
 
 Progress = Callable[[str, float], None]

@@ -237,7 +237,7 @@ class Agent:
     def _child_argv(self, bundle: Path) -> list[str]:
         c = self.config
         assert c.source is not None
-        from edgekit._core.redact import has_secret, without_password
+        from edgekit.core.redact import has_secret, without_password
 
         # No secret on a command line (ps shows it to everyone): a source with a password goes
         # in the child's environment (_child_env), the broker URL without its password.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.tally import FrameTally
+from edgekit.core.tally import FrameTally
 from edgekit.deploy.link import Telemetry
 from edgekit.fleet.collector import Collector
 from edgekit.fleet.store import FleetStore

@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edgekit._core.io import write_atomic
 from edgekit.bundle.keys import signature_valid
+from edgekit.core.io import write_atomic
 from edgekit.errors import DeployError, EdgekitError
 from edgekit.protocol.control import Command, loads_strict, parse_command, signed_bytes
 

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from edgekit._core.backoff import Backoff
-from edgekit._core.io import fsync_dir, sha256_file
 from edgekit._version import __version__
+from edgekit.core.backoff import Backoff
+from edgekit.core.io import fsync_dir, sha256_file
 from edgekit.errors import DeployError
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class DownloadError(DeployError):
     """
 
     def __init__(self, message: str, hint: str = "", detail: str = "") -> None:
-        from edgekit._core.redact import redact_url
+        from edgekit.core.redact import redact_url
 
         super().__init__(message, hint)
         self.detail = redact_url(detail or message)  # a presigned URL's ?sig= / ?token= is not for the log

@@ -9,14 +9,14 @@ whole frame path: decode, preprocess, infer.  It passes when
 * top-1 agrees with the manifest's fp32 reference on at least the build's accuracy
   threshold (``build.accuracy_threshold``, 0.98 by default) of the frames.  As in the
   build's gate, frames where fp32 itself was undecided (margin under ``TIE_MARGIN``) are
-  reported but do not count, unless no frame is decisive (``edgekit._core.stats.agreement``).
+  reported but do not count, unless no frame is decisive (``edgekit.core.stats.agreement``).
   For a detector (``model.task == "detection"``) the frames' detections are compared with
   the reference detections the bundle carries by the build's own rule
   (``edgekit.runtime.detection_gate``): decisive reference detections matched at IoU >= 0.5
   on at least the threshold's share, and no decisive extra; the timed frame includes
   decoding and NMS.
 
-Percentiles are LoadGen's over the timed runs (``edgekit._core.stats.percentile``, the
+Percentiles are LoadGen's over the timed runs (``edgekit.core.stats.percentile``, the
 benchmark's rule too), never averaged.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.stats import agreement, percentile
+from edgekit.core.stats import agreement, percentile
 from edgekit.errors import EdgekitError
 from edgekit.protocol import messages
 

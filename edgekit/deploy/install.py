@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree
+from edgekit.core.io import TMP_MARK, fsync_dir, remove_tree
 from edgekit.deploy.bundle_checks import REBUILD, StepFailed, check_hashes, check_signature
 from edgekit.deploy.floor import Floor, keep_floor, write_floor
 from edgekit.deploy.health import DEFAULT_RUNS, check_health

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from edgekit._core.names import safe_name
+from edgekit.core.names import safe_name
 from edgekit.errors import DeployError
 from edgekit.protocol.control import Command, loads_strict, parse_agent_status, parse_result
 from edgekit.protocol.topics import topic

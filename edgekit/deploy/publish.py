@@ -36,9 +36,9 @@ class Artifact:
 
 def publish_artifact(bundle: Path, directory: Path, base_url: str) -> Artifact:
     """Put ``bundle`` (folder or .tar.gz) into ``directory`` as ``<model>-<version>-<sha12>.tar.gz``."""
-    from edgekit._core.io import sha256_file
     from edgekit.bundle.archive import is_archive_name, open_bundle, pack
     from edgekit.bundle.manifest import SIGNATURE_FILE, read_manifest
+    from edgekit.core.io import sha256_file
 
     if not directory.is_dir():
         raise DeployError(

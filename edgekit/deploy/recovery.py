@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from edgekit._core.io import fsync_dir, remove_tree
+from edgekit.core.io import fsync_dir, remove_tree
 from edgekit.deploy.floor import keep_floor, slot_serial
 from edgekit.deploy.slots import SLOTS, StateRoot
 

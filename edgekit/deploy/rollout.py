@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.names import safe_name
-from edgekit._core.units import parse_seconds
+from edgekit.core.names import safe_name
+from edgekit.core.units import parse_seconds
 from edgekit.deploy.canary import DEFAULT_MISS_RATE, CanaryWatch
 from edgekit.deploy.command_trust import load_signing_key, sign_command
 from edgekit.deploy.link import FleetLink
@@ -191,7 +191,7 @@ class Rollout:
                 "e.g. --artifacts /srv/edgekit/artifacts --artifact-url http://server:8765/artifacts "
                 "(what `edgekit fleet serve --artifacts DIR` serves)",
             )
-        from edgekit._core.redact import redact_url
+        from edgekit.core.redact import redact_url
 
         artifact = publish_artifact(o.bundle, o.artifacts, o.artifact_url)
         problem = check_served(artifact, token=o.artifact_token)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 # TMP_MARK: every temp name of ours starts with "." and holds it, so recover() deletes them.
-from edgekit._core.io import TMP_MARK, fsync_dir, remove_tree, sha256_file, write_atomic
+from edgekit.core.io import TMP_MARK, fsync_dir, remove_tree, sha256_file, write_atomic
 from edgekit.errors import DeployError
 
 log = logging.getLogger(__name__)

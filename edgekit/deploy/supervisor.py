@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.backoff import Backoff
-from edgekit._core.redact import has_secret, redact_source
+from edgekit.core.backoff import Backoff
+from edgekit.core.redact import has_secret, redact_source
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class PipelineSupervisor:
 def child_environment(password: str | None, source: str | None) -> dict[str, str]:
     """Our environment plus the secrets the child must not get on its command line:
     the MQTT password (``EDGEKIT_MQTT_PASSWORD``) and a source holding one (``EDGEKIT_SOURCE``)."""
-    from edgekit._core.tokens import ARTIFACT_TOKEN_ENV
+    from edgekit.core.tokens import ARTIFACT_TOKEN_ENV
 
     env = dict(os.environ)
     env.pop(ARTIFACT_TOKEN_ENV, None)  # the agent's download token: the pipeline never downloads

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgekit._core.names import safe_name
+from edgekit.core.names import safe_name
 from edgekit.fleet.collector import Collector, CollectorListener
 from edgekit.fleet.open_store import open_store
 from edgekit.fleet.store import FleetStore

@@ -29,7 +29,7 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
-from edgekit._core.tokens import ARTIFACT_TOKEN_ENV, MAKE_ONE, MIN_TOKEN, TOKEN_ENV, read_token
+from edgekit.core.tokens import ARTIFACT_TOKEN_ENV, MAKE_ONE, MIN_TOKEN, TOKEN_ENV, read_token
 from edgekit.errors import EdgekitError
 
 __all__ = [

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import write_atomic
+from edgekit.core.io import write_atomic
 
 log = logging.getLogger(__name__)
 

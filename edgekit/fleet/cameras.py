@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.tally import FrameTally
+from edgekit.core.sketch import LatencySketch
+from edgekit.core.tally import FrameTally
 
 # Cameras kept per device and time step (or since the server started): a window holds at most 64,
 # but a device may rename them over time, so sums fold the rest into OTHER (as classes are).

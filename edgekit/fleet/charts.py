@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.tally import ClassCount, FrameTally
+from edgekit.core.sketch import LatencySketch
+from edgekit.core.tally import ClassCount, FrameTally
 from edgekit.fleet.cameras import add_cameras, merge_cameras
 from edgekit.fleet.sums import Bucket, add_detections
 from edgekit.protocol.stages import STAGES

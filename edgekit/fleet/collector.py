@@ -32,9 +32,9 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from edgekit._core.names import safe_name
-from edgekit._core.redact import redact_source
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.names import safe_name
+from edgekit.core.redact import redact_source
+from edgekit.core.sketch import LatencySketch
 from edgekit.fleet.quotas import Gate, Key, LogThrottle, Quotas, Rejected, known_fields
 from edgekit.fleet.store import FleetStore
 from edgekit.protocol.messages import Labels, Sketch, Status, Telemetry, first_error

@@ -29,7 +29,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from edgekit._core.names import safe_name
+from edgekit.core.names import safe_name
 from edgekit.fleet.access import LOOPBACK_NAMES, access_middleware
 from edgekit.fleet.view import FleetView
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edgekit._core.tally import ClassCount
+from edgekit.core.tally import ClassCount
 from edgekit.fleet.charts import Tally
 
 DETECTION_STEPS = 6  # the most recent steps the device page lists a detector's classes for

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from edgekit._core.backoff import Backoff
+from edgekit.core.backoff import Backoff
 from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.protocol.topics import EVERYTHING

@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
+from edgekit.core.sketch import LatencySketch
 from edgekit.fleet.view import DeviceTotals
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.tally import ClassCount
+from edgekit.core.sketch import LatencySketch
+from edgekit.core.tally import ClassCount
 from edgekit.fleet import camera_rollups
 from edgekit.fleet.sql import (
     INSERT_WINDOW,

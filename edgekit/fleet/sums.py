@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from edgekit._core.sketch import DEFAULT_ACCURACY, LatencySketch
-from edgekit._core.tally import ClassCount, FrameTally
+from edgekit.core.sketch import DEFAULT_ACCURACY, LatencySketch
+from edgekit.core.tally import ClassCount, FrameTally
 from edgekit.fleet.cameras import add_cameras
 
 _fast_loads: Callable[[str], Any]

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 from edgekit.errors import EdgekitError, PipelineError
 
 if TYPE_CHECKING:

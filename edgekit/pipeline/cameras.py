@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from edgekit._core.redact import redact_source
+from edgekit.core.redact import redact_source
 from edgekit.errors import PipelineError
 from edgekit.pipeline.capture import CaptureThread, Frame, FrameSlot
 from edgekit.pipeline.policy import Policy

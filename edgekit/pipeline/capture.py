@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgekit._core.redact import redact_source
+from edgekit.core.redact import redact_source
 from edgekit.errors import EdgekitError, SourceError, first_line
 from edgekit.pipeline.policy import Policy
 

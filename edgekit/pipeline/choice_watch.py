@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.pipeline.records import FrameRecord

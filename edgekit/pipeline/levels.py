@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.backends.base import Session, TensorSpec

@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.redact import redact_source
-from edgekit._core.stats import median
+from edgekit.core.redact import redact_source
+from edgekit.core.stats import median
 from edgekit.errors import PipelineError
 from edgekit.pipeline.batching import Batcher, batch_summary, parse_batch
 from edgekit.pipeline.cameras import Camera, CameraGroup, Sources, name_cameras, open_cameras, parse_budget

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Sequence
 from enum import Enum
 
-from edgekit._core.stats import percentile
+from edgekit.core.stats import percentile
 from edgekit.errors import PipelineError
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from edgekit._core.tally import ClassCount, count_detections
+from edgekit.core.tally import ClassCount, count_detections
 from edgekit.pipeline.records import FrameRecord
 
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.backoff import Backoff
-from edgekit._core.redact import redact_source
+from edgekit.core.backoff import Backoff
+from edgekit.core.redact import redact_source
 from edgekit.errors import SourceError
 from edgekit.runtime.preprocessing import as_bgr
 

@@ -11,10 +11,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.stats import PERCENTILES as REPORTED
-from edgekit._core.stats import percentile
-from edgekit._core.tally import FrameTally
+from edgekit.core.sketch import LatencySketch
+from edgekit.core.stats import PERCENTILES as REPORTED
+from edgekit.core.stats import percentile
+from edgekit.core.tally import FrameTally
 from edgekit.pipeline.records import Counters, FrameRecord
 from edgekit.protocol.stages import STAGES
 

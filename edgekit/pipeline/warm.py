@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 from edgekit.runtime.pacing import WARM_MARGIN_NS as MIN_MARGIN_NS
 from edgekit.runtime.pacing import WarmCosts
 

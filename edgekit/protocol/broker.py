@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from edgekit._core.redact import redact_url, warn_secret_on_command_line
+from edgekit.core.redact import redact_url, warn_secret_on_command_line
 from edgekit.errors import TelemetryError
 
 log = logging.getLogger(__name__)

@@ -179,7 +179,7 @@ def window_metrics(payload: dict[str, Any]) -> dict[str, Any]:
     (the sketch's compact JSON) are what a fleet collector merges: fleet percentiles come
     from merged sketches, never from averaged percentiles.
     """
-    from edgekit._core.sketch import LatencySketch
+    from edgekit.core.sketch import LatencySketch
 
     out: dict[str, Any] = {}
     window = payload["window"]

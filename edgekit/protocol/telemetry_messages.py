@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from edgekit._core.sketch import DEFAULT_ACCURACY
+from edgekit.core.sketch import DEFAULT_ACCURACY
 from edgekit.protocol.stages import STAGES
 
 # What an SQLite or PostgreSQL BIGINT column holds: counts beyond it cannot be stored.

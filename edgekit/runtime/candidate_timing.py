@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edgekit._core.stats import median
+from edgekit.core.stats import median
 from edgekit.errors import EdgekitError, InputError
 from edgekit.runtime.matching import artifact_for
 
@@ -187,7 +187,7 @@ def _measure_one(
     best_ms: float | None,
 ) -> tuple[float, float, int]:
     """Paced p50 and p90 (ms) of ``session`` on ``x`` and the number of queries it took."""
-    from edgekit._core.stats import percentile
+    from edgekit.core.stats import percentile
     from edgekit.runtime.pacing import back_to_back_latencies, paced_run
 
     def run() -> None:

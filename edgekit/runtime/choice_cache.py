@@ -34,10 +34,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.io import TMP_MARK, write_atomic
-from edgekit._core.packages import installed_version
-from edgekit._core.paths import state_root
 from edgekit._version import __version__
+from edgekit.core.io import TMP_MARK, write_atomic
+from edgekit.core.packages import installed_version
+from edgekit.core.paths import state_root
 from edgekit.errors import EdgekitError
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def runtime_version(backend: str) -> str:
 @cache
 def _cpu() -> tuple[str, str, tuple[str, ...], int]:
     # Read once per process: the hardware does not change under a running program.
-    from edgekit._core.cpu import this_cpu
+    from edgekit.core.cpu import this_cpu
     from edgekit.runtime.host import read_host
 
     host = read_host(probe_runtimes=False)  # no runtime import: only /proc and /sys

@@ -5,9 +5,9 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-from edgekit._core.cpu import this_cpu
 from edgekit._version import __version__
 from edgekit.backends import registry
+from edgekit.core.cpu import this_cpu
 from edgekit.errors import EdgekitError
 from edgekit.runtime.host import detect, rank_profiles
 from edgekit.runtime.latency_os import read_latency_os

@@ -16,9 +16,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.cpu import read_cpu
-from edgekit._core.elf import normalize_arch
-from edgekit._core.sysfs import edgetpu_devices, read_sysfs
+from edgekit.core.cpu import read_cpu
+from edgekit.core.elf import normalize_arch
+from edgekit.core.sysfs import edgetpu_devices, read_sysfs
 from edgekit.errors import DetectionError
 from edgekit.runtime.profiles import DeviceProfile, all_profiles
 
@@ -37,7 +37,7 @@ class HostInfo:
     edgetpu: tuple[str, ...]  # "usb:0", "pci:0", ...
     openvino_devices: tuple[str, ...]
     ort_providers: tuple[str, ...]
-    #: The vector/matrix extensions that decide kernels and precisions (``edgekit._core.cpu.NOTABLE``),
+    #: The vector/matrix extensions that decide kernels and precisions (``edgekit.core.cpu.NOTABLE``),
     #: and what they add up to (``int8-dot``, ``bf16``, ``fp16``).
     cpu_flags: tuple[str, ...] = ()
     cpu_capabilities: tuple[str, ...] = ()

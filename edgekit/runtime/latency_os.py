@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.sysfs import read_sysfs
+from edgekit.core.sysfs import read_sysfs
 
 NO_CPUFREQ = "no cpufreq (virtual machine or fixed clock)"
 #: Governors that lower the clock while the runtime waits for the next frame.

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from edgekit._core.elf import host_arch
+from edgekit.core.elf import host_arch
 from edgekit.runtime.profiles import Candidate, DeviceProfile, pin_precision
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
 
-from edgekit._core.elf import host_arch
 from edgekit.backends.base import Session
+from edgekit.core.elf import host_arch
 from edgekit.errors import EdgekitError, InputError
 from edgekit.runtime.candidate_timing import MeasureLimits
 from edgekit.runtime.detection import Detection, Detector

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgekit._core.stats import median, percentile
+from edgekit.core.stats import median, percentile
 
 Clock = Callable[[], int]  # nanoseconds, monotonic
 Sleep = Callable[[float], object]  # seconds

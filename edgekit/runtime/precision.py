@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from edgekit._core.cpu import CpuFeatures
+from edgekit.core.cpu import CpuFeatures
 from edgekit.runtime.profiles import PRECISION_OPTIONS, Candidate
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from edgekit._core.cpu import CAPABILITIES, CpuFeatures
+from edgekit.core.cpu import CAPABILITIES, CpuFeatures
 from edgekit.errors import ProfileError
 
 if sys.version_info >= (3, 11):
@@ -48,7 +48,7 @@ class Candidate:
     #: Which recipe of that precision (``""`` the default; ``"full"`` for full-range int8
     #: weights): an artifact matches a candidate on backend, precision and variant.
     variant: str = ""
-    #: CPU capabilities (``edgekit._core.cpu.CAPABILITIES``) the candidate needs to run as it should.
+    #: CPU capabilities (``edgekit.core.cpu.CAPABILITIES``) the candidate needs to run as it should.
     requires: tuple[str, ...] = ()
 
     @property

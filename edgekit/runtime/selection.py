@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgekit._core.cpu import this_cpu
 from edgekit.backends import registry
 from edgekit.backends.base import Availability, Session
+from edgekit.core.cpu import this_cpu
 from edgekit.errors import EdgekitError, NoUsableBackendError
 from edgekit.runtime.profiles import Candidate
 

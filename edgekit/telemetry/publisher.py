@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from edgekit._core.names import safe_name
 from edgekit._version import __version__
+from edgekit.core.names import safe_name
 from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig, drop_unsent
 from edgekit.protocol.messages import Status, Telemetry, checked, first_error

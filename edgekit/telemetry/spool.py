@@ -370,7 +370,7 @@ def default_spool(fleet: str, device_id: str, format: str = "json") -> Path:
     Spools were kept under the cache root before; one left there (and none in the state root
     yet) is used where it is, so an upgrade does not lose telemetry that was not sent.
     """
-    from edgekit._core.paths import cache_root, state_root
+    from edgekit.core.paths import cache_root, state_root
 
     name = f"{fleet}-{device_id}{'' if format == 'json' else f'-{format}'}.db"
     path, earlier = state_root() / "telemetry" / name, cache_root() / "telemetry" / name

@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit._core.sketch import LatencySketch
-from edgekit._core.tally import ClassCount, FrameTally, count_detections
+from edgekit.core.sketch import LatencySketch
+from edgekit.core.tally import ClassCount, FrameTally, count_detections
 from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.messages import (
     MAX_CAMERA_NAME,

@@ -20,8 +20,8 @@ import logging
 import re
 from pathlib import Path
 
-from edgekit._core.io import write_atomic
 from edgekit.backends.tensorrt.options import _Settings
+from edgekit.core.io import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.paths import cache_root
 from edgekit.backends.base import Options, known_options
+from edgekit.core.paths import cache_root
 from edgekit.errors import BackendError
 
 NAME = "tensorrt"

@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from edgekit._core.elf import normalize_arch
+from edgekit.core.elf import normalize_arch
 
 CAPABILITIES = ("int8-dot", "bf16", "fp16")
 
