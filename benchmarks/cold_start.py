@@ -40,7 +40,7 @@ from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry
-    from edgekit.runtime.profiles import DeviceProfile
+    from edgekit.device.profiles import DeviceProfile
 
 # The child: nothing but what a device needs.  Timestamps are CLOCK_MONOTONIC in ns.
 CHILD = r"""
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from edgekit.bundle import read_manifest
     from edgekit.core.elf import host_arch
-    from edgekit.runtime.host import match_profile
+    from edgekit.device.host import match_profile
 
     bundle = bundle_of(args).resolve()
     manifest = read_manifest(bundle)

@@ -53,7 +53,7 @@ def worker(bundle: Path, queries: int) -> list[dict[str, Any]]:
     from edgekit.bundle import read_manifest
     from edgekit.convert.accuracy import compare, run_batch
     from edgekit.convert.images import smoke_set
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     manifest = read_manifest(bundle)
     images = smoke_set()

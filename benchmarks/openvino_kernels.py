@@ -74,7 +74,7 @@ def measure(bundle: Path, rounds: int, queries: int) -> dict[str, Any]:
     from edgekit.bundle import read_manifest
     from edgekit.convert.images import smoke_set
     from edgekit.core.cpu import this_cpu
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     manifest = read_manifest(bundle)
     batch = smoke_set().batch(PreprocessSpec.from_manifest(manifest))

@@ -31,8 +31,8 @@ import numpy as np
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr, run, verdict
 from edgekit.core.stats import median
+from edgekit.processing.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 from edgekit.protocol.stages import STAGES
-from edgekit.runtime.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 
 # Resize methods: the spec's own (``interpolation``), then plain OpenCV filters for comparison.
 OTHER_RESIZES = {"linear": cv2.INTER_LINEAR, "nearest": cv2.INTER_NEAREST}
@@ -62,7 +62,7 @@ def resize_study(bundle: Path) -> None:
     from edgekit.bundle import read_manifest
     from edgekit.convert.accuracy import compare
     from edgekit.convert.images import smoke_set
-    from edgekit.runtime.tensors import from_output, to_input
+    from edgekit.processing.tensors import from_output, to_input
 
     manifest = read_manifest(bundle)
     spec = PreprocessSpec.from_manifest(manifest)

@@ -25,8 +25,8 @@ import numpy as np
 from benchmarks._harness import bundle_of, parse, parser, run
 from edgekit.backends.base import Quantization, TensorSpec
 from edgekit.core.stats import median
-from edgekit.runtime.postprocess import _top_k_plain
-from edgekit.runtime.tensors import from_output, output_top_k
+from edgekit.processing.postprocess import _top_k_plain
+from edgekit.processing.tensors import from_output, output_top_k
 
 CLASSES = 1000
 ROWS = 16  # distinct outputs, cycled: the data is not the same array every call
@@ -73,8 +73,8 @@ def model_run(bundle: Path) -> Callable[[], object]:
     """One run of the bundle's ONNX Runtime fp32 model on a ready input (what precedes a frame's top-k)."""
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
-    from edgekit.runtime.preprocessing import PreprocessSpec, preprocess
-    from edgekit.runtime.tensors import to_input
+    from edgekit.processing.preprocessing import PreprocessSpec, preprocess
+    from edgekit.processing.tensors import to_input
 
     manifest = read_manifest(bundle)
     art = next(a for a in manifest.artifacts if a.backend == "onnxruntime" and a.precision == "fp32")

@@ -1,7 +1,7 @@
 """Preprocessing resize speed: cv2.resize INTER_AREA vs the bit-exact AreaResizer, side by side, one core.
 
 The frame loop's model input must equal the build's ``fit()`` (``cv2.resize``, INTER_AREA) bit
-for bit; ``edgekit.runtime.area_resize`` does OpenCV's arithmetic in a layout that vectorizes.
+for bit; ``edgekit.processing.area_resize`` does OpenCV's arithmetic in a layout that vectorizes.
 For each frame size, the center crop ``fit()`` takes is resized to 224x224 by both, in
 alternating rounds (a slow phase of the machine weighs on both alike), and every output is
 compared.  Goal: identical bytes, and the fast one at most 0.25 ms for 640x480 (one core).
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     import cv2
     import numpy as np
 
-    from edgekit.runtime.area_resize import AreaResizer, available
-    from edgekit.runtime.preprocessing import PreprocessSpec, placement
+    from edgekit.processing.area_resize import AreaResizer, available
+    from edgekit.processing.preprocessing import PreprocessSpec, placement
 
     area = cv2.INTER_AREA
     cv2.setNumThreads(1)  # one core, as the frame loop's preprocessing runs

@@ -22,8 +22,8 @@ import numpy as np
 from benchmarks._harness import parse, parser, print_doc, run
 from edgekit.bundle.manifest import DetectionHead
 from edgekit.core.stats import median
-from edgekit.runtime.detection import Detector
-from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.detection.detector import Detector
+from edgekit.processing.preprocessing import PreprocessSpec
 
 ANCHORS = 8400  # 80x80 + 40x40 + 20x20 cells of a 640x640 input
 SIZE = 640

@@ -14,7 +14,7 @@ the same fp32 ONNX file:
   onnxruntime session, ``Detector``, boxes mapped back to the image's pixels), its
   detections kept at the card's score threshold.
 
-Detections are paired by :func:`edgekit.runtime.detection.match` (same class, IoU >= 0.5,
+Detections are paired by :func:`edgekit.detection.detector.match` (same class, IoU >= 0.5,
 greedy best IoU first); what is left on both sides is paired again ignoring the class, to
 tell a class flip from a box one side does not have.  The goal is every pair the same class
 at IoU >= 0.9; unmatched detections are listed with their scores (ones near the threshold
@@ -71,7 +71,7 @@ def _edgekit(card: ModelCard, onnx: Path, images: Sequence[Path]) -> list[list[A
     from edgekit.backends import open_session
     from edgekit.convert.coco_data import CocoImage, CocoSet
     from edgekit.convert.coco_eval import detect
-    from edgekit.runtime.detection import Detection
+    from edgekit.detection.detector import Detection
 
     head = card.detection
     assert head is not None
@@ -96,7 +96,7 @@ def _ultralytics(card: ModelCard, onnx: Path, images: Sequence[Path]) -> list[li
     """Ultralytics' detections on each image, with the card's thresholds and input size."""
     from ultralytics import YOLO  # type: ignore[import-not-found]
 
-    from edgekit.runtime.detection import Detection
+    from edgekit.detection.detector import Detection
 
     head = card.detection
     assert head is not None
@@ -127,7 +127,7 @@ def compare(
     """Pair each image's detections (same class, then any class) and summarise."""
     from dataclasses import replace
 
-    from edgekit.runtime.detection import match
+    from edgekit.detection.detector import match
 
     ious: list[float] = []
     flips: list[str] = []

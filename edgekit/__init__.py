@@ -12,10 +12,10 @@ from edgekit._version import __version__
 from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
+    from edgekit.detection.detector import Detection
+    from edgekit.model import Model, load
     from edgekit.pipeline import Camera, FrameRecord, FrameResult, Pipeline, Policy, Summary, open_source
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.model import Model, load
-    from edgekit.runtime.postprocess import Label
+    from edgekit.processing.postprocess import Label
 
 __all__ = [
     "Camera",
@@ -34,10 +34,10 @@ __all__ = [
 ]
 
 _LAZY = {
-    "load": "edgekit.runtime.model",
-    "Model": "edgekit.runtime.model",
-    "Label": "edgekit.runtime.postprocess",
-    "Detection": "edgekit.runtime.detection",
+    "load": "edgekit.model",
+    "Model": "edgekit.model",
+    "Label": "edgekit.processing.postprocess",
+    "Detection": "edgekit.detection.detector",
     **dict.fromkeys(
         ("Camera", "Pipeline", "Policy", "FrameRecord", "FrameResult", "Summary", "open_source"),
         "edgekit.pipeline",

@@ -62,7 +62,7 @@ def _root(
 @app.command()
 def doctor(as_json: JsonOpt = False) -> None:
     """Show this host, the device profile it matches, and every backend: available, version, why not."""
-    from edgekit.runtime.doctor import doctor_report
+    from edgekit.selection.doctor import doctor_report
 
     report = doctor_report()
     if as_json:
@@ -171,7 +171,7 @@ def _print_latency_os(lat: dict[str, Any]) -> None:
 @devices_app.command("list")
 def devices_list(as_json: JsonOpt = False) -> None:
     """List the known device profiles."""
-    from edgekit.runtime.profiles import all_profiles
+    from edgekit.device.profiles import all_profiles
 
     profiles = all_profiles()
     if as_json:
@@ -199,7 +199,7 @@ def devices_show(
     as_json: JsonOpt = False,
 ) -> None:
     """Show one device profile in full (aliases resolve)."""
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.profiles import get_profile
 
     p = get_profile(name)
     data = p.to_dict()

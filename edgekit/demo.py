@@ -130,7 +130,7 @@ def host_reference_bundle() -> Path:
     It is signed by the demo's own key, which this process (and what it starts) then trusts:
     ``trust_demo_key``, so ``edgekit.load(bundle)`` in a benchmark loads it, signature checked.
     """
-    from edgekit.runtime.host import match_profile
+    from edgekit.device.host import match_profile
 
     bundle = reference_bundle(match_profile().name, lambda step, status: None)[0]
     trust_demo_key()

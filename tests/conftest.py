@@ -73,7 +73,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyArtifacts:
     tvm_lib: Path | None = None
     if importlib.util.find_spec("tvm") is not None:
         from edgekit.convert.tvm import compile_onnx
-        from edgekit.runtime.profiles import get_profile
+        from edgekit.device.profiles import get_profile
 
         tvm_lib = compile_onnx(onnx_path, out / "tiny-x86_64.so", get_profile("x86_64-cpu").tvm_target).path
     x = tiny_model.sample_input()

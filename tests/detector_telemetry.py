@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgekit.detection.detector import Detection
 from edgekit.pipeline.records import FrameRecord
-from edgekit.runtime.detection import Detection
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 

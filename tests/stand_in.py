@@ -23,7 +23,7 @@ from edgekit.backends.base import Session
 from edgekit.core.stats import median
 
 if TYPE_CHECKING:
-    from edgekit.runtime.model import Model
+    from edgekit.model import Model
 
 STAND_IN_MS = float(os.environ.get("EDGEKIT_TEST_STAND_IN_MS", "40"))
 

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from edgekit.backends.base import Quantization, TensorSpec
-from edgekit.runtime import area_resize
-from edgekit.runtime.area_resize import (
+from edgekit.processing import area_resize
+from edgekit.processing.area_resize import (
     AreaResizer,
     AreaResizeUnavailable,
     area_tab,
     opencv_takes_generic_area,
 )
-from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec, placement, preprocess
-from edgekit.runtime.tensors import to_input
+from edgekit.processing.preprocessing import Preprocessor, PreprocessSpec, placement, preprocess
+from edgekit.processing.tensors import to_input
 
 pytest.importorskip("numba")
 

@@ -14,7 +14,7 @@ import edgekit
 from edgekit.bench.recording import SelectionError, write_selection
 from edgekit.bundle import BuildHost, read_manifest, verify
 from edgekit.bundle.manifest import MeasuredCandidate, Selection
-from edgekit.runtime.measured import measured_order
+from edgekit.selection.measured import measured_order
 from tests.conftest import CARD
 from tests.conftest import edgekit as run_edgekit
 
@@ -192,8 +192,8 @@ def test_selection_is_signed_again_and_load_follows_it(
 
 def test_measured_order_uses_the_fastest_thread_count(x86_bundle: tuple[Path, dict[str, Any]]) -> None:
     manifest = read_manifest(x86_bundle[0]).model_copy(update={"selection": _selection("litert-fp32")})
-    from edgekit.runtime.matching import candidates_for
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.profiles import get_profile
+    from edgekit.selection.matching import candidates_for
 
     cands = candidates_for(get_profile("x86_64-cpu"), manifest.artifacts)
     latency, threads = measured_order(manifest, "x86_64-cpu", cands, "x86_64")

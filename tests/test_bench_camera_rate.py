@@ -32,10 +32,10 @@ from edgekit.bench.report import BenchCandidate, Report, Result, Settings
 from edgekit.bench.stats import summarize
 from edgekit.bundle import read_manifest
 from edgekit.core.elf import host_arch
-from edgekit.runtime.matching import candidates_for
-from edgekit.runtime.measured import measured_order
-from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
-from edgekit.runtime.profiles import get_profile
+from edgekit.device.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
+from edgekit.device.profiles import get_profile
+from edgekit.selection.matching import candidates_for
+from edgekit.selection.measured import measured_order
 
 import tiny_model
 from conftest import ROOT

@@ -20,7 +20,7 @@ from edgekit.bundle import read_manifest, verify
 from edgekit.convert.images import smoke_set
 from edgekit.convert.modelcard import read_card
 from edgekit.core.elf import elf_arch, host_arch
-from edgekit.runtime.tensors import from_output, to_input
+from edgekit.processing.tensors import from_output, to_input
 
 from conftest import CARD, ROOT, edgekit
 
@@ -271,7 +271,7 @@ def test_a_pytorch_module_builds_through_onnx_export(tmp_path: Path, monkeypatch
     from edgekit.convert.build_records import BuildRequest
     from edgekit.convert.builder import build
     from edgekit.convert.modelcard import ModelCard
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     monkeypatch.setenv("EDGEKIT_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)

@@ -215,7 +215,7 @@ def test_a_cached_tuning_database_is_used_only_as_sealed(
 ) -> None:
     """Schedules decide the code compiled into the library a build loads and signs: the same rule as steps."""
     from edgekit.convert import tvm_database as tdb
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.profiles import get_profile
 
     target, sha = dict(get_profile("x86_64-cpu").tvm_target), "cd" * 32
     monkeypatch.setenv("EDGEKIT_CACHE_KEY_FILE", str(tmp_path / "mine.key"))

@@ -27,10 +27,10 @@ from edgekit.convert.accuracy_detection import align_outputs
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.recipes import plan_recipes
 from edgekit.deploy.health import check_health
+from edgekit.detection.detector import Detection
+from edgekit.detection.gate import compare_frame, summarize
+from edgekit.device.profiles import get_profile
 from edgekit.errors import BuildError
-from edgekit.runtime.detection import Detection
-from edgekit.runtime.detection_gate import compare_frame, summarize
-from edgekit.runtime.profiles import get_profile
 
 from conftest import build_json, edgekit
 
@@ -273,8 +273,8 @@ def _int8_scores(bundle: Path, frames: dict[str, Any]) -> dict[str, dict[str, An
     """Each int8 artifact that runs here: per (BGR) frame, its score output (the 896 logits), as the device reads them."""
     from edgekit.backends import registry
     from edgekit.bench.runner import plan
-    from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec
-    from edgekit.runtime.tensors import from_output
+    from edgekit.processing.preprocessing import Preprocessor, PreprocessSpec
+    from edgekit.processing.tensors import from_output
 
     manifest = read_manifest(bundle)
     spec = PreprocessSpec.from_manifest(manifest)

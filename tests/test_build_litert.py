@@ -26,7 +26,7 @@ from edgekit.convert.litert import (
     unsupported_op,
 )
 from edgekit.errors import BuildError
-from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.processing.preprocessing import PreprocessSpec
 
 CONVERTER_MISSING = (
     "litert-torch is not installed: CI installs it after the main install with "

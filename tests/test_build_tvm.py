@@ -18,8 +18,8 @@ from edgekit.convert.artifact import Artifact
 from edgekit.convert.build_records import BuildResult
 from edgekit.core.elf import elf_arch, host_arch
 from edgekit.core.io import sha256_file
+from edgekit.device.profiles import get_profile
 from edgekit.errors import BuildError
-from edgekit.runtime.profiles import get_profile
 
 from conftest import TinyArtifacts
 

@@ -33,8 +33,8 @@ from edgekit.bundle.manifest import Accuracy
 from edgekit.convert.build_records import BuildRequest
 from edgekit.convert.builder import build
 from edgekit.convert.modelcard import read_card
+from edgekit.detection.detector import Detection, iou
 from edgekit.errors import BuildError
-from edgekit.runtime.detection import Detection, iou
 
 from conftest import build_json
 
@@ -326,9 +326,9 @@ def test_the_postprocess_op_s_detections_pass_through_the_head_to_frame_pixels(
     quadrants: tuple[Path, Path],
 ) -> None:
     from edgekit.backends import open_session
-    from edgekit.runtime.detection import Detector
-    from edgekit.runtime.preprocessing import Preprocessor
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detector
+    from edgekit.processing.preprocessing import Preprocessor
+    from edgekit.processing.tensors import from_output
 
     card = read_card(quadrants[0])
     assert card.detection is not None

@@ -43,7 +43,7 @@ from edgekit.bundle import (
 )
 from edgekit.convert.artifact import Artifact
 from edgekit.convert.bundle_writer import ArtifactResults, BundleMeta, write_bundle
-from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.processing.preprocessing import PreprocessSpec
 
 # ---------------------------------------------------------------- helpers
 

@@ -15,6 +15,7 @@ from mjpeg_server import MjpegCamera
 from skimage import data
 
 import edgekit
+from edgekit.detection.detector import iou
 from edgekit.errors import PipelineError, SourceError
 from edgekit.pipeline.batching import Batcher, parse_batch
 from edgekit.pipeline.cameras import Camera, CameraGroup, name_cameras, open_cameras
@@ -22,7 +23,6 @@ from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.levels import Level
 from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.sources import open_source
-from edgekit.runtime.detection import iou
 
 from conftest import edgekit as run_cli
 

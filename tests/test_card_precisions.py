@@ -20,8 +20,8 @@ from edgekit.convert.build_records import BuildRequest
 from edgekit.convert.builder import build
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.recipes import plan_recipes
+from edgekit.device.profiles import get_profile
 from edgekit.errors import BuildError
-from edgekit.runtime.profiles import get_profile
 
 MODELS = Path(__file__).parent.parent / "models"
 

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from edgekit.commands.common import console
 from edgekit.commands.deploy_display import _health_table, agreement_text
 from edgekit.deploy.health import HealthReport, check_health
+from edgekit.detection.gate import DetectionAgreement
 from edgekit.protocol import messages, schemas
-from edgekit.runtime.detection_gate import DetectionAgreement
 from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT

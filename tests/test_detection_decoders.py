@@ -19,10 +19,10 @@ import pytest
 from edgekit.bundle.manifest import DetectionHead, SsdAnchors
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.package_files import tflite_file
+from edgekit.detection import decoders, nms
+from edgekit.detection.detector import Detection, Detector, Match, iou, match
 from edgekit.errors import EdgekitError, RunError
-from edgekit.runtime import decoders, nms
-from edgekit.runtime.detection import Detection, Detector, Match, iou, match
-from edgekit.runtime.preprocessing import PreprocessSpec, fit, placement, preprocess, to_frame
+from edgekit.processing.preprocessing import PreprocessSpec, fit, placement, preprocess, to_frame
 
 MODELS = Path(__file__).parent.parent / "models"
 
@@ -589,7 +589,7 @@ def test_blazeface_finds_no_face_in_photographs_without_one() -> None:
 def test_the_letterbox_pads_with_the_cards_fill_and_the_manifest_keeps_it() -> None:
     from edgekit.backends.base import TensorSpec
     from edgekit.bundle.manifest import Preprocess
-    from edgekit.runtime.preprocessing import Preprocessor
+    from edgekit.processing.preprocessing import Preprocessor
 
     frame = np.full((100, 200, 3), 200, np.uint8)  # wide: bars above and below
     black = PreprocessSpec((64, 64), (127.5,) * 3, (127.5,) * 3, resize="letterbox", letterbox_fill=0)

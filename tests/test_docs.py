@@ -93,7 +93,7 @@ def test_the_profile_reference_has_every_shipped_profile(site: Path) -> None:
 
 
 def test_the_python_api_is_rendered_from_docstrings(site: Path) -> None:
-    from edgekit.runtime.model import load
+    from edgekit.model import load
 
     assert load.__doc__
     first_line = " ".join(load.__doc__.splitlines()[0].replace("``", "").split())

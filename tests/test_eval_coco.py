@@ -120,7 +120,7 @@ def test_a_model_scored_on_its_own_evaluation_boxes_has_map_1(bundle: Path, imag
     from edgekit.backends import open_session
     from edgekit.convert.coco_data import class_ids, load_coco
     from edgekit.convert.coco_eval import detect, evaluate
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     manifest = read_manifest(bundle)
     head = manifest.detection
@@ -289,7 +289,7 @@ def test_the_build_gate_is_map50_against_fp32_with_labels(
     assert gate == reported
     assert (gate["map50"], gate["fp32_map50"], gate["max_drop_points"], gate["images"]) == (1.0, 1.0, 1.0, 6)
     # What the artifact found on the frames the bundle ships: what a device will hold it to.
-    from edgekit.runtime.detection_gate import decisive_score
+    from edgekit.detection.gate import decisive_score
 
     m = read_manifest(out)
     assert m.eval_set is not None and m.detection is not None

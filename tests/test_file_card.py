@@ -26,8 +26,8 @@ from edgekit.convert.file_facts import parse_names, read_facts
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.onnx_card import card_for_onnx, write_card
 from edgekit.convert.onnx_export import fold
+from edgekit.detection.detector import Detector
 from edgekit.errors import BuildError
-from edgekit.runtime.detection import Detector
 
 from conftest import edgekit
 

@@ -20,9 +20,9 @@ from edgekit.bundle import read_manifest
 from edgekit.convert.model_sources import load_pytorch
 from edgekit.convert.modelcard import card_for_file, read_card
 from edgekit.convert.package_files import tflite_file
+from edgekit.detection.detector import Detection, Detector
 from edgekit.errors import BuildError
-from edgekit.runtime.detection import Detection, Detector
-from edgekit.runtime.preprocessing import preprocess
+from edgekit.processing.preprocessing import preprocess
 
 from conftest import edgekit
 

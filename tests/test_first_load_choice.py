@@ -20,8 +20,8 @@ from stand_in import STAND_IN_MS, SlowSession
 import edgekit
 from edgekit.backends import registry
 from edgekit.backends.base import Options, Session
-from edgekit.runtime import choice_cache
-from edgekit.runtime.candidate_timing import MeasureLimits
+from edgekit.selection import choice_cache
+from edgekit.selection.candidate_timing import MeasureLimits
 
 from conftest import TinyArtifacts
 from conftest import edgekit as run_cli

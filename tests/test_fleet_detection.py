@@ -15,12 +15,12 @@ from detector_telemetry import offline_publisher, record
 from postgres import PostgresServer
 
 from edgekit.core.tally import ClassCount
+from edgekit.detection.detector import Detection
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.open_store import open_store
 from edgekit.fleet.prometheus import render
 from edgekit.fleet.view import FleetView
 from edgekit.protocol.stages import STAGES
-from edgekit.runtime.detection import Detection
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from edgekit.device.host import HostInfo, detect, match_profile, rank_profiles, read_host
+from edgekit.device.profiles import all_profiles
 from edgekit.errors import DetectionError
-from edgekit.runtime.host import HostInfo, detect, match_profile, rank_profiles, read_host
-from edgekit.runtime.profiles import all_profiles
 
 PI5_CPUINFO = "processor\t: 0\nCPU part\t: 0xd0b\n\nprocessor\t: 1\nCPU part\t: 0xd0b\n"
 
@@ -134,7 +134,7 @@ def test_detect_reads_this_machine_once() -> None:
 
 
 def test_openvino_is_probed_only_where_the_device_node_exists(tmp_path: Path) -> None:
-    from edgekit.runtime.host import _may_have
+    from edgekit.device.host import _may_have
 
     assert not _may_have("NPU", tmp_path) and not _may_have("GPU.0", tmp_path)
     assert _may_have("CPU", tmp_path)  # no node to look for: probe

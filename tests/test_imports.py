@@ -32,8 +32,8 @@ def test_import_edgekit_pulls_in_no_runtime() -> None:
 
 def test_profiles_registry_and_selection_pull_in_no_runtime() -> None:
     code = (
-        "import edgekit.runtime.selection, edgekit.cli\n"
-        "from edgekit.runtime.profiles import all_profiles\n"
+        "import edgekit.selection.plan, edgekit.cli\n"
+        "from edgekit.device.profiles import all_profiles\n"
         "from edgekit.backends import registry\n"
         "all_profiles(); [registry.get(n) for n in registry.names()]"
     )
@@ -55,7 +55,7 @@ def test_matching_this_host_to_a_profile_probes_no_runtime_it_cannot_need() -> N
 
     if any(Path("/dev").glob("accel/accel*")) or any(Path("/dev").glob("dri/renderD*")):
         pytest.skip("this host has an accelerator device node: probing OpenVINO is right here")
-    loaded = loaded_after("from edgekit.runtime.host import match_profile; match_profile()")
+    loaded = loaded_after("from edgekit.device.host import match_profile; match_profile()")
     assert loaded.isdisjoint(RUNTIMES)
 
 

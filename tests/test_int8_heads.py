@@ -339,7 +339,7 @@ def test_litert_int8_of_a_yolo_v8_computes_its_heads_dfl_and_decoding_in_float(t
     from ai_edge_litert.interpreter import Interpreter
 
     from edgekit.convert.litert import convert_fp32, quantize_tflite
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     spec = PreprocessSpec(size=(SIZE, SIZE), mean=(0, 0, 0), std=(255, 255, 255))
     fp32 = convert_fp32(yolo_v8_module(), spec, tmp_path / "y.tflite")

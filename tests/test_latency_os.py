@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from edgekit.runtime import latency_os
-from edgekit.runtime.latency_os import NO_CPUFREQ, LatencyOS, read_latency_os
-from edgekit.runtime.profiles import get_profile
+from edgekit.device import latency_os
+from edgekit.device.latency_os import NO_CPUFREQ, LatencyOS, read_latency_os
+from edgekit.device.profiles import get_profile
 
 CPU = "sys/devices/system/cpu"
 # name, desc, exit latency µs, target residency µs (an Alder Lake laptop's intel_idle table, trimmed)
@@ -279,7 +279,7 @@ def test_unreadable_files_are_unknown_not_errors(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("no_tools")
 def test_edgekit_doctor_carries_latency_os(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from edgekit.cli import app
-    from edgekit.runtime import doctor
+    from edgekit.selection import doctor
 
     tree = laptop(tmp_path / "laptop")
     seen: list[float] = []

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from edgekit.backends.base import TensorSpec
-from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec, fit, placement, to_frame
+from edgekit.processing.preprocessing import Preprocessor, PreprocessSpec, fit, placement, to_frame
 
 SIZES = [(480, 640), (481, 643), (1080, 1920), (333, 500), (500, 333), (17, 1001), (640, 640), (99, 101)]
 TARGETS = [(640, 640), (384, 640), (320, 320)]

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from test_first_load_choice import LIMITS, ORT, OV, bundle, cache_file, load, slow_backend, state  # noqa: F401
 
-from edgekit.runtime import candidate_timing, choice_cache
-from edgekit.runtime.candidate_timing import MeasureLimits
+from edgekit.selection import candidate_timing, choice_cache
+from edgekit.selection.candidate_timing import MeasureLimits
 
 from conftest import edgekit as run_cli
 
@@ -154,7 +154,7 @@ def test_an_older_format_record_reads_as_stale_and_is_measured_again(
     sha = choice_cache.manifest_sha256(bundle)
     old = {"format": "edgekit-choice/1", "bundle_sha256": sha, "host": {}, "fps": 200.0}
     path.write_text(json.dumps({**old, "measured_at": "2026-01-01T00:00:00+00:00", "p90_ms": {ORT: 0.1}}))
-    caplog.set_level(logging.INFO, "edgekit.runtime.choice_cache")
+    caplog.set_level(logging.INFO, "edgekit.selection.choice_cache")
     model, lines = load(bundle)
     model.close()
     assert model.selection.how == "measured" and model.candidate == OV and lines

@@ -12,8 +12,8 @@ import pytest
 import edgekit
 from edgekit.bundle import pack, read_manifest
 from edgekit.errors import EdgekitError, NoUsableBackendError
-from edgekit.runtime.postprocess import Label, softmax, top_k
-from edgekit.runtime.preprocessing import preprocess
+from edgekit.processing.postprocess import Label, softmax, top_k
+from edgekit.processing.preprocessing import preprocess
 
 from conftest import TinyArtifacts
 

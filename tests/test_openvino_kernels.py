@@ -78,7 +78,7 @@ def test_the_session_runs_the_preferred_kernels_with_identical_outputs_and_the_f
     from edgekit.backends.openvino import read_ir
     from edgekit.bundle import read_manifest
     from edgekit.convert.images import smoke_set
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     real = cpu_module.this_cpu()
     if real.arch != "x86_64":

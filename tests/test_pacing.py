@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from edgekit.runtime.pacing import (
+from edgekit.device.pacing import (
     WARM_MARGIN_NS,
     WARM_MAX_PASSES,
     PacedRun,

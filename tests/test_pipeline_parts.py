@@ -12,8 +12,8 @@ from edgekit.core.sketch import LatencySketch
 from edgekit.errors import EdgekitError, InputError, PipelineError
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters
-from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec, fit, preprocess
-from edgekit.runtime.tensors import to_input
+from edgekit.processing.preprocessing import Preprocessor, PreprocessSpec, fit, preprocess
+from edgekit.processing.tensors import to_input
 
 
 def test_sketch_quantiles_are_within_one_percent_and_merge_exactly() -> None:

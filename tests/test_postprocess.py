@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from edgekit.backends.base import Quantization, TensorSpec
-from edgekit.runtime.postprocess import Label, TopK, _top_k_plain, top_k
-from edgekit.runtime.tensors import from_output, output_top_k
+from edgekit.processing.postprocess import Label, TopK, _top_k_plain, top_k
+from edgekit.processing.tensors import from_output, output_top_k
 
 NAMES = [f"name {i}" for i in range(900)]  # fewer than 1000 classes: "class N" for the rest
 

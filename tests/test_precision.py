@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from edgekit.core.cpu import CpuFeatures, parse_cpuinfo, read_cpu
+from edgekit.device.host import read_host
+from edgekit.device.profiles import Candidate, get_profile, parse_profile, pin_precision
 from edgekit.errors import ProfileError
-from edgekit.runtime.host import read_host
-from edgekit.runtime.precision import compute_precision, int8_pick
-from edgekit.runtime.preprocessing import PreprocessSpec
-from edgekit.runtime.profiles import Candidate, get_profile, parse_profile, pin_precision
+from edgekit.processing.preprocessing import PreprocessSpec
+from edgekit.selection.precision import compute_precision, int8_pick
 
 ROOT = Path(__file__).resolve().parents[1]  # benchmarks.int8_kernels runs from the repository root
 
@@ -209,7 +209,7 @@ def test_arm_takes_full_range_int8_with_or_without_the_dot_product() -> None:
 
 
 def test_selection_refuses_a_candidate_the_cpu_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    import edgekit.runtime.selection as selection
+    import edgekit.selection.plan as selection
 
     full = Candidate("onnxruntime", "int8", {}, variant="full", requires=("int8-dot",))
     monkeypatch.setattr(selection, "this_cpu", lambda: cpu("epyc-avx2"))

@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from chromium import drawn_box, image_rect, open_chromium, require_chromium, screenshot_bgr
 
+from edgekit.detection.detector import Detection
 from edgekit.pipeline.records import FrameRecord, FrameResult
 from edgekit.preview import PreviewError, PreviewFeed, PreviewServer, parse_address
 from edgekit.preview.draw import colour_of, line_width
 from edgekit.preview.server import BOUNDARY
-from edgekit.runtime.detection import Detection
-from edgekit.runtime.postprocess import Label
+from edgekit.processing.postprocess import Label
 
 FACE = Detection(0, "face", 0.93, (200.0, 120.0, 360.0, 330.0))
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from edgekit.device.profiles import all_profiles, get_profile, profile_dirs, read_profile
 from edgekit.errors import ProfileError
-from edgekit.runtime.profiles import all_profiles, get_profile, profile_dirs, read_profile
 
 REQUIRED = {
     "jetson-orin-nano",

@@ -26,9 +26,9 @@ from rich.console import Console
 import edgekit
 from edgekit.bundle import generate_keypair
 from edgekit.commands.live import LiveView
+from edgekit.detection.detector import Detection
 from edgekit.pipeline import FrameRecord, Seen
-from edgekit.runtime.detection import Detection
-from edgekit.runtime.postprocess import Label
+from edgekit.processing.postprocess import Label
 
 from conftest import EDGEKIT
 from conftest import edgekit as run_cli

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from edgekit.backends.base import Availability
+from edgekit.device.profiles import Candidate, get_profile
 from edgekit.errors import ModelLoadError, NoUsableBackendError
-from edgekit.runtime.profiles import Candidate, get_profile
-from edgekit.runtime.selection import load_first, plan, select
+from edgekit.selection.plan import load_first, plan, select
 
 from conftest import TinyArtifacts
 
@@ -70,7 +70,7 @@ def test_first_candidate_fails_to_load_falls_back_and_says_so(caplog: pytest.Log
             raise ModelLoadError("tvm: model.so was built for aarch64, this host is x86_64")
         return FakeSession(c.key)
 
-    caplog.set_level(logging.INFO, "edgekit.runtime.selection")
+    caplog.set_level(logging.INFO, "edgekit.selection.plan")
     session = load_first(plan([TRT, TVM, ORT], only(TVM, ORT)), load)  # type: ignore[arg-type]
     assert session.candidate == "onnxruntime-fp32"
     assert [who for who, _ in session.fallbacks] == ["tensorrt-fp16", "tvm-fp32"]

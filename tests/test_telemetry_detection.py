@@ -10,12 +10,12 @@ import jsonschema
 import pytest
 from detector_telemetry import offline_publisher, record
 
+from edgekit.detection.detector import Detection
 from edgekit.fleet import Collector, FleetStore
 from edgekit.pipeline.records import FrameResult
+from edgekit.processing.postprocess import Label
 from edgekit.protocol import messages, schemas
 from edgekit.protocol import sparkplug as sp
-from edgekit.runtime.detection import Detection
-from edgekit.runtime.postprocess import Label
 from edgekit.telemetry import TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 

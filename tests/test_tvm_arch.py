@@ -18,7 +18,7 @@ pytest.importorskip("tvm", reason="apache-tvm is not installed (pip install -e '
 @pytest.fixture(scope="module")
 def aarch64_lib(tiny: TinyArtifacts, aarch64_cc: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from edgekit.convert.tvm import compile_onnx
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.profiles import get_profile
 
     out = tmp_path_factory.mktemp("a64") / "tiny-rpi5.so"
     return compile_onnx(tiny.onnx, out, get_profile("rpi5").tvm_target).path

@@ -17,7 +17,7 @@ from edgekit.convert import tvm_cpu
 from edgekit.convert import tvm_database as tdb
 from edgekit.convert import tvm_tuning as tt
 from edgekit.core.cpu import CpuFeatures, target_flags
-from edgekit.runtime.profiles import get_profile
+from edgekit.device.profiles import get_profile
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "efficientnet-lite0"
 X86 = dict(get_profile("x86_64-cpu").tvm_target)  # mcpu haswell

@@ -11,10 +11,10 @@ import pytest
 from skimage import data
 
 import edgekit
+from edgekit.device.pacing import WARM_MAX_DUTY as MAX_DUTY
+from edgekit.device.pacing import WARM_MAX_PASSES
 from edgekit.errors import PipelineError
 from edgekit.pipeline.warm import MIN_MARGIN_NS, RETRY_FRAMES, Warmer
-from edgekit.runtime.pacing import WARM_MAX_DUTY as MAX_DUTY
-from edgekit.runtime.pacing import WARM_MAX_PASSES
 
 MS = 1_000_000
 PERIOD = 33 * MS

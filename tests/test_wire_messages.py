@@ -14,6 +14,7 @@ import pytest
 from edgekit.deploy.health import HealthReport
 from edgekit.fleet import Collector, FleetStore
 from edgekit.pipeline.records import FrameRecord
+from edgekit.processing.postprocess import Label
 from edgekit.protocol import messages, schemas
 from edgekit.protocol.control import (
     deploy_message,
@@ -23,7 +24,6 @@ from edgekit.protocol.control import (
     rollback_message,
 )
 from edgekit.protocol.stages import STAGES
-from edgekit.runtime.postprocess import Label
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 

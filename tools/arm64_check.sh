@@ -174,7 +174,7 @@ if [[ ! -f $foreign/model-x86_64.so ]]; then
 import sys
 from pathlib import Path
 from edgekit.convert.tvm import compile_onnx
-from edgekit.runtime.profiles import get_profile
+from edgekit.device.profiles import get_profile
 compile_onnx(Path(sys.argv[1]), Path(sys.argv[2]), get_profile("x86_64-cpu").tvm_target)
 ' "$onnx" "$foreign.tmp/model-x86_64.so"
   rm -rf "$foreign" && mv "$foreign.tmp" "$foreign"

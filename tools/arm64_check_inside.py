@@ -45,8 +45,8 @@ def classify_all(
     from edgekit.core.cpu import this_cpu
     from edgekit.core.elf import host_arch
     from edgekit.errors import EdgekitError
-    from edgekit.runtime.matching import artifact_for
-    from edgekit.runtime.model import Model
+    from edgekit.model import Model
+    from edgekit.selection.matching import artifact_for
 
     images = []
     for f in frames:

@@ -45,8 +45,8 @@ def detect_all(bundle: Path, frames: list[Path], device: str, trusted: Path) -> 
     from edgekit.core.cpu import this_cpu
     from edgekit.core.elf import host_arch
     from edgekit.errors import EdgekitError
-    from edgekit.runtime.matching import artifact_for
-    from edgekit.runtime.model import Model
+    from edgekit.model import Model
+    from edgekit.selection.matching import artifact_for
 
     images = {}
     for f in frames:
@@ -114,7 +114,7 @@ def compare(x86: dict[str, Any], arm: dict[str, Any]) -> list[str]:
     ``MAX_SCORE_DRIFT`` where that applies (see above).  A frame where the reference finds no
     face must have none either.
     """
-    from edgekit.runtime.detection import Detection, match
+    from edgekit.detection.detector import Detection, match
 
     problems: list[str] = []
     if arm["host_arch"] != "aarch64":

@@ -5,7 +5,7 @@
 
 For every photograph: the faces the fp32 ONNX artifact finds (the reference), and for every
 other artifact that runs on this host, how many it finds, the IoU of each with the
-reference's match (same class, IoU >= 0.5, greedy: ``edgekit.runtime.detection.match``) and
+reference's match (same class, IoU >= 0.5, greedy: ``edgekit.detection.detector.match``) and
 its score; missed and extra faces are counted.  A photograph without a face reads "no face"
 where an artifact found none.  The detections are the device's: the bundle's own detection
 head, threshold and NMS.  Prints a Markdown table (``--json``: every detection).
@@ -116,9 +116,9 @@ def open_runners(bundle: Path) -> tuple[list[Runner], list[tuple[str, str]]]:
     from edgekit.backends import registry
     from edgekit.bench.runner import plan
     from edgekit.bundle import read_manifest
-    from edgekit.runtime.detection import Detector
-    from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detector
+    from edgekit.processing.preprocessing import Preprocessor, PreprocessSpec
+    from edgekit.processing.tensors import from_output
 
     manifest = read_manifest(bundle)
     if manifest.model.task != "detection" or manifest.detection is None:
@@ -146,7 +146,7 @@ def open_runners(bundle: Path) -> tuple[list[Runner], list[tuple[str, str]]]:
 
 
 def compare(reference: tuple[Any, ...], found: tuple[Any, ...]) -> dict[str, Any]:
-    from edgekit.runtime.detection import match
+    from edgekit.detection.detector import match
 
     m = match(reference, found)
     pairs = sorted(m.pairs)  # in the reference's order (best score first), as its column lists them

@@ -182,12 +182,12 @@ def _indent(text: str) -> str:
 
 def devices_page() -> str:
     """Every profile in ``devices/``: what it is, how it is recognised, its candidates in order."""
-    from edgekit.runtime.profiles import read_profile
+    from edgekit.device.profiles import read_profile
 
     profiles = [read_profile(p) for p in sorted((REPO / "devices").glob("*.toml"))]
     out = [GENERATED, "# Device profiles\n\n"]
     out.append(
-        "Every profile shipped in `devices/*.toml`, read by `edgekit.runtime.profiles` as "
+        "Every profile shipped in `devices/*.toml`, read by `edgekit.device.profiles` as "
         "`edgekit devices show NAME` reads it. The format is on [Profile format](profile-format.md); "
         "what has been run on which is in [What has been run where](../guides/arm64.md#what-has-been-run-where).\n\n"
     )

@@ -65,7 +65,7 @@ def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    from edgekit.runtime.doctor import doctor_report
+    from edgekit.selection.doctor import doctor_report
 
     rep = doctor_report()
     out = {name: b.get("version") or "-" for name, b in rep["backends"].items() if b.get("available")}

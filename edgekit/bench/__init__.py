@@ -2,7 +2,7 @@
 
 ``runner.plan`` lists the candidates (and what cannot run, with the reason), ``runner.run``
 measures each in its own process into a ``report.Report`` (back to back, then paced at the
-device's frame rate by ``edgekit.runtime.pacing``; selection ranks by the latter), ``stats`` holds the exact
+device's frame rate by ``edgekit.device.pacing``; selection ranks by the latter), ``stats`` holds the exact
 percentiles and LoadGen's query-count rule, ``recording`` writes the measured choice into
 the bundle, and ``render`` draws the table and the latency plot.
 

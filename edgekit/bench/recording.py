@@ -5,7 +5,7 @@ the scenario the device will run (paced at its camera rate; SingleStream when be
 ``--fps 0``), with that scenario's numbers for every measured candidate that passed it, in the manifest's ``selection``; a signed
 bundle is signed again (the manifest changed), so a bundle is never left with a
 signature that no longer matches, and an unsigned one stays unsigned.  ``measured_order``
-turns a selection into what ``edgekit.runtime.selection.plan`` takes: measured latencies per
+turns a selection into what ``edgekit.selection.plan.plan`` takes: measured latencies per
 candidate, used only on a host of the same architecture and profile as the one measured.
 """
 

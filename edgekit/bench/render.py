@@ -17,8 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgekit.bench.stats import HEADLINE, label, min_queries
+from edgekit.device.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 from edgekit.errors import EdgekitError
-from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 
 
 def _ms(x: float | None) -> str:

@@ -14,8 +14,8 @@ from typing import Any
 
 from edgekit.bench.stats import LatencySummary, label, min_queries, percentile
 from edgekit.core.stats import agreement, median
-from edgekit.runtime.detection_gate import DetectionAgreement, DeviceBar
-from edgekit.runtime.pacing import CameraRate, PacedRun, camera_rate
+from edgekit.detection.gate import DetectionAgreement, DeviceBar
+from edgekit.device.pacing import CameraRate, PacedRun, camera_rate
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Settings:
     p99 marked as underpowered).
 
     Then, with a frame rate, the camera-rate scenario: ``paced_queries`` queries issued at
-    ``fps`` (``edgekit.runtime.pacing``).  ``fps`` None takes the device's rate from the
+    ``fps`` (``edgekit.device.pacing``).  ``fps`` None takes the device's rate from the
     bundle's budget (1000 / budget_ms: 30 fps at 33 ms); 0 runs back to back only.  At 30 fps
     the default 100 queries take about 3.4 s per candidate.
     """
@@ -105,7 +105,7 @@ class Result:
     kernels: tuple[str, ...] = ()
     error: str | None = None
     summary: LatencySummary | None = None
-    #: A detector's detections against the bundle's reference ones (``edgekit.runtime.detection_gate``);
+    #: A detector's detections against the bundle's reference ones (``edgekit.detection.gate``);
     #: None for a classifier, whose ``top1`` answers are compared instead.
     detection: DetectionAgreement | None = None
     #: The evaluation frames (file names) where a detector missed or invented a decisive detection.
@@ -172,7 +172,7 @@ class Result:
         """Agreement with the bundle's fp32 reference on its evaluation frames (None: no frames).
 
         For a detector, the share of the reference's decisive detections it matched (same
-        class, IoU >= 0.5; ``edgekit.runtime.detection_gate``).  For a classifier, top-1
+        class, IoU >= 0.5; ``edgekit.detection.gate``).  For a classifier, top-1
         agreement by the build's and the health gate's rule (``edgekit.core.stats.agreement``):
         only the frames where fp32 is decisive count, or every frame when none is.  A frame
         without a stored margin counts as decisive.

@@ -25,12 +25,12 @@ from typing import Any
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings, Skipped
 from edgekit.bench.stats import summarize
 from edgekit.core.cpu import CpuFeatures, this_cpu
+from edgekit.detection.gate import DetectionAgreement, device_bar
+from edgekit.device.pacing import fps_for_budget
+from edgekit.device.profiles import PRECISIONS
 from edgekit.errors import EdgekitError
-from edgekit.runtime.detection_gate import DetectionAgreement, device_bar
-from edgekit.runtime.measured import THREAD_OPTION
-from edgekit.runtime.pacing import fps_for_budget
-from edgekit.runtime.precision import int8_choice
-from edgekit.runtime.profiles import PRECISIONS
+from edgekit.selection.measured import THREAD_OPTION
+from edgekit.selection.precision import int8_choice
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def host_facts() -> dict[str, Any]:
     """The machine the numbers come from."""
     import platform
 
-    from edgekit.runtime.host import read_host
+    from edgekit.device.host import read_host
 
     h = read_host(probe_runtimes=False)
     return {
@@ -70,10 +70,10 @@ def plan(
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
     from edgekit.core.elf import host_arch
-    from edgekit.runtime.matching import artifact_for, candidates_for
-    from edgekit.runtime.profiles import Candidate as ProfileCandidate
-    from edgekit.runtime.profiles import get_profile, pin_precision
-    from edgekit.runtime.selection import backend_availability
+    from edgekit.device.profiles import Candidate as ProfileCandidate
+    from edgekit.device.profiles import get_profile, pin_precision
+    from edgekit.selection.matching import artifact_for, candidates_for
+    from edgekit.selection.plan import backend_availability
 
     manifest = read_manifest(root)
     for b in backends:

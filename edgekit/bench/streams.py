@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from edgekit.pipeline import Pipeline
 
 if TYPE_CHECKING:
-    from edgekit.runtime.model import Model
+    from edgekit.model import Model
 
 Series = Literal["batched", "unbatched"]
 #: What each series passes to ``Pipeline(batch=...)``.

@@ -9,7 +9,7 @@ issued when the last one returned, as LoadGen's SingleStream does) until it has 
 evaluation frames.
 
 With ``fps`` > 0 it then runs the camera-rate scenario on the same session: ``paced_queries``
-queries issued at ``fps`` (``edgekit.runtime.pacing``), the runtime idle between them as it
+queries issued at ``fps`` (``edgekit.device.pacing``), the runtime idle between them as it
 is between a camera's frames.
 
 It writes JSON lines on stdout: ``{"event": "loaded", ...}``, ``{"event": "progress",
@@ -21,7 +21,7 @@ turns them into a cold start measured from the moment it started this process.
 
 A detector (``model.task == "detection"``) is judged as the device's health gate judges it:
 every output of each evaluation frame decoded by the bundle's head (its threshold lowered as
-``edgekit.runtime.detection_gate.widened`` says), boxes mapped to the frame, and compared with
+``edgekit.detection.gate.widened`` says), boxes mapped to the frame, and compared with
 the reference detections the bundle carries by ``detection_gate``'s rule.  The result then
 carries ``detection`` (the summed numbers, ``DetectionAgreement``'s fields) and
 ``failing_frames`` instead of top-1 answers, whose argmax over a detector's first output
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # types only: the worker imports numpy and the runtime once i
 
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import DetectionHead
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
 
 def peak_rss_mb() -> float | None:
@@ -84,8 +84,8 @@ def run(spec: dict[str, Any]) -> None:
 
     from edgekit.backends import registry
     from edgekit.bundle import read_manifest
-    from edgekit.runtime.preprocessing import Preprocessor, PreprocessSpec
-    from edgekit.runtime.tensors import from_output
+    from edgekit.processing.preprocessing import Preprocessor, PreprocessSpec
+    from edgekit.processing.tensors import from_output
 
     root = Path(spec["bundle"])
     manifest = read_manifest(root)
@@ -115,8 +115,8 @@ def run(spec: dict[str, Any]) -> None:
         return int(np.argmax(from_output(session.run(x)[0], out_spec).reshape(-1)))
 
     if head is not None:
-        from edgekit.runtime.detection import Detection, Detector
-        from edgekit.runtime.detection_gate import compare_frame, summarize, widened
+        from edgekit.detection.detector import Detection, Detector
+        from edgekit.detection.gate import compare_frame, summarize, widened
 
         # Decoded as the health gate decodes them (its threshold lowered), so a score that
         # wobbles across the threshold is drift, not a miss: the one rule of both gates.
@@ -241,13 +241,13 @@ def paced_queries(
     """The camera-rate scenario after the back-to-back one: ``queries`` issued at ``fps`` (none at 0),
     cold (nothing between them), then warm (warm passes before each, as the frame loop does).
 
-    Same session, same samples in turn; ``edgekit.runtime.pacing`` keeps the schedule (each
+    Same session, same samples in turn; ``edgekit.device.pacing`` keeps the schedule (each
     query at its slot, never early, overruns counted).  Its warm-up queries are paced too,
     so the first measured one comes after an idle gap like every other.
     """
     if fps <= 0 or queries < 1:
         return {}
-    from edgekit.runtime.pacing import paced_run
+    from edgekit.device.pacing import paced_run
 
     emit("pacing", fps=fps, queries=queries)
     turn = [0]
@@ -295,8 +295,8 @@ def _postprocess_times(
     """
     import numpy as np
 
-    from edgekit.runtime.detection import Detector
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detector
+    from edgekit.processing.tensors import from_output
 
     detector = Detector(head, spec, labels)
     names = [o.name for o in session.outputs]

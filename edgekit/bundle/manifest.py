@@ -106,7 +106,7 @@ class Preprocess(Schema):
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     color: Literal["RGB", "BGR"] = "RGB"
     resize: Literal["squash", "center-crop", "letterbox"] = "center-crop"
-    # How a shrinking resize filters (edgekit.runtime.preprocessing.INTERPOLATIONS).  Not written when
+    # How a shrinking resize filters (edgekit.processing.preprocessing.INTERPOLATIONS).  Not written when
     # "area", so a bundle that does not use it reads the same to devices that predate it.
     interpolation: Literal["area", "box2-linear", "linear"] = Field(
         default="area", exclude_if=lambda v: v == "area"

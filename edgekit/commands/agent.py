@@ -183,7 +183,7 @@ def install_command(
     if not bundle.exists():
         raise DeployError(f"{bundle} does not exist", "pass the bundle folder or .tar.gz to install")
     if device is not None:
-        from edgekit.runtime.profiles import get_profile
+        from edgekit.device.profiles import get_profile
 
         get_profile(device)  # an unknown profile is a usage error, not a failed bundle
     state = StateRoot(root)
@@ -433,7 +433,7 @@ def run_agent_command(
                 "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
             )
     if profile is not None:
-        from edgekit.runtime.profiles import get_profile
+        from edgekit.device.profiles import get_profile
 
         get_profile(profile)  # an unknown profile is a usage error now, not a failed deploy later
     if not telemetry_interval > 0 or not max_bundle_mb > 0:

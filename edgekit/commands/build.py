@@ -148,7 +148,7 @@ def build_command(
     from edgekit.convert.coco_gate import gate_request
     from edgekit.convert.modelcard import card_for_file, read_card
     from edgekit.convert.onnx_card import card_for_onnx
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.profiles import get_profile
 
     if sum(x is not None for x in (model, onnx, tflite)) != 1:
         raise BuildError(

@@ -250,7 +250,7 @@ def _print_precision_choice(m: Manifest) -> None:
     from rich.markup import escape
 
     from edgekit.core.cpu import this_cpu
-    from edgekit.runtime.precision import int8_choice
+    from edgekit.selection.precision import int8_choice
 
     cpu = this_cpu()
     for a in m.artifacts:

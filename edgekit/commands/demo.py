@@ -25,8 +25,8 @@ from edgekit.commands.run import (
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
+    from edgekit.device.profiles import DeviceProfile
     from edgekit.pipeline import FrameResult
-    from edgekit.runtime.profiles import DeviceProfile
 
 
 def register(app: typer.Typer) -> None:
@@ -54,9 +54,9 @@ def demo_command(
     """Build (or reuse) the reference bundle for this host and label a sample clip at 30 fps."""
     from edgekit.commands.build import _with_progress
     from edgekit.demo import CLIP_IMAGES, demo_key, image_at, reference_bundle, sample_clip
+    from edgekit.device.host import match_profile
+    from edgekit.device.profiles import get_profile
     from edgekit.pipeline import Pipeline
-    from edgekit.runtime.host import match_profile
-    from edgekit.runtime.profiles import get_profile
 
     _quiet_opencv()
     if task not in ("classification", "detection"):

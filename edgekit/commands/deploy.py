@@ -397,7 +397,7 @@ def rollback_command(
 
 
 def _profile(device: str) -> str:
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.profiles import get_profile
 
     return get_profile(device).name
 

@@ -103,7 +103,7 @@ def evaluate_bundle(
     from edgekit.bundle.verify import check_files
     from edgekit.convert.coco_data import class_ids, load_coco
     from edgekit.convert.coco_eval import evaluate
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
     coco = load_coco(annotations, images)  # the user's files first: their mistakes cost nothing to find
     with open_bundle(bundle) as root:

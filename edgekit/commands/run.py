@@ -26,12 +26,12 @@ from edgekit.commands.common import (
     print_json,
 )
 from edgekit.commands.run_config import RunConfig, load_run_config
+from edgekit.device.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 from edgekit.errors import PipelineError
-from edgekit.runtime.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 
 if TYPE_CHECKING:
+    from edgekit.model import Model
     from edgekit.pipeline import Camera, FrameRecord, FrameResult, Pipeline, Seen, Summary
-    from edgekit.runtime.model import Model
 
 PolicyOpt = Annotated[
     str | None,

@@ -1,7 +1,7 @@
 """``edgekit select BUNDLE``: the candidate choice kept for a bundle on this host; measure it again or drop it.
 
 The first load of a bundle here measures its candidates and keeps the ranking in the state
-folder (``edgekit.runtime.choice_cache``); this command shows what was measured, what was
+folder (``edgekit.selection.choice_cache``); this command shows what was measured, what was
 ranked from the build's figures instead, when, and how busy the host was.  ``--measure``
 measures again now (the next runs use it); ``--forget`` drops the kept choice (the next
 load measures).
@@ -42,7 +42,7 @@ def _bundle_folder(bundle: Path) -> Iterator[Path]:
 
 def kept_choice(folder: Path, profile_name: str) -> dict[str, Any] | None:
     """The kept choice of the bundle in ``folder`` as plain data (None: none kept, or none to trust)."""
-    from edgekit.runtime.choice_cache import host_fingerprint, manifest_sha256, read_record
+    from edgekit.selection.choice_cache import host_fingerprint, manifest_sha256, read_record
 
     record = read_record(manifest_sha256(folder))
     if record is None:
@@ -87,10 +87,10 @@ def select_command(
     """Show the candidate choice kept for a bundle on this host: what was measured, what was ranked
     from the build's figures, when, how busy the host was; --measure measures again now, --forget drops it."""
     from edgekit.bundle import read_manifest
-    from edgekit.runtime.choice_cache import forget as drop
-    from edgekit.runtime.choice_cache import manifest_sha256
-    from edgekit.runtime.host import match_profile
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.host import match_profile
+    from edgekit.device.profiles import get_profile
+    from edgekit.selection.choice_cache import forget as drop
+    from edgekit.selection.choice_cache import manifest_sha256
 
     with _bundle_folder(bundle) as folder:
         manifest = read_manifest(folder)
@@ -115,7 +115,7 @@ def select_command(
 
 def _measure(folder: Path, device: str, keys: list[Path] | None, allow_unsigned: bool) -> Any:
     import edgekit
-    from edgekit.runtime.candidate_timing import MeasureLimits
+    from edgekit.selection.candidate_timing import MeasureLimits
 
     def progress(line: str) -> None:
         err_console.print(line, highlight=False, markup=False)

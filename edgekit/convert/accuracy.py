@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.backends.base import Session
 from edgekit.core.stats import agreement
-from edgekit.runtime.tensors import from_output, to_input
+from edgekit.processing.tensors import from_output, to_input
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.convert.map_gate import MapGateResult
-    from edgekit.runtime.detection_gate import DetectionAgreement
+    from edgekit.detection.gate import DetectionAgreement
 
 DEFAULT_THRESHOLD = 0.98
 

@@ -1,10 +1,10 @@
 """The accuracy gate for detectors: does an artifact find the boxes the fp32 reference finds?
 
 Each artifact's raw outputs and the fp32 ONNX's are decoded by the same
-:class:`edgekit.runtime.detection.Detector` (the model card's head, its score threshold
+:class:`edgekit.detection.detector.Detector` (the model card's head, its score threshold
 lowered by ``DECISIVE_MARGIN``) on every evaluation image, boxes in the image's own pixels,
 and compared by the one rule a device's health gate uses too
-(:mod:`edgekit.runtime.detection_gate`: decisive reference detections must be matched at
+(:mod:`edgekit.detection.gate`: decisive reference detections must be matched at
 IoU >= 0.5 by the same class, no decisive extra).  The result is a :class:`GateAccuracy`
 whose ``top1_agreement`` is the share of decisive reference detections matched, with the
 detection numbers (missed, extra, mean and min IoU, score drift) beside it.
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from edgekit.convert.accuracy import DEFAULT_THRESHOLD, GateAccuracy
-from edgekit.runtime.detection import Detection, Detector
-from edgekit.runtime.detection_gate import compare_frame, summarize, widened
+from edgekit.detection.detector import Detection, Detector
+from edgekit.detection.gate import compare_frame, summarize, widened
 
 if TYPE_CHECKING:
     import numpy as np
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from edgekit.backends.base import TensorSpec
     from edgekit.bundle.manifest import DetectionHead
     from edgekit.convert.modelcard import ModelCard
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
 
 def detection_head(card: ModelCard) -> DetectionHead | None:

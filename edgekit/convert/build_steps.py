@@ -20,7 +20,7 @@ from edgekit.convert.build_records import BuildRequest, StageTime
 from edgekit.convert.images import ImageSet, load_dir, smoke_set
 from edgekit.core.io import sha256_file
 from edgekit.core.packages import installed_versions
-from edgekit.runtime.profiles import get_profile
+from edgekit.device.profiles import get_profile
 
 if TYPE_CHECKING:
     from edgekit.convert.modelcard import ModelCard

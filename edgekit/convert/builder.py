@@ -177,7 +177,7 @@ def _check_head_fits(
     Without a converted artifact there is no gate to catch a head that does not fit the model
     (wrong decoder, class count or layout); the device would find it at load.  Found here.
     """
-    from edgekit.runtime.detection import Detector
+    from edgekit.detection.detector import Detector
 
     detector = Detector(head, card.preprocess, card.labels)
     names = [o.name for o in session.outputs]

@@ -44,7 +44,7 @@ from edgekit.core.io import remove_tree
 if TYPE_CHECKING:
     from edgekit.convert.artifact import Artifact
     from edgekit.convert.modelcard import ModelCard
-    from edgekit.runtime.profiles import DeviceProfile
+    from edgekit.device.profiles import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def bundle_meta(
     """
     from edgekit._version import __version__
     from edgekit.convert.accuracy_detection import detection_head
-    from edgekit.runtime.host import read_host
+    from edgekit.device.host import read_host
 
     host = read_host(probe_runtimes=False)
     head = detection_head(card)

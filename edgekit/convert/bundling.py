@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from edgekit.convert.build_records import ArtifactReport, BuildRequest
     from edgekit.convert.bundle_writer import EvalSamples
     from edgekit.convert.modelcard import ModelCard
-    from edgekit.runtime.profiles import DeviceProfile
+    from edgekit.device.profiles import DeviceProfile
 
 EVAL_FRAMES = 8  # enough to catch a broken artifact, small enough to keep a bundle small (~25 kB each)
 EVAL_SHORT_SIDE = 256  # stored frames are shrunk to this short side (or the model's input, if larger)
@@ -166,9 +166,9 @@ def eval_samples(fp32: Path, card: ModelCard, evals: ImageSet, count: int = EVAL
 
     from edgekit.backends import open_session
     from edgekit.convert.bundle_writer import EvalSample, EvalSamples
-    from edgekit.runtime.postprocess import softmax
-    from edgekit.runtime.preprocessing import Preprocessor
-    from edgekit.runtime.tensors import from_output
+    from edgekit.processing.postprocess import softmax
+    from edgekit.processing.preprocessing import Preprocessor
+    from edgekit.processing.tensors import from_output
 
     backend = _reference_backend(fp32)
     spec = card.preprocess
@@ -205,10 +205,10 @@ def detection_eval_samples(
     from edgekit.backends import open_session
     from edgekit.bundle.manifest import EvalDetection
     from edgekit.convert.bundle_writer import EvalSample, EvalSamples
-    from edgekit.runtime.detection import Detector
-    from edgekit.runtime.detection_gate import decisive_score, widened
-    from edgekit.runtime.preprocessing import Preprocessor
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detector
+    from edgekit.detection.gate import decisive_score, widened
+    from edgekit.processing.preprocessing import Preprocessor
+    from edgekit.processing.tensors import from_output
 
     spec = card.preprocess
     detector = Detector(widened(head), spec, card.labels)

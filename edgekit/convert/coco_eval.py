@@ -2,7 +2,7 @@
 
 Each image is read from disk, preprocessed by the frame loop's ``Preprocessor`` (the
 bundle's resize or letterbox), run, and decoded by the bundle's own
-:class:`edgekit.runtime.detection.Detector` (decoder, NMS, boxes mapped back to the image's
+:class:`edgekit.detection.detector.Detector` (decoder, NMS, boxes mapped back to the image's
 pixels), with the score threshold lowered to ``EVAL_SCORE_THRESHOLD`` and up to
 ``EVAL_MAX_DETECTIONS`` kept, as Ultralytics' ``val`` does: mAP integrates over the whole
 precision/recall curve, so the low-score tail counts.  NMS keeps the bundle's own IoU
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import DetectionHead
     from edgekit.convert.coco_data import CocoSet
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
 #: Ultralytics ``val``'s defaults (``conf=0.001``, ``max_det=300``): the numbers its mAP is quoted at.
 EVAL_SCORE_THRESHOLD = 0.001
@@ -73,9 +73,9 @@ def detect(
     """``session``'s detections on every image of ``coco``, as COCO results (mapped classes only)."""
     import cv2
 
-    from edgekit.runtime.detection import Detector
-    from edgekit.runtime.preprocessing import Preprocessor
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detector
+    from edgekit.processing.preprocessing import Preprocessor
+    from edgekit.processing.tensors import from_output
 
     detector = Detector(eval_head(head), spec)
     prep = Preprocessor(spec, session.inputs[0], image_color="BGR")

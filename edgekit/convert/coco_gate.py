@@ -81,10 +81,10 @@ def _on_shipped_frames(
     import cv2
     import numpy as np
 
-    from edgekit.runtime.detection import Detection, Detector
-    from edgekit.runtime.detection_gate import compare_frame, summarize, widened
-    from edgekit.runtime.preprocessing import Preprocessor
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detection, Detector
+    from edgekit.detection.gate import compare_frame, summarize, widened
+    from edgekit.processing.preprocessing import Preprocessor
+    from edgekit.processing.tensors import from_output
 
     detector = Detector(widened(head), card.preprocess, card.labels)
     prep = Preprocessor(card.preprocess, session.inputs[0], image_color="BGR")

@@ -18,9 +18,9 @@ from edgekit.convert.accuracy import compare, run_batch, run_outputs
 from edgekit.convert.latency import measure
 from edgekit.core.cpu import CpuFeatures, this_cpu
 from edgekit.core.elf import host_arch
+from edgekit.device.profiles import pin_precision
 from edgekit.errors import BuildError, EdgekitError
-from edgekit.runtime.profiles import pin_precision
-from edgekit.runtime.tensors import from_output, to_input
+from edgekit.processing.tensors import from_output, to_input
 
 if TYPE_CHECKING:
     import numpy as np

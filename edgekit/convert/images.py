@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgekit.errors import BuildError
-from edgekit.runtime.preprocessing import PreprocessSpec, preprocess
+from edgekit.processing.preprocessing import PreprocessSpec, preprocess
 
 if TYPE_CHECKING:
     import numpy as np

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from edgekit.backends.base import Session
 from edgekit.core.stats import percentile
-from edgekit.runtime.tensors import to_input
+from edgekit.processing.tensors import to_input
 
 if TYPE_CHECKING:
     import numpy as np

@@ -41,7 +41,7 @@ from edgekit.convert.artifact import Artifact
 from edgekit.core.io import write_atomic
 from edgekit.core.packages import installed_versions
 from edgekit.errors import BuildError, EdgekitError
-from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.processing.preprocessing import PreprocessSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -453,7 +453,7 @@ def _check_runs(path: Path) -> None:
     import numpy as np
 
     from edgekit.backends import open_session
-    from edgekit.runtime.tensors import to_input
+    from edgekit.processing.tensors import to_input
 
     try:
         with open_session(path, "litert", num_threads=1) as session:

@@ -30,9 +30,9 @@ from pydantic import ValidationError
 
 from edgekit.bundle.manifest import DetectionHead
 from edgekit.core.io import sha256_file
+from edgekit.device.profiles import PRECISIONS
 from edgekit.errors import BuildError
-from edgekit.runtime.preprocessing import PreprocessSpec
-from edgekit.runtime.profiles import PRECISIONS
+from edgekit.processing.preprocessing import PreprocessSpec
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -24,7 +24,7 @@ from typing import Any
 
 from edgekit.core.io import atomic_path
 from edgekit.errors import BuildError, first_line
-from edgekit.runtime.preprocessing import PreprocessSpec
+from edgekit.processing.preprocessing import PreprocessSpec
 
 OPSET = 17
 #: The name of the free first dimension of a batch-capable graph.

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.convert.build_steps import BuildSteps
-    from edgekit.runtime.profiles import Candidate, DeviceProfile
+    from edgekit.device.profiles import Candidate, DeviceProfile
 
 
 def recipe_of(c: Candidate) -> str:

@@ -12,7 +12,7 @@ whole frame path: decode, preprocess, infer.  It passes when
   reported but do not count, unless no frame is decisive (``edgekit.core.stats.agreement``).
   For a detector (``model.task == "detection"``) the frames' detections are compared with
   the reference detections the bundle carries by the build's own rule
-  (``edgekit.runtime.detection_gate``): decisive reference detections matched at IoU >= 0.5
+  (``edgekit.detection.gate``): decisive reference detections matched at IoU >= 0.5
   on at least the threshold's share, and no decisive extra; the timed frame includes
   decoding and NMS.
 
@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.manifest import ArtifactEntry, EvalFrame, Manifest
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.detection_gate import DetectionAgreement
-    from edgekit.runtime.model import Model
+    from edgekit.detection.detector import Detection
+    from edgekit.detection.gate import DetectionAgreement
+    from edgekit.model import Model
 
 # Timed frames: LoadGen's p99 (index floor(0.99 n) of the sorted runs) leaves the slowest run
 # out from 101 runs on, so one outlier on a busy device does not fail the gate.
@@ -132,8 +132,8 @@ def check_health(
     import numpy as np
 
     from edgekit.bundle import read_manifest
-    from edgekit.runtime.matching import artifact_for
-    from edgekit.runtime.model import load
+    from edgekit.model import load
+    from edgekit.selection.matching import artifact_for
 
     try:
         manifest = read_manifest(bundle)
@@ -265,10 +265,10 @@ def _hint(manifest: Manifest, profile: str | None, candidate: str | None, measur
     already fits this device (``slow``: too slow, accurate enough; ``measured``: chosen by measuring here).
 
     A bundle built for this very profile whose chosen artifact is too slow was most likely chosen
-    by a measurement on a busy host (edgekit.runtime.candidate_timing): rebuilding it builds the same.
+    by a measurement on a busy host (edgekit.selection.candidate_timing): rebuilding it builds the same.
     """
-    from edgekit.runtime.host import match_profile
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.device.host import match_profile
+    from edgekit.device.profiles import get_profile
 
     if slow and measured:
         try:
@@ -288,10 +288,10 @@ def _hint(manifest: Manifest, profile: str | None, candidate: str | None, measur
 
 def _detector(model: Model) -> Any:
     """Frame (BGR) -> the model's detections, decoded as the gates compare them (lowered threshold)."""
-    from edgekit.runtime.detection import Detector
-    from edgekit.runtime.detection_gate import widened
-    from edgekit.runtime.preprocessing import as_bgr
-    from edgekit.runtime.tensors import from_output
+    from edgekit.detection.detector import Detector
+    from edgekit.detection.gate import widened
+    from edgekit.processing.preprocessing import as_bgr
+    from edgekit.processing.tensors import from_output
 
     head = model.manifest.detection
     assert head is not None
@@ -328,8 +328,8 @@ def _detection_report(
     measured_here: bool,
 ) -> HealthReport:
     """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.detection_gate import compare_frame, device_bar, summarize
+    from edgekit.detection.detector import Detection
+    from edgekit.detection.gate import compare_frame, device_bar, summarize
 
     head = manifest.detection
     assert head is not None

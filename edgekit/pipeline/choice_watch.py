@@ -1,6 +1,6 @@
 """Whether the running frames contradict the choice the first load measured, and if so, say so once.
 
-A choice measured on a quiet minute stays in the state folder for good (``edgekit.runtime.
+A choice measured on a quiet minute stays in the state folder for good (``edgekit.selection.
 choice_cache``).  When the pipeline then sees the chosen artifact infer far slower than it was
 measured (the measurement ran on a busy host, or the host changed under it), every later run
 would start on the wrong artifact.  ``ChoiceWatch`` compares the p50 of the chosen artifact's
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from edgekit.core.stats import median
 
 if TYPE_CHECKING:
+    from edgekit.model import Model
     from edgekit.pipeline.records import FrameRecord
-    from edgekit.runtime.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ChoiceWatch:
             f"{self.candidate} inferred at p50 {p50:.2f} ms over {WINDOW} frames, "
             f"{p50 / measured:.1f}x the {measured:.2f} ms measured"
         )
-        from edgekit.runtime.choice_cache import mark_stale
+        from edgekit.selection.choice_cache import mark_stale
 
         where = mark_stale(self.bundle_sha256, self.stale)
         log.warning(

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 from edgekit.pipeline.records import FrameRecord, FrameResult
 
 if TYPE_CHECKING:
+    from edgekit.detection.detector import Detection
+    from edgekit.model import Model
     from edgekit.pipeline.capture import Frame
     from edgekit.pipeline.levels import Level
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.model import Model
-    from edgekit.runtime.postprocess import Label
+    from edgekit.processing.postprocess import Label
 
 
 def result_of(
@@ -31,7 +31,7 @@ def result_of(
     frame's are its batch's): with the postprocessing's end they make the record's stages,
     which add up to its latency so far (the sink stage is added when it is handed over).
     """
-    from edgekit.runtime.tensors import from_output
+    from edgekit.processing.tensors import from_output
 
     t0, t1, t2 = times
     detector = model.detector

@@ -13,9 +13,9 @@ from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.backends.base import Session, TensorSpec
-    from edgekit.runtime.model import Model
-    from edgekit.runtime.postprocess import TopK
-    from edgekit.runtime.preprocessing import Preprocessor
+    from edgekit.model import Model
+    from edgekit.processing.postprocess import TopK
+    from edgekit.processing.preprocessing import Preprocessor
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,9 @@ class Level:
 
     def top_k(self, model: Model, k: int) -> TopK:
         """A classifier's top-k for this level's first output, made on the first call and kept
-        (its buffers and tables are the point: ``edgekit.runtime.tensors.output_top_k``)."""
+        (its buffers and tables are the point: ``edgekit.processing.tensors.output_top_k``)."""
         if self._top is None:
-            from edgekit.runtime.tensors import output_top_k
+            from edgekit.processing.tensors import output_top_k
 
             self._top = output_top_k(self.outputs[0], model.labels, k, logits=model.logits)
         return self._top
@@ -58,7 +58,7 @@ def warm_up(levels: list[Level], model: Model, top: int) -> None:
     pools, a detector's decoder and a classifier's top-k make their tables: not a frame's cost."""
     import numpy as np
 
-    from edgekit.runtime.tensors import from_output
+    from edgekit.processing.tensors import from_output
 
     black = np.zeros((480, 640, 3), np.uint8)
     detector = model.detector

@@ -40,11 +40,11 @@ from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.sources import Source, open_source
 from edgekit.pipeline.stats import CameraStats, RunStats, Summary
 from edgekit.pipeline.warm import Warmer
-from edgekit.runtime.matching import artifact_for
+from edgekit.selection.matching import artifact_for
 
 if TYPE_CHECKING:
-    from edgekit.runtime.model import Model
-    from edgekit.runtime.postprocess import Label
+    from edgekit.model import Model
+    from edgekit.processing.postprocess import Label
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from edgekit.protocol.stages import STAGES
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.postprocess import Label
+    from edgekit.detection.detector import Detection
+    from edgekit.processing.postprocess import Label
 
 # STAGES, in order: the frame waits in the slot (capture_wait), is prepared, run, turned into
 # labels, and handed to the sink (your loop body or callback).

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.core.backoff import Backoff
 from edgekit.core.redact import redact_source
 from edgekit.errors import SourceError
-from edgekit.runtime.preprocessing import as_bgr
+from edgekit.processing.preprocessing import as_bgr
 
 if TYPE_CHECKING:
     import numpy as np

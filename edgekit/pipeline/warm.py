@@ -11,7 +11,7 @@ the frame is due brought it to 2.2 ms: what is cold is the model's working set, 
 touching it warms it.  One pass does not undo the whole gap: with a new frame's
 preprocessing between the last pass and the frame, the frame's inference took 1.75x its
 back-to-back time after one pass, 1.5x after two, 1.1x after three
-(``edgekit.runtime.pacing.WARM_MAX_PASSES``).
+(``edgekit.device.pacing.WARM_MAX_PASSES``).
 
 So the loop predicts when the next frame comes (the median of the recent capture
 intervals: a camera's own rate, whatever it claims) and, when the gap is long enough,
@@ -30,7 +30,7 @@ while the device was busy (at start-up, or by another process) must not turn war
 for the rest of the run.
 
 It reads no clock: the tests drive ``Warmer`` with frame times they make.
-``edgekit.runtime.pacing`` holds the numbers and the rule for how many passes, since
+``edgekit.device.pacing`` holds the numbers and the rule for how many passes, since
 ``edgekit bench`` and the first-load measurement time the same schedule
 (``paced_run(..., warm=...)``).
 """
@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections import deque
 
 from edgekit.core.stats import median
-from edgekit.runtime.pacing import WARM_MARGIN_NS as MIN_MARGIN_NS
-from edgekit.runtime.pacing import WarmCosts
+from edgekit.device.pacing import WARM_MARGIN_NS as MIN_MARGIN_NS
+from edgekit.device.pacing import WarmCosts
 
 #: Capture intervals the frame rate is taken over.
 HISTORY = 16

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.runtime.detection import Detection
+    from edgekit.detection.detector import Detection
 
 # BGR, by class id (cycled).  Saturated primaries-and-mixes that photographs rarely contain, so a
 # box stands out (and a test can find it in a screenshot); class 0 is the conventional green.

@@ -20,8 +20,8 @@ from edgekit.protocol.messages import (
 from edgekit.protocol.topics import SCHEMA_LABELS
 
 if TYPE_CHECKING:
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.postprocess import Label
+    from edgekit.detection.detector import Detection
+    from edgekit.processing.postprocess import Label
 
 
 def labels_payload(

@@ -43,9 +43,9 @@ from edgekit.telemetry.spool import Spool, default_spool
 from edgekit.telemetry.window import MetricsWindow, Window
 
 if TYPE_CHECKING:
+    from edgekit.detection.detector import Detection
     from edgekit.pipeline.records import FrameResult
-    from edgekit.runtime.detection import Detection
-    from edgekit.runtime.postprocess import Label
+    from edgekit.processing.postprocess import Label
 
 log = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.detection.detector import Detection
 from edgekit.errors import EdgekitError
 from edgekit.pipeline.records import Counters, FrameRecord
-from edgekit.runtime.detection import Detection
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.window import MetricsWindow, Window

@@ -8,12 +8,12 @@ from typing import Any
 from edgekit._version import __version__
 from edgekit.backends import registry
 from edgekit.core.cpu import this_cpu
+from edgekit.device.host import detect, rank_profiles
+from edgekit.device.latency_os import read_latency_os
+from edgekit.device.profiles import all_profiles
 from edgekit.errors import EdgekitError
-from edgekit.runtime.host import detect, rank_profiles
-from edgekit.runtime.latency_os import read_latency_os
-from edgekit.runtime.precision import compute_precision
-from edgekit.runtime.profiles import all_profiles
-from edgekit.runtime.selection import backend_availability
+from edgekit.selection.plan import backend_availability
+from edgekit.selection.precision import compute_precision
 
 
 def doctor_report() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """From model outputs to labels: plain functions over arrays, no backend knowledge (pycoral's adapters).
 
 ``top_k`` ranks one row; ``TopK`` does the same per frame with its buffers kept between
-calls, and can rank a quantized output on its raw integer codes (``edgekit.runtime.tensors.
+calls, and can rank a quantized output on its raw integer codes (``edgekit.processing.tensors.
 output_top_k`` builds one for a session output).  Both give exactly what the first
 ``top_k`` gave (``_top_k_plain``, kept for the rows it still handles): the same ids in the
 same order, the same names, bit-identical probabilities.

@@ -5,7 +5,7 @@ A bundle whose ``model.task`` is ``"detection"`` carries a ``detection`` section
 compiles it once for a model and turns each frame's raw outputs into
 :class:`Detection` objects with boxes in the frame's own pixels (mapped back through the
 preprocessing's crop or letterbox).  The decoders and NMS are plain functions over arrays
-(``edgekit.runtime.decoders``, ``edgekit.runtime.nms``), shared by the build's accuracy
+(``edgekit.detection.decoders``, ``edgekit.detection.nms``), shared by the build's accuracy
 gate, the device's health gate and the frame loop.
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.manifest import DetectionHead
-    from edgekit.runtime.preprocessing import PreprocessSpec
+    from edgekit.processing.preprocessing import PreprocessSpec
 
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1 (x0 <= x1, y0 <= y1)
 
@@ -110,7 +110,7 @@ class Detector:
     """
 
     def __init__(self, head: DetectionHead, spec: PreprocessSpec, labels: Sequence[str] = ()) -> None:
-        from edgekit.runtime.decoders import logit_floor, ssd_anchors
+        from edgekit.detection.decoders import logit_floor, ssd_anchors
 
         self.head = head
         self.spec = spec
@@ -135,7 +135,7 @@ class Detector:
         """(scale, offset, upper bound) per coordinate of an x0, y0, x1, y1 row, for this frame size."""
         import numpy as np
 
-        from edgekit.runtime.preprocessing import placement
+        from edgekit.processing.preprocessing import placement
 
         if self._mapping is None or self._mapping[0] != frame_hw:
             sx, sy, ox, oy = placement(self.spec, *frame_hw).scale_offset()
@@ -152,7 +152,7 @@ class Detector:
         self, outputs: Sequence[np.ndarray], output_names: Sequence[str] = ()
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The candidates after the threshold and NMS, best first, in model-input pixels: boxes, scores, classes, keypoints."""
-        from edgekit.runtime import decoders, nms
+        from edgekit.detection import decoders, nms
 
         head = self.head
         picked = decoders.pick_outputs(outputs, output_names, head)

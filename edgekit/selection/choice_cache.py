@@ -1,7 +1,7 @@
 """The candidate measured fastest on this host, kept per bundle so that only the first load measures.
 
 ``edgekit.load`` measures a bundle's candidates at the camera rate the first time it loads
-that bundle here (``edgekit.runtime.measured.measure_candidates``) and writes what it found
+that bundle here (``edgekit.selection.measured.measure_candidates``) and writes what it found
 to ``<state root>/choices/<manifest sha256>.json``.  A later load of the same bundle reads
 it back instead of measuring, as long as the host is the same one: the same CPU (model,
 vector extensions, core count), the same runtime versions of the backends involved, the
@@ -14,9 +14,9 @@ ignored with a log line (and overwritten by the next measurement), never trusted
 The folder is kept to ``MAX_FILES`` entries, oldest dropped first.
 
 A choice is measured again on a later load when it is ``provisional`` (measured on a busy host,
-``edgekit.runtime.candidate_timing.busy_reason``; at most ``MAX_ATTEMPTS`` measurements in a row)
+``edgekit.selection.candidate_timing.busy_reason``; at most ``MAX_ATTEMPTS`` measurements in a row)
 or ``stale`` (the running pipeline saw the chosen artifact far slower than measured:
-``edgekit.runtime.choice_watch``).  A record of an older format reads as stale: measured again.
+``edgekit.pipeline.choice_watch``).  A record of an older format reads as stale: measured again.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def runtime_version(backend: str) -> str:
 def _cpu() -> tuple[str, str, tuple[str, ...], int]:
     # Read once per process: the hardware does not change under a running program.
     from edgekit.core.cpu import this_cpu
-    from edgekit.runtime.host import read_host
+    from edgekit.device.host import read_host
 
     host = read_host(probe_runtimes=False)  # no runtime import: only /proc and /sys
     return host.arch, host.cpu_model, tuple(sorted(this_cpu().notable)), os.cpu_count() or 1

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from edgekit.core.cpu import CpuFeatures
-from edgekit.runtime.profiles import PRECISION_OPTIONS, Candidate
+from edgekit.device.profiles import PRECISION_OPTIONS, Candidate
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import Manifest
@@ -82,9 +82,9 @@ def int8_pick(candidates: Sequence[Candidate], cpu: CpuFeatures) -> tuple[Candid
 
 def int8_choice(manifest: Manifest, cpu: CpuFeatures) -> dict[str, Any] | None:
     """Which int8 artifact of a bundle a device with ``cpu`` takes, and why; None without int8 artifacts."""
+    from edgekit.device.profiles import get_profile
     from edgekit.errors import EdgekitError
-    from edgekit.runtime.matching import artifact_for, candidates_for
-    from edgekit.runtime.profiles import get_profile
+    from edgekit.selection.matching import artifact_for, candidates_for
 
     if not any(a.precision == "int8" for a in manifest.artifacts):
         return None

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING
 
 from edgekit.core.stats import median
 from edgekit.errors import EdgekitError, InputError
-from edgekit.runtime.matching import artifact_for
+from edgekit.selection.matching import artifact_for
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import Manifest
-    from edgekit.runtime.profiles import Candidate
+    from edgekit.device.profiles import Candidate
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def _measure_one(
 ) -> tuple[float, float, int]:
     """Paced p50 and p90 (ms) of ``session`` on ``x`` and the number of queries it took."""
     from edgekit.core.stats import percentile
-    from edgekit.runtime.pacing import back_to_back_latencies, paced_run
+    from edgekit.device.pacing import back_to_back_latencies, paced_run
 
     def run() -> None:
         session.run(*x)

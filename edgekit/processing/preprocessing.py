@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.manifest import Manifest
-    from edgekit.runtime.area_resize import AreaResizer
+    from edgekit.processing.area_resize import AreaResizer
 
 RESIZE_MODES = ("squash", "center-crop", "letterbox")
 # How a shrinking resize filters.  "area": OpenCV's INTER_AREA (the exact area average; 1.6 ms
@@ -383,7 +383,7 @@ class Preprocessor:
 
     def _build_area(self, frame_hw: tuple[int, int]) -> AreaResizer | None:
         """The resizer for frames of this size (where ``fit`` would run OpenCV's generic area path), or None."""
-        from edgekit.runtime import area_resize
+        from edgekit.processing import area_resize
 
         (sx, sy, sw, sh), (dx, dy, dw, dh) = placement(self.spec, *frame_hw)
         # Upscales, same sizes and integer ratios are not the generic area path: fit() stays.
@@ -407,7 +407,7 @@ class Preprocessor:
 
 def _area_kernel_ready() -> bool:
     """Whether the fast INTER_AREA kernel compiles here (numba installed); why not is logged once."""
-    from edgekit.runtime import area_resize
+    from edgekit.processing import area_resize
 
     reason = area_resize.available()
     if reason is not None:

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgekit.runtime.detection import MATCH_IOU, Detection, match
+from edgekit.detection.detector import MATCH_IOU, Detection, match
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry, DetectionHead

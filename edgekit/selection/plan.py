@@ -16,8 +16,8 @@ from pathlib import Path
 from edgekit.backends import registry
 from edgekit.backends.base import Availability, Session
 from edgekit.core.cpu import this_cpu
+from edgekit.device.profiles import Candidate
 from edgekit.errors import EdgekitError, NoUsableBackendError
-from edgekit.runtime.profiles import Candidate
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from typing import Any
 from edgekit.core.cpu import read_cpu
 from edgekit.core.elf import normalize_arch
 from edgekit.core.sysfs import edgetpu_devices, read_sysfs
+from edgekit.device.profiles import DeviceProfile, all_profiles
 from edgekit.errors import DetectionError
-from edgekit.runtime.profiles import DeviceProfile, all_profiles
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,14 @@
 """What was measured, as ``load()`` uses it: the bundle's selection, or this host's own measurement.
 
 ``measured_order`` turns a bundle's recorded selection (``edgekit bench --write-selection``)
-into what ``edgekit.runtime.selection.plan`` takes: measured latencies per candidate, used
+into what ``edgekit.selection.plan.plan`` takes: measured latencies per candidate, used
 only on a host of the same architecture and profile as the one measured.
 
 ``choose_here`` is the default when the bundle carries no selection that fits: on the first
 load of a bundle on this host it measures the candidates at the camera rate (bounded:
 ``MeasureLimits``), likely fastest first by the build's own figures, ranks those the time left
-no room for by those figures (``edgekit.runtime.candidate_timing``), keeps the result in the
-state folder (``edgekit.runtime.choice_cache``) and hands back the latencies; every later load
+no room for by those figures (``edgekit.selection.candidate_timing``), keeps the result in the
+state folder (``edgekit.selection.choice_cache``) and hands back the latencies; every later load
 reads them back without measuring, unless the host was busy (the choice is provisional) or a
 running pipeline contradicted it (stale): then the next load measures again.
 """
@@ -23,8 +23,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from edgekit.errors import InputError
-from edgekit.runtime.candidate_timing import MeasureLimits
-from edgekit.runtime.matching import artifact_for
+from edgekit.selection.candidate_timing import MeasureLimits
+from edgekit.selection.matching import artifact_for
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from edgekit.backends.base import Session
     from edgekit.bundle.manifest import Manifest
-    from edgekit.runtime.profiles import Candidate, DeviceProfile
+    from edgekit.device.profiles import Candidate, DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -216,14 +216,15 @@ def choose_here(
     compare: the profile's order stands and nothing is written.  A kept choice that is
     provisional (busy host) or stale (contradicted by a running pipeline) is measured again.
     """
-    from edgekit.runtime.candidate_timing import (
+    from edgekit.device.pacing import fps_for_budget
+    from edgekit.selection.candidate_timing import (
         build_figures,
         busy_reason,
         load_per_core,
         measure_candidates,
         timing_order,
     )
-    from edgekit.runtime.choice_cache import (
+    from edgekit.selection.choice_cache import (
         MAX_ATTEMPTS,
         CachedChoice,
         host_fingerprint,
@@ -232,8 +233,7 @@ def choose_here(
         read_choice,
         write_choice,
     )
-    from edgekit.runtime.pacing import fps_for_budget
-    from edgekit.runtime.selection import backend_availability
+    from edgekit.selection.plan import backend_availability
 
     def say(line: str) -> None:
         log.info("%s", line)

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from edgekit.core.elf import host_arch
-from edgekit.runtime.profiles import Candidate, DeviceProfile, pin_precision
+from edgekit.device.profiles import Candidate, DeviceProfile, pin_precision
 
 if TYPE_CHECKING:
     from edgekit.bundle.manifest import ArtifactEntry

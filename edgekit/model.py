@@ -10,7 +10,7 @@ in it can.
 Which candidate comes first: the bundle's own selection when it fits this host (``edgekit
 bench --write-selection``); else, by default, the fastest at the camera rate on this very
 host, measured on the first load of the bundle here and read back on every later one
-(``edgekit.runtime.measured.choose_here``); else (``measure=False``) the profile's order.
+(``edgekit.selection.measured.choose_here``); else (``measure=False``) the profile's order.
 ``Model.selection`` says which of these it was.
 """
 
@@ -28,21 +28,21 @@ from typing import TYPE_CHECKING
 
 from edgekit.backends.base import Session
 from edgekit.core.elf import host_arch
+from edgekit.detection.detector import Detection, Detector
+from edgekit.device.profiles import Candidate
 from edgekit.errors import EdgekitError, InputError
-from edgekit.runtime.candidate_timing import MeasureLimits
-from edgekit.runtime.detection import Detection, Detector
-from edgekit.runtime.matching import artifact_for, candidates_for
-from edgekit.runtime.measured import CandidateChoice
-from edgekit.runtime.postprocess import Label, top_k
-from edgekit.runtime.preprocessing import PreprocessSpec
-from edgekit.runtime.profiles import Candidate
+from edgekit.processing.postprocess import Label, top_k
+from edgekit.processing.preprocessing import PreprocessSpec
+from edgekit.selection.candidate_timing import MeasureLimits
+from edgekit.selection.matching import artifact_for, candidates_for
+from edgekit.selection.measured import CandidateChoice
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.keys import KeyPaths
     from edgekit.bundle.manifest import Manifest
-    from edgekit.runtime.preprocessing import Preprocessor
+    from edgekit.processing.preprocessing import Preprocessor
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class Model:
 
     def preprocessor(self, session: Session | None = None, color: str = "BGR") -> Preprocessor:
         """The frame -> tensor function for ``session`` (this model's own by default), cached."""
-        from edgekit.runtime.preprocessing import Preprocessor
+        from edgekit.processing.preprocessing import Preprocessor
 
         session = session or self.session
         key = (id(session), color)
@@ -124,13 +124,13 @@ class Model:
         In the session's output order and shapes, dequantized when an output is quantized:
         what a detector's decoder (or your own post-processing) starts from.
         """
-        from edgekit.runtime.preprocessing import as_bgr
+        from edgekit.processing.preprocessing import as_bgr
 
         image, _ = as_bgr(frame)
         return self._outputs(image, color)
 
     def _outputs(self, image: np.ndarray, color: str) -> list[np.ndarray]:
-        from edgekit.runtime.tensors import from_output
+        from edgekit.processing.tensors import from_output
 
         ys = self.session.run(self.preprocessor(color=color)(image))
         return [from_output(y, spec) for y, spec in zip(ys, self.session.outputs, strict=True)]
@@ -141,8 +141,8 @@ class Model:
         The first output only, flattened: a classifier's scores.  Kept as it was for callers
         that predate detection; ``outputs`` gives every output, ``detect`` a detector's objects.
         """
-        from edgekit.runtime.preprocessing import as_bgr
-        from edgekit.runtime.tensors import from_output
+        from edgekit.processing.preprocessing import as_bgr
+        from edgekit.processing.tensors import from_output
 
         image, _ = as_bgr(frame)
         y = self.session.run(self.preprocessor(color=color)(image))[0]
@@ -159,7 +159,7 @@ class Model:
 
     def detect(self, frame: np.ndarray, color: str = "BGR") -> tuple[Detection, ...]:
         """The objects in one frame, best score first, boxes in the frame's own pixels (a detector's)."""
-        from edgekit.runtime.preprocessing import as_bgr
+        from edgekit.processing.preprocessing import as_bgr
 
         if self.detector is None:
             raise InputError(
@@ -179,7 +179,7 @@ class Model:
         """
         from edgekit.backends import registry
         from edgekit.bundle.verify import check_files
-        from edgekit.runtime.selection import backend_availability
+        from edgekit.selection.plan import backend_availability
 
         sessions: list[Session] = []
         for cand in self.candidates:
@@ -261,10 +261,10 @@ def load(
     from edgekit.bundle import unpack, verify
     from edgekit.bundle.trust import keys_for, require_trusted
     from edgekit.bundle.verify import check_files
-    from edgekit.runtime.host import match_profile
-    from edgekit.runtime.measured import choose_here, measure_by_default, measured_order, with_threads
-    from edgekit.runtime.profiles import get_profile
-    from edgekit.runtime.selection import select
+    from edgekit.device.host import match_profile
+    from edgekit.device.profiles import get_profile
+    from edgekit.selection.measured import choose_here, measure_by_default, measured_order, with_threads
+    from edgekit.selection.plan import select
 
     phase("imports")
     path = Path(bundle)
@@ -372,7 +372,7 @@ def _input_for(manifest: Manifest) -> Callable[[Session], list[np.ndarray]]:
     def make(session: Session) -> list[np.ndarray]:
         import numpy as np
 
-        from edgekit.runtime.preprocessing import Preprocessor
+        from edgekit.processing.preprocessing import Preprocessor
 
         # A fixed noisy VGA frame: real pixels (no all-zero shortcut a runtime could take),
         # the same for every candidate.

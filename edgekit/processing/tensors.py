@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from edgekit.backends.base import TensorSpec
-from edgekit.runtime.postprocess import TopK
+from edgekit.processing.postprocess import TopK
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,0 +1,3 @@
+"""Frames in, tensors out, and back: preprocessing (resize, letterbox, normalize), the
+classifier's postprocessing, and the tensors' layouts.
+"""
