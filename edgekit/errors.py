@@ -109,3 +109,19 @@ class NoUsableBackendError(EdgekitError):
         lines = [message] + [f"  - {who}: {why}" for who, why in causes]
         super().__init__("\n".join(lines), hint)
         self.causes = tuple(causes)
+
+
+class BundleError(EdgekitError):
+    """A bundle cannot be written, read or packed (missing file, bad manifest, bad destination)."""
+
+
+class KeyFileError(BundleError):
+    """A signing or verification key file is missing, garbled, or the wrong kind of key."""
+
+
+class UnsafeArchiveError(BundleError):
+    """A bundle archive holds a member that could write outside its folder, or is too big."""
+
+
+class VerificationError(BundleError):
+    """A bundle failed verification: a file's hash, a missing or extra file, or its signature."""

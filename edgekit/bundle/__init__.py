@@ -18,7 +18,6 @@ Needs ``pydantic`` (and ``cryptography`` to sign or check a signature).
 from __future__ import annotations
 
 from edgekit.bundle.archive import is_archive_name, open_bundle, pack, unpack
-from edgekit.bundle.errors import BundleError, KeyFileError, UnsafeArchiveError, VerificationError
 from edgekit.bundle.integrity import MAX_UNPACKED_BYTES
 from edgekit.bundle.keys import default_key_stem, generate_keypair, key_id, load_private_key, load_public_key
 from edgekit.bundle.manifest import (
@@ -40,6 +39,7 @@ from edgekit.bundle.manifest import (
     read_manifest,
 )
 from edgekit.bundle.verify import Check, VerifyReport, verify
+from edgekit.errors import BundleError, KeyFileError, UnsafeArchiveError, VerificationError
 
 __all__ = [
     "MANIFEST_FILE",

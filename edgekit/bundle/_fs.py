@@ -10,9 +10,9 @@ import secrets
 import shutil
 from pathlib import Path
 
-from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import MANIFEST_FILE
 from edgekit.core.io import CHUNK
+from edgekit.errors import BundleError
 
 
 def copy_hashed(src: Path, dst: Path) -> tuple[str, int]:

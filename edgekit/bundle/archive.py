@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import IO
 
 from edgekit.bundle._fs import check_replaceable, replace_dir, temp_beside
-from edgekit.bundle.errors import BundleError
 from edgekit.bundle.integrity import MAX_MEMBERS, MAX_UNPACKED_BYTES, MemberRules
 from edgekit.bundle.manifest import MANIFEST_FILE, read_manifest
 from edgekit.core.io import CHUNK, atomic_path, remove_tree
+from edgekit.errors import BundleError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal
 
-from edgekit.bundle.errors import BundleError, UnsafeArchiveError
 from edgekit.bundle.manifest import MANIFEST_FILE, SIGNATURE_FILE, EvalFrame, FileEntry, Manifest
 from edgekit.core.io import CHUNK
+from edgekit.errors import BundleError, UnsafeArchiveError
 
 MAX_UNPACKED_BYTES = 2 << 30  # 2 GiB: far above any edge model bundle, far below a full disk
 MAX_MEMBERS = 10_000

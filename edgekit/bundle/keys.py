@@ -18,9 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, TypeAlias
 
-from edgekit.bundle.errors import KeyFileError
 from edgekit.core.io import write_atomic
 from edgekit.core.paths import config_root
+from edgekit.errors import KeyFileError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey

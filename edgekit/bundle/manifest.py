@@ -29,7 +29,7 @@ from edgekit.bundle.detection_schema import DetectionAccuracy as DetectionAccura
 from edgekit.bundle.detection_schema import DetectionHead as DetectionHead
 from edgekit.bundle.detection_schema import EvalDetection as EvalDetection
 from edgekit.bundle.detection_schema import SsdAnchors as SsdAnchors
-from edgekit.bundle.errors import BundleError
+from edgekit.errors import BundleError
 
 SCHEMA_VERSION: Literal[1] = 1
 MANIFEST_FILE = "manifest.json"

@@ -16,7 +16,6 @@ import zlib
 from pathlib import Path
 
 from edgekit.bundle.archive import is_archive_name
-from edgekit.bundle.errors import BundleError, VerificationError
 from edgekit.bundle.integrity import (
     HEADER_FILES,
     MAX_UNPACKED_BYTES,
@@ -30,6 +29,7 @@ from edgekit.bundle.integrity import (
     read_header_file,
 )
 from edgekit.bundle.manifest import MANIFEST_FILE, SIGNATURE_FILE, Manifest
+from edgekit.errors import BundleError, VerificationError
 
 HEADER_MEMBERS = 8  # edgekit's pack writes manifest.json and manifest.sig first
 _DAMAGED = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)

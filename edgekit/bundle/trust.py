@@ -23,10 +23,9 @@ import logging
 import os
 from pathlib import Path
 
-from edgekit.bundle.errors import VerificationError
 from edgekit.bundle.keys import KeyPaths, default_key_stem, key_files
 from edgekit.core.paths import config_root
-from edgekit.errors import spelled
+from edgekit.errors import VerificationError, spelled
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edgekit.bundle.errors import BundleError, VerificationError
 from edgekit.bundle.integrity import (
     REBUILD,
     Entry,
@@ -24,6 +23,7 @@ from edgekit.bundle.integrity import (
 )
 from edgekit.bundle.keys import KeyPaths, key_files
 from edgekit.bundle.manifest import MANIFEST_FILE, SIGNATURE_FILE, Manifest, parse_manifest
+from edgekit.errors import BundleError, VerificationError
 
 Status = Literal["ok", "warn", "fail"]
 

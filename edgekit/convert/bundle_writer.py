@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from edgekit.bundle._fs import check_replaceable, copy_hashed, replace_dir, temp_beside
-from edgekit.bundle.errors import BundleError
 from edgekit.bundle.manifest import (
     ARTIFACTS_DIR,
     EVAL_DIR,
@@ -40,6 +39,7 @@ from edgekit.bundle.manifest import (
     describe,
 )
 from edgekit.core.io import remove_tree
+from edgekit.errors import BundleError
 
 if TYPE_CHECKING:
     from edgekit.convert.artifact import Artifact
