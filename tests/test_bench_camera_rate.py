@@ -26,10 +26,10 @@ from stand_in import SlowSession
 from edgekit.backends import registry
 from edgekit.backends.base import Session
 from edgekit.bench import worker
+from edgekit.bench.loadgen import summarize
 from edgekit.bench.recording import selection_from, write_selection
 from edgekit.bench.render import legend, table
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings
-from edgekit.bench.stats import summarize
 from edgekit.bundle import read_manifest
 from edgekit.core.elf import host_arch
 from edgekit.device.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES

@@ -2,7 +2,7 @@
 
 A real BlazeFace bundle (``tests/detector_bundle.py``: ONNX Runtime and OpenVINO, fp32 and int8)
 is benched as a device would: each candidate's detections on the bundle's evaluation frames
-against the reference detections it carries, by ``edgekit.detection.gate``'s rule.  A
+against the reference detections it carries, by ``edgekit.detection.agreement``'s rule.  A
 copy whose ONNX Runtime fp32 weights are shuffled (re-hashed and re-signed, so only its answers
 give it away) is reported below the gate and never selected.
 """
@@ -22,7 +22,7 @@ from rich.console import Console
 import edgekit
 from edgekit.bench.render import legend, table
 from edgekit.bundle import read_manifest
-from edgekit.detection.gate import decisive_score
+from edgekit.detection.agreement import decisive_score
 
 from conftest import edgekit as run_edgekit
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgekit.bench.stats import (
+from edgekit.bench.loadgen import (
     PERCENTILES,
     early_stopping_estimate,
     min_passing,

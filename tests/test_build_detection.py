@@ -27,8 +27,8 @@ from edgekit.convert.accuracy_detection import align_outputs
 from edgekit.convert.modelcard import read_card
 from edgekit.convert.recipes import plan_recipes
 from edgekit.deploy.health import check_health
+from edgekit.detection.agreement import compare_frame, summarize
 from edgekit.detection.detector import Detection
-from edgekit.detection.gate import compare_frame, summarize
 from edgekit.device.profiles import get_profile
 from edgekit.errors import BuildError
 

@@ -92,8 +92,8 @@ def test_no_other_median_or_percentile_rule_in_edgekit_benchmarks_or_tools() -> 
 
 
 def test_the_bench_and_the_pipeline_use_this_percentile() -> None:
-    from edgekit.bench import stats as bench_stats
-    from edgekit.pipeline import stats as pipeline_stats
+    from edgekit.bench import loadgen as bench_stats
+    from edgekit.pipeline import run_stats as pipeline_stats
 
     assert bench_stats.percentile is percentile and bench_stats.PERCENTILES == PERCENTILES
     # The pipeline summary's wire keys stay p50/p90/p95/p99/p99.9: a subset of the one list.

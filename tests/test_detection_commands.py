@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from edgekit.commands.common import console
 from edgekit.commands.deploy_display import _health_table, agreement_text
 from edgekit.deploy.health import HealthReport, check_health
-from edgekit.detection.gate import DetectionAgreement
+from edgekit.detection.agreement import DetectionAgreement
 from edgekit.protocol import messages, schemas
 from edgekit.testing.mosquitto import Mosquitto
 

@@ -17,7 +17,7 @@ import pytest
 
 from edgekit.bench.report import BenchCandidate, Result
 from edgekit.bundle.manifest import ArtifactEntry
-from edgekit.detection.gate import LABELLED_NOTE, DetectionAgreement, DeviceBar, device_bar
+from edgekit.detection.agreement import LABELLED_NOTE, DetectionAgreement, DeviceBar, device_bar
 
 THRESHOLD = 0.98
 

@@ -289,7 +289,7 @@ def test_the_build_gate_is_map50_against_fp32_with_labels(
     assert gate == reported
     assert (gate["map50"], gate["fp32_map50"], gate["max_drop_points"], gate["images"]) == (1.0, 1.0, 1.0, 6)
     # What the artifact found on the frames the bundle ships: what a device will hold it to.
-    from edgekit.detection.gate import decisive_score
+    from edgekit.detection.agreement import decisive_score
 
     m = read_manifest(out)
     assert m.eval_set is not None and m.detection is not None

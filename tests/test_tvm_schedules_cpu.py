@@ -153,9 +153,9 @@ def test_bench_caveat_compares_the_record_with_the_bench_cpu() -> None:
 
 
 def _report(caveat: str | None) -> dict[str, Any]:
+    from edgekit.bench.loadgen import summarize
     from edgekit.bench.report import BenchCandidate as Candidate
     from edgekit.bench.report import Report, Result, Settings
-    from edgekit.bench.stats import summarize
 
     results = []
     for name, ms in (("onnxruntime-fp32", 2.0), ("tvm-fp32", 16.7)):

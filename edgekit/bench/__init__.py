@@ -19,7 +19,7 @@ _WHERE = {
     **dict.fromkeys(("BenchCandidate", "Report", "Result", "Settings", "Skipped"), "report"),
     **dict.fromkeys(("plan", "run"), "runner"),
     **dict.fromkeys(("selection_from", "write_selection"), "recording"),
-    **dict.fromkeys(("LatencySummary", "min_queries", "percentile", "summarize"), "stats"),
+    **dict.fromkeys(("LatencySummary", "min_queries", "percentile", "summarize"), "loadgen"),
 }
 
 __all__ = [

@@ -16,7 +16,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from edgekit.bench.stats import HEADLINE, label, min_queries
+from edgekit.bench.loadgen import HEADLINE, label, min_queries
 from edgekit.device.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 from edgekit.errors import EdgekitError
 

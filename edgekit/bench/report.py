@@ -12,9 +12,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.bench.stats import LatencySummary, label, min_queries, percentile
+from edgekit.bench.loadgen import LatencySummary, label, min_queries, percentile
 from edgekit.core.stats import agreement, median
-from edgekit.detection.gate import DetectionAgreement, DeviceBar
+from edgekit.detection.agreement import DetectionAgreement, DeviceBar
 from edgekit.device.pacing import CameraRate, PacedRun, camera_rate
 
 
@@ -105,7 +105,7 @@ class Result:
     kernels: tuple[str, ...] = ()
     error: str | None = None
     summary: LatencySummary | None = None
-    #: A detector's detections against the bundle's reference ones (``edgekit.detection.gate``);
+    #: A detector's detections against the bundle's reference ones (``edgekit.detection.agreement``);
     #: None for a classifier, whose ``top1`` answers are compared instead.
     detection: DetectionAgreement | None = None
     #: The evaluation frames (file names) where a detector missed or invented a decisive detection.
@@ -172,7 +172,7 @@ class Result:
         """Agreement with the bundle's fp32 reference on its evaluation frames (None: no frames).
 
         For a detector, the share of the reference's decisive detections it matched (same
-        class, IoU >= 0.5; ``edgekit.detection.gate``).  For a classifier, top-1
+        class, IoU >= 0.5; ``edgekit.detection.agreement``).  For a classifier, top-1
         agreement by the build's and the health gate's rule (``edgekit.core.stats.agreement``):
         only the frames where fp32 is decisive count, or every frame when none is.  A frame
         without a stored margin counts as decisive.

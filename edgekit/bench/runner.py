@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from edgekit.bench.loadgen import summarize
 from edgekit.bench.report import BenchCandidate, Report, Result, Settings, Skipped
-from edgekit.bench.stats import summarize
 from edgekit.core.cpu import CpuFeatures, this_cpu
-from edgekit.detection.gate import DetectionAgreement, device_bar
+from edgekit.detection.agreement import DetectionAgreement, device_bar
 from edgekit.device.pacing import fps_for_budget
 from edgekit.device.profiles import PRECISIONS
 from edgekit.errors import EdgekitError

@@ -21,7 +21,7 @@ turns them into a cold start measured from the moment it started this process.
 
 A detector (``model.task == "detection"``) is judged as the device's health gate judges it:
 every output of each evaluation frame decoded by the bundle's head (its threshold lowered as
-``edgekit.detection.gate.widened`` says), boxes mapped to the frame, and compared with
+``edgekit.detection.agreement.widened`` says), boxes mapped to the frame, and compared with
 the reference detections the bundle carries by ``detection_gate``'s rule.  The result then
 carries ``detection`` (the summed numbers, ``DetectionAgreement``'s fields) and
 ``failing_frames`` instead of top-1 answers, whose argmax over a detector's first output
@@ -115,8 +115,8 @@ def run(spec: dict[str, Any]) -> None:
         return int(np.argmax(from_output(session.run(x)[0], out_spec).reshape(-1)))
 
     if head is not None:
+        from edgekit.detection.agreement import compare_frame, summarize, widened
         from edgekit.detection.detector import Detection, Detector
-        from edgekit.detection.gate import compare_frame, summarize, widened
 
         # Decoded as the health gate decodes them (its threshold lowered), so a score that
         # wobbles across the threshold is drift, not a miss: the one rule of both gates.

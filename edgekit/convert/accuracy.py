@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.convert.map_gate import MapGateResult
-    from edgekit.detection.gate import DetectionAgreement
+    from edgekit.detection.agreement import DetectionAgreement
 
 DEFAULT_THRESHOLD = 0.98
 

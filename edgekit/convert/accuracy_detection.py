@@ -4,7 +4,7 @@ Each artifact's raw outputs and the fp32 ONNX's are decoded by the same
 :class:`edgekit.detection.detector.Detector` (the model card's head, its score threshold
 lowered by ``DECISIVE_MARGIN``) on every evaluation image, boxes in the image's own pixels,
 and compared by the one rule a device's health gate uses too
-(:mod:`edgekit.detection.gate`: decisive reference detections must be matched at
+(:mod:`edgekit.detection.agreement`: decisive reference detections must be matched at
 IoU >= 0.5 by the same class, no decisive extra).  The result is a :class:`GateAccuracy`
 whose ``top1_agreement`` is the share of decisive reference detections matched, with the
 detection numbers (missed, extra, mean and min IoU, score drift) beside it.
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from edgekit.convert.accuracy import DEFAULT_THRESHOLD, GateAccuracy
+from edgekit.detection.agreement import compare_frame, summarize, widened
 from edgekit.detection.detector import Detection, Detector
-from edgekit.detection.gate import compare_frame, summarize, widened
 
 if TYPE_CHECKING:
     import numpy as np

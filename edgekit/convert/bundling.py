@@ -205,8 +205,8 @@ def detection_eval_samples(
     from edgekit.backends import open_session
     from edgekit.bundle.manifest import EvalDetection
     from edgekit.convert.bundle_writer import EvalSample, EvalSamples
+    from edgekit.detection.agreement import decisive_score, widened
     from edgekit.detection.detector import Detector
-    from edgekit.detection.gate import decisive_score, widened
     from edgekit.processing.preprocessing import Preprocessor
     from edgekit.processing.tensors import from_output
 

@@ -81,8 +81,8 @@ def _on_shipped_frames(
     import cv2
     import numpy as np
 
+    from edgekit.detection.agreement import compare_frame, summarize, widened
     from edgekit.detection.detector import Detection, Detector
-    from edgekit.detection.gate import compare_frame, summarize, widened
     from edgekit.processing.preprocessing import Preprocessor
     from edgekit.processing.tensors import from_output
 

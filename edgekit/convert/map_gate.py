@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.detection.gate import LABELLED_NOTE
+from edgekit.detection.agreement import LABELLED_NOTE
 
 #: Points of mAP50 an artifact may lose against fp32 by default: quantization costs YOLO-family
 #: detectors about this much on COCO when it goes well.

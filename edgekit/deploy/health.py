@@ -12,7 +12,7 @@ whole frame path: decode, preprocess, infer.  It passes when
   reported but do not count, unless no frame is decisive (``edgekit.core.stats.agreement``).
   For a detector (``model.task == "detection"``) the frames' detections are compared with
   the reference detections the bundle carries by the build's own rule
-  (``edgekit.detection.gate``): decisive reference detections matched at IoU >= 0.5
+  (``edgekit.detection.agreement``): decisive reference detections matched at IoU >= 0.5
   on at least the threshold's share, and no decisive extra; the timed frame includes
   decoding and NMS.
 
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edgekit.bundle.manifest import ArtifactEntry, EvalFrame, Manifest
+    from edgekit.detection.agreement import DetectionAgreement
     from edgekit.detection.detector import Detection
-    from edgekit.detection.gate import DetectionAgreement
     from edgekit.model import Model
 
 # Timed frames: LoadGen's p99 (index floor(0.99 n) of the sorted runs) leaves the slowest run
@@ -288,8 +288,8 @@ def _hint(manifest: Manifest, profile: str | None, candidate: str | None, measur
 
 def _detector(model: Model) -> Any:
     """Frame (BGR) -> the model's detections, decoded as the gates compare them (lowered threshold)."""
+    from edgekit.detection.agreement import widened
     from edgekit.detection.detector import Detector
-    from edgekit.detection.gate import widened
     from edgekit.processing.preprocessing import as_bgr
     from edgekit.processing.tensors import from_output
 
@@ -328,8 +328,8 @@ def _detection_report(
     measured_here: bool,
 ) -> HealthReport:
     """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
+    from edgekit.detection.agreement import compare_frame, device_bar, summarize
     from edgekit.detection.detector import Detection
-    from edgekit.detection.gate import compare_frame, device_bar, summarize
 
     head = manifest.detection
     assert head is not None

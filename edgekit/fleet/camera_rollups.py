@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edgekit.fleet.cameras import add_cameras
+from edgekit.fleet.camera_totals import add_cameras
 from edgekit.fleet.sums import WindowSum, loads
 
 Query = Callable[[str, Iterable[Any]], list[tuple[Any, ...]]]

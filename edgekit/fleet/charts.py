@@ -16,7 +16,7 @@ from typing import Any
 
 from edgekit.core.sketch import LatencySketch
 from edgekit.core.tally import ClassCount, FrameTally
-from edgekit.fleet.cameras import add_cameras, merge_cameras
+from edgekit.fleet.camera_totals import add_cameras, merge_cameras
 from edgekit.fleet.sums import Bucket, add_detections
 from edgekit.protocol.stages import STAGES
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgekit.core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.core.tally import ClassCount, FrameTally
-from edgekit.fleet.cameras import add_cameras
+from edgekit.fleet.camera_totals import add_cameras
 
 _fast_loads: Callable[[str], Any]
 try:

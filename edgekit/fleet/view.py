@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgekit.fleet.cameras import camera_table
+from edgekit.fleet.camera_totals import camera_table
 from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
 from edgekit.fleet.detections import class_table
 from edgekit.protocol.stages import STAGES

@@ -6,9 +6,9 @@ from edgekit.pipeline.cameras import Camera
 from edgekit.pipeline.loop import Pipeline
 from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
+from edgekit.pipeline.run_stats import Summary
 from edgekit.pipeline.seen import Seen
 from edgekit.pipeline.sources import Source, SourceInfo, open_source
-from edgekit.pipeline.stats import Summary
 from edgekit.protocol.stages import STAGES
 
 __all__ = [

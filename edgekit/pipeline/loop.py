@@ -37,8 +37,8 @@ from edgekit.pipeline.labelling import result_of
 from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
+from edgekit.pipeline.run_stats import CameraStats, RunStats, Summary
 from edgekit.pipeline.sources import Source, open_source
-from edgekit.pipeline.stats import CameraStats, RunStats, Summary
 from edgekit.pipeline.warm import Warmer
 from edgekit.selection.matching import artifact_for
 

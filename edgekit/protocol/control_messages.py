@@ -141,7 +141,7 @@ class Command(BaseModel):
 class HealthDetection(WireMessage):
     """A detector's health gate numbers: its detections on the evaluation frames against the bundle's reference.
 
-    The detection gate's rule (``edgekit.detection.gate``): a reference detection is
+    The detection gate's rule (``edgekit.detection.agreement``): a reference detection is
     decisive when it scores well above the threshold; ``matched`` of them were found (same
     class, IoU >= 0.5), ``missed`` were not, ``extra`` are decisive detections the reference
     does not have.  ``mean_iou`` is over the matched pairs.
