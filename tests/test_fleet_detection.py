@@ -255,7 +255,7 @@ def test_a_detector_through_mosquitto_and_postgres_to_metrics_and_the_device_pag
 
 
 def test_the_simulator_runs_a_face_detector_as_its_last_devices(tmp_path: Path) -> None:
-    from edgekit.testing.fleet_sim import SimDevice, SimOptions
+    from edgekit.telemetry.simulate import SimDevice, SimOptions
 
     opts = SimOptions(mqtt="mqtt://127.0.0.1:1", devices=3, detectors=1)
     broker = BrokerConfig.from_url(opts.mqtt)

@@ -18,7 +18,7 @@ import pytest
 from edgekit.fleet import Collector, FleetStore
 from edgekit.fleet.mqtt import FleetSubscriber
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.testing.fleet_sim import SimDevice, SimOptions
+from edgekit.telemetry.simulate import SimDevice, SimOptions
 from edgekit.testing.mosquitto import Mosquitto
 
 from conftest import EDGEKIT, ROOT

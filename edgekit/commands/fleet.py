@@ -1,5 +1,5 @@
 """``edgekit fleet serve``: the collector, its store, the live dashboard and ``/metrics`` in one process;
-``edgekit fleet simulate``: simulated devices publishing to a broker (``edgekit.testing.fleet_sim``)."""
+``edgekit fleet simulate``: simulated devices publishing to a broker (``edgekit.telemetry.simulate``)."""
 
 from __future__ import annotations
 
@@ -379,7 +379,7 @@ def simulate_command(
     ] = 0,
 ) -> None:
     """Simulated devices publishing realistic telemetry (a fleet to look at, or a load to ingest)."""
-    from edgekit.testing.fleet_sim import SimOptions, run
+    from edgekit.telemetry.simulate import SimOptions, run
 
     if not 0 <= detectors <= devices:
         raise EdgekitError(
