@@ -81,29 +81,16 @@ def _on_shipped_frames(
     import cv2
     import numpy as np
 
-    from edgekit.detection.agreement import compare_frame, summarize, widened
-    from edgekit.detection.detector import Detection, Detector
-    from edgekit.processing.preprocessing import Preprocessor
-    from edgekit.processing.tensors import from_output
+    from edgekit.detection.agreement import compare_frame, gate_detector, reference_detections, summarize
 
-    detector = Detector(widened(head), card.preprocess, card.labels)
-    prep = Preprocessor(card.preprocess, session.inputs[0], image_color="BGR")
-    names = [o.name for o in session.outputs]
+    detect = gate_detector(session, head, card.preprocess, card.labels)
     compared = []
     for frame in shipped.frames:
         image = cv2.imdecode(np.frombuffer(frame.data, np.uint8), cv2.IMREAD_COLOR)
         if image is None:  # the build encoded it a moment ago (bundling._stored_frames)
             raise BuildError(f"evaluation frame {frame.name} does not decode", "report this as a bug")
-        raw = session.run(prep(image))
-        outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
-        got = detector(outputs, (int(image.shape[0]), int(image.shape[1])), names)
-        reference = [
-            Detection(
-                d.class_id, card.labels[d.class_id] if d.class_id < len(card.labels) else "", d.score, d.box
-            )
-            for d in frame.detections or ()
-        ]
-        compared.append(compare_frame(reference, got, head))
+        reference = reference_detections(frame.detections, card.labels)
+        compared.append(compare_frame(reference, detect(image), head))
     result = summarize(compared)
     return result.decisive, result.matched, result.extra
 

@@ -33,8 +33,6 @@ from edgekit.errors import EdgekitError
 from edgekit.protocol import messages
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from edgekit.bundle.manifest import ArtifactEntry, EvalFrame, Manifest
     from edgekit.detection.agreement import DetectionAgreement
     from edgekit.detection.detector import Detection
@@ -288,26 +286,10 @@ def _hint(manifest: Manifest, profile: str | None, candidate: str | None, measur
 
 def _detector(model: Model) -> Any:
     """Frame (BGR) -> the model's detections, decoded as the gates compare them (lowered threshold)."""
-    from edgekit.detection.agreement import widened
-    from edgekit.detection.detector import Detector
-    from edgekit.processing.preprocessing import as_bgr
-    from edgekit.processing.tensors import from_output
+    from edgekit.detection.agreement import gate_detector
 
-    head = model.manifest.detection
-    assert head is not None
-    detector = Detector(widened(head), model.preprocess, model.labels)
-    session = model.session
-    names = [o.name for o in session.outputs]
-    prep = model.preprocessor()
-
-    def detect(frame: np.ndarray) -> tuple[Detection, ...]:
-        image, _ = as_bgr(frame)
-        raw = session.run(prep(image))
-        outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
-        found: tuple[Detection, ...] = detector(outputs, (int(image.shape[0]), int(image.shape[1])), names)
-        return found
-
-    return detect
+    assert model.manifest.detection is not None
+    return gate_detector(model.session, model.manifest.detection, model.preprocess, model.labels)
 
 
 def _detection_report(
@@ -328,8 +310,7 @@ def _detection_report(
     measured_here: bool,
 ) -> HealthReport:
     """A detector's verdict: its detections on the eval frames against the bundle's reference ones."""
-    from edgekit.detection.agreement import compare_frame, device_bar, summarize
-    from edgekit.detection.detector import Detection
+    from edgekit.detection.agreement import compare_frame, device_bar, reference_detections, summarize
 
     head = manifest.detection
     assert head is not None
@@ -337,15 +318,7 @@ def _detection_report(
     threshold = manifest.build.accuracy_threshold
     compared = []
     for f, got in zip(frames, found, strict=True):
-        reference = [
-            Detection(
-                d.class_id,
-                labels[d.class_id] if d.class_id < len(labels) else f"class {d.class_id}",
-                d.score,
-                d.box,
-            )
-            for d in f.detections or ()
-        ]
+        reference = reference_detections(f.detections, labels)
         # The head as the bundle has it, as the build's gate passes it: decisive means its threshold
         # plus the margin.  (Passing widened(head) would make the threshold itself decisive, and an
         # int8 artifact's detection scoring exactly the threshold where fp32 has none an extra.)

@@ -37,14 +37,18 @@ the device checks that it computes here as it did there, not a rule the build di
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgekit.detection.detector import MATCH_IOU, Detection, match
 
 if TYPE_CHECKING:
-    from edgekit.bundle.manifest import ArtifactEntry, DetectionHead
+    import numpy as np
+
+    from edgekit.backends.base import Session
+    from edgekit.bundle.manifest import ArtifactEntry, DetectionHead, EvalDetection
+    from edgekit.processing.preprocessing import PreprocessSpec
 
 #: How far above the score threshold a reference detection must be to count (and an artifact's
 #: detection to be an extra); both sides are decoded this far below it.
@@ -56,6 +60,42 @@ LABELLED_NOTE = "map_gate"
 def widened(head: DetectionHead) -> DetectionHead:
     """``head`` with its score threshold lowered by ``DECISIVE_MARGIN``: how both sides are decoded."""
     return head.model_copy(update={"score_threshold": max(0.0, head.score_threshold - DECISIVE_MARGIN)})
+
+
+def gate_detector(
+    session: Session, head: DetectionHead, spec: PreprocessSpec, labels: Sequence[str]
+) -> Callable[[np.ndarray], tuple[Detection, ...]]:
+    """Frame (BGR or grey) -> ``session``'s detections, decoded as both gates compare them
+    (:func:`widened`): the build's scoring of the frames a bundle ships and a device's health gate."""
+    from edgekit.detection.detector import Detector
+    from edgekit.processing.preprocessing import Preprocessor, as_bgr
+    from edgekit.processing.tensors import from_output
+
+    detector = Detector(widened(head), spec, list(labels))
+    prep = Preprocessor(spec, session.inputs[0], image_color="BGR")
+    names = [o.name for o in session.outputs]
+
+    def detect(frame: np.ndarray) -> tuple[Detection, ...]:
+        image, _ = as_bgr(frame)
+        raw = session.run(prep(image))
+        outputs = [from_output(y, o) for y, o in zip(raw, session.outputs, strict=True)]
+        found: tuple[Detection, ...] = detector(outputs, (int(image.shape[0]), int(image.shape[1])), names)
+        return found
+
+    return detect
+
+
+def reference_detections(stored: Sequence[EvalDetection] | None, labels: Sequence[str]) -> list[Detection]:
+    """A shipped evaluation frame's fp32 detections as :class:`Detection` values, to compare against."""
+    return [
+        Detection(
+            d.class_id,
+            labels[d.class_id] if d.class_id < len(labels) else f"class {d.class_id}",
+            d.score,
+            d.box,
+        )
+        for d in stored or ()
+    ]
 
 
 def decisive_score(head: DetectionHead) -> float:
