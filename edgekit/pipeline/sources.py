@@ -61,10 +61,13 @@ class SourceCounters:
     """Counters kept by a source (they only go up)."""
 
     frames: int = 0
-    outages: int = 0  # times a live source stopped delivering
+    outages: int = 0  # times a live source stopped delivering (stalls included)
     reopens: int = 0  # times it was opened again successfully
+    stalls: int = 0  # outages where the connection stayed open but no frame came (the watchdog's)
+    corrupt: int = 0  # frames the decoder reported damaged, skipped
     converted: int = 0  # frames converted to BGR uint8 (grayscale, BGRA, 16-bit)
     unreadable: int = 0  # folder images that could not be decoded (skipped)
+    down_s: float = 0.0  # seconds without frames in outages that ended (see ``Source.down_now_s``)
 
 
 class Source(ABC):
