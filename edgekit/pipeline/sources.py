@@ -6,6 +6,7 @@ As in jetson-inference's ``videoSource``, the string says what it is:
 ``0``, ``/dev/video0``    a V4L2 camera (live)
 ``clip.mp4``              a video file (ends; ``realtime`` replays it at its own rate)
 ``http://…``, ``rtsp://…``  a network camera or stream through OpenCV's FFmpeg (live)
+``rtsp://…#transport=udp``  the same, with options after ``#`` (see ``STREAM_OPTIONS``)
 ``v4l2src ! … ! appsink``  a GStreamer pipeline (needs an OpenCV built with GStreamer)
 ``photos/``               an image folder, in name order (ends)
 ``synthetic:640x480@30``  a generated moving test pattern (live, paced at its rate)
@@ -15,11 +16,22 @@ Every source hands over BGR ``uint8`` HxWx3 frames: grayscale, BGRA and 16-bit f
 converted (and counted).  A live source that stops delivering is reopened with
 exponential backoff until it comes back or the source is closed; each outage and each
 reopen is counted.  A file or a folder ends cleanly: ``read()`` returns ``None``.
+
+A stream that stays connected but sends nothing is a *stall*: no frame for
+``stall_timeout_s(fps)`` (``STALL_PERIODS`` frame periods, within 0.5..2 s) ends the read,
+counts a stall and an outage, and the stream is reopened like one that dropped.  The time
+without frames is kept (``SourceCounters.down_s``, ``Source.down_now_s()``).
+
+Options of a stream follow ``#`` (a fragment is never sent to the camera): ``transport=tcp``
+(the default: RTP interleaved in the RTSP connection, so a lost packet is resent, not a
+damaged frame) or ``transport=udp`` (lower latency on a clean network; losses show as
+damaged frames).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -40,8 +52,13 @@ log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"})
 STREAM_SCHEMES = ("http://", "https://", "rtsp://", "rtsps://", "rtmp://", "udp://", "tcp://", "srt://")
-# How long OpenCV's FFmpeg may wait to open or read a network stream before giving up.
+# How long OpenCV's FFmpeg may wait to open a network stream before giving up.
 NETWORK_TIMEOUT_MS = 5000
+# A live stream that sends no frame for this many frame periods has stalled (see stall_timeout_s).
+STALL_PERIODS = 30
+STALL_MIN_S, STALL_MAX_S = 0.5, 2.0
+# What may follow "#" in a stream's URI, and the values each option takes (the first is the default).
+STREAM_OPTIONS: dict[str, tuple[str, ...]] = {"transport": ("tcp", "udp")}
 # Back-off between reopen attempts of a live source: the first wait, doubling up to the cap.
 REOPEN_FIRST_S, REOPEN_MAX_S = 0.1, 4.0
 
@@ -70,6 +87,19 @@ class SourceCounters:
     down_s: float = 0.0  # seconds without frames in outages that ended (see ``Source.down_now_s``)
 
 
+def stall_timeout_s(fps: float | None) -> float:
+    """How long a live stream may send nothing before it counts as stalled and is reopened.
+
+    ``STALL_PERIODS`` frame periods, within ``STALL_MIN_S``..``STALL_MAX_S`` (1 s at 30 fps): long
+    enough for a key frame's burst or a late frame, short enough that a stalled camera is back in
+    about two seconds.  Never under three frame periods (a 1 fps camera waits 3 s).  1 s when the
+    rate is not known.
+    """
+    if not fps or fps <= 0:
+        return 1.0
+    return max(STALL_MIN_S, min(STALL_MAX_S, STALL_PERIODS / fps), 3 / fps)
+
+
 class Source(ABC):
     """A stream of BGR frames.  ``read()`` blocks for the next one; ``None`` means the source ended."""
 
@@ -77,6 +107,8 @@ class Source(ABC):
         self.info = info
         self.counters = SourceCounters()
         self._closed = threading.Event()
+        self._last_frame_t = time.monotonic()  # the last frame's arrival (or the opening)
+        self._down_from: float | None = None  # when the outage in progress began (its last frame)
 
     @abstractmethod
     def _read(self) -> np.ndarray | None: ...
@@ -88,11 +120,29 @@ class Source(ABC):
         image = self._read()
         if image is None:
             return None
+        now = time.monotonic()
+        if self._down_from is not None:
+            self.counters.down_s += now - self._down_from
+            self._down_from = None
+        self._last_frame_t = now
         image, converted = as_bgr(image)
         self.counters.frames += 1
         if converted:
             self.counters.converted += 1
         return image
+
+    def down_now_s(self) -> float:
+        """Seconds without frames in the outage in progress; 0.0 while the source delivers."""
+        start = self._down_from
+        return 0.0 if start is None else max(0.0, time.monotonic() - start)
+
+    def _outage(self, *, stalled: bool = False) -> None:
+        """Count an outage (a stall if the connection stayed open); its time runs from the last frame."""
+        self.counters.outages += 1
+        if stalled:
+            self.counters.stalls += 1
+        if self._down_from is None:
+            self._down_from = self._last_frame_t
 
     def close(self) -> None:
         """Stop: a ``read()`` waiting on a reconnect returns ``None``; resources are released."""
@@ -112,14 +162,32 @@ class Source(ABC):
         return f"<{type(self).__name__} {redact_source(self.info.uri)!r}>"
 
 
-class _CaptureSource(Source):
-    """A source read through ``cv2.VideoCapture``; live ones reopen with backoff when they drop."""
+# OpenCV's FFmpeg reads its demuxer options from this variable at each open (there is no
+# per-capture parameter for them): it is set for the open under a lock and put back.
+_FFMPEG_OPTIONS_VAR = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_FFMPEG_OPTIONS_LOCK = threading.Lock()
 
-    def __init__(self, info: SourceInfo, target: str | int, api: int, params: tuple[int, ...] = ()) -> None:
+
+class _CaptureSource(Source):
+    """A source read through ``cv2.VideoCapture``; live ones reopen with backoff when they drop or stall."""
+
+    def __init__(
+        self,
+        info: SourceInfo,
+        target: str | int,
+        api: int,
+        params: tuple[int, ...] = (),
+        *,
+        ffmpeg_options: str | None = None,
+        read_timeout_s: float | None = None,
+    ) -> None:
         super().__init__(info)
         self._target = target
         self._api = api
         self._params = list(params)
+        self._ffmpeg_options = ffmpeg_options
+        self._read_timeout_s = read_timeout_s
+        self._stalled = False  # a read waited out its timeout but still handed over a held frame
         self._lock = threading.Lock()
         self._cap: Any = self._open()
         if self._cap is None:
@@ -128,10 +196,35 @@ class _CaptureSource(Source):
             fps = float(self._cap.get(_cv2().CAP_PROP_FPS) or 0.0)
             if 0 < fps < 1000:
                 self.info = SourceInfo(info.uri, info.kind, info.live, fps)
+                if read_timeout_s is not None:
+                    self._follow_rate(fps)
+
+    def _follow_rate(self, fps: float) -> None:
+        """The stream's own rate is known now: the stall timeout follows it from the next open on."""
+        cv2 = _cv2()
+        self._read_timeout_s = stall_timeout_s(fps)
+        ms = round(self._read_timeout_s * 1000)
+        params = self._params
+        for i in range(0, len(params) - 1, 2):
+            if params[i] == cv2.CAP_PROP_READ_TIMEOUT_MSEC:
+                params[i + 1] = ms
+        self._cap.set(cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms)
 
     def _open(self) -> Any:
         cv2 = _cv2()
-        cap = cv2.VideoCapture(self._target, self._api, self._params)
+        if self._ffmpeg_options is None:
+            cap = cv2.VideoCapture(self._target, self._api, self._params)
+        else:
+            with _FFMPEG_OPTIONS_LOCK:
+                before = os.environ.get(_FFMPEG_OPTIONS_VAR)
+                os.environ[_FFMPEG_OPTIONS_VAR] = self._ffmpeg_options
+                try:
+                    cap = cv2.VideoCapture(self._target, self._api, self._params)
+                finally:
+                    if before is None:
+                        del os.environ[_FFMPEG_OPTIONS_VAR]
+                    else:
+                        os.environ[_FFMPEG_OPTIONS_VAR] = before
         if not cap.isOpened():
             cap.release()
             return None
@@ -148,6 +241,10 @@ class _CaptureSource(Source):
                 "check that the device exists (v4l2-ctl --list-devices) and that this user may read it "
                 "(the video group)",
             )
+        if kind == "stream" and str(self._target).lower().startswith("rtsp://"):
+            from edgekit.pipeline.rtsp_probe import diagnose
+
+            return diagnose(str(self._target), NETWORK_TIMEOUT_MS / 1000)
         if kind == "stream":
             return SourceError(
                 f"cannot open stream {uri!r} (OpenCV FFmpeg, {NETWORK_TIMEOUT_MS // 1000} s timeout)",
@@ -165,20 +262,39 @@ class _CaptureSource(Source):
 
     def _read(self) -> np.ndarray | None:
         while not self.closed:
+            if self._stalled:
+                self._stalled = False
+                self._reconnect(stalled=True)
+                continue
+            started = time.monotonic()
             with self._lock:
                 cap = self._cap
                 ok, image = cap.read() if cap is not None else (False, None)
+            # A read that took the whole timeout ran out of packets: FFmpeg's interrupt ended it.
+            # It may still hand over a frame its decoder held back; that frame is real, but the
+            # stream has stalled, so it is reopened before the next read, not after more timeouts.
+            timeout = self._read_timeout_s
+            stalled = timeout is not None and time.monotonic() - started >= 0.9 * timeout
             if ok and image is not None:
+                self._stalled = stalled and self.info.live
                 frame: np.ndarray = image
                 return frame
             if not self.info.live:
                 return None  # a file ends
-            self._reconnect()
+            self._reconnect(stalled=stalled)
         return None
 
-    def _reconnect(self) -> None:
-        self.counters.outages += 1
-        log.warning("source %s stopped delivering frames; reopening", redact_source(self.info.uri))
+    def _reconnect(self, *, stalled: bool = False) -> None:
+        self._outage(stalled=stalled)
+        where = redact_source(self.info.uri)
+        if stalled:
+            log.warning(
+                "source %s sent no frame for %.1f s with its connection open; reopening",
+                where,
+                self._read_timeout_s or 0.0,
+            )
+        else:
+            log.warning("source %s stopped delivering frames; reopening", where)
         with self._lock:
             if self._cap is not None:
                 self._cap.release()
@@ -331,7 +447,8 @@ def parse_source(uri: str) -> SourceSpec:
     if text.startswith("/dev/video"):
         return SourceSpec("camera", text)
     if text.lower().startswith(STREAM_SCHEMES):
-        return SourceSpec("stream", text)
+        url, _, fragment = text.partition("#")
+        return SourceSpec("stream", url, _stream_options(url, fragment, uri))
     if text.startswith("gst:") or " ! " in text or text.rstrip().endswith("appsink"):
         return SourceSpec("gstreamer", text.removeprefix("gst:").strip())
     path = Path(text).expanduser()
@@ -344,6 +461,33 @@ def parse_source(uri: str) -> SourceSpec:
         "give a camera index (0), /dev/videoN, a video file, an image folder, an http(s)/rtsp URL "
         "or synthetic:640x480@30",
     )
+
+
+def _stream_options(url: str, fragment: str, uri: str) -> dict[str, Any]:
+    """The ``#key=value&...`` options of a stream, checked against ``STREAM_OPTIONS``; defaults filled."""
+    rtsp = url.lower().startswith(("rtsp://", "rtsps://"))
+    options: dict[str, Any] = {name: values[0] for name, values in STREAM_OPTIONS.items()} if rtsp else {}
+    for item in filter(None, fragment.split("&")):
+        name, eq, value = item.partition("=")
+        allowed = STREAM_OPTIONS.get(name)
+        if allowed is None or not eq:
+            known = ", ".join(f"{k}={'|'.join(v)}" for k, v in STREAM_OPTIONS.items())
+            raise SourceError(
+                f"unknown stream option {item!r} in {redact_source(uri)!r}",
+                f"options follow '#' as name=value joined by '&'; known: {known}",
+            )
+        if not rtsp:
+            raise SourceError(
+                f"{name}= applies to rtsp:// streams, not to {redact_source(url)!r}",
+                "drop the option, or give the camera's rtsp:// URL",
+            )
+        if value not in allowed:
+            raise SourceError(
+                f"stream option {name}={value!r} is not one of {', '.join(allowed)}",
+                f"write #{name}={allowed[0]} (the default) or #{name}={allowed[-1]}",
+            )
+        options[name] = value
+    return options
 
 
 def open_source(uri: str, *, fps: float | None = None) -> Source:
@@ -369,13 +513,24 @@ def open_source(uri: str, *, fps: float | None = None) -> Source:
             )
         return _CaptureSource(SourceInfo(uri, "file", False, fps), str(path), cv2.CAP_FFMPEG)
     if spec.kind == "stream":
+        # The read timeout is the stall watchdog: FFmpeg's interrupt ends a read that gets no
+        # packet for that long.  The rate is not known before opening: 30 fps until it is.
+        stall_s = stall_timeout_s(fps or 30.0)
         params = (
             cv2.CAP_PROP_OPEN_TIMEOUT_MSEC,
             NETWORK_TIMEOUT_MS,
             cv2.CAP_PROP_READ_TIMEOUT_MSEC,
-            NETWORK_TIMEOUT_MS,
+            round(stall_s * 1000),
         )
-        return _CaptureSource(SourceInfo(uri, "stream", True, fps), str(spec.target), cv2.CAP_FFMPEG, params)
+        transport = spec.params.get("transport")
+        return _CaptureSource(
+            SourceInfo(uri, "stream", True, fps),
+            str(spec.target),
+            cv2.CAP_FFMPEG,
+            params,
+            ffmpeg_options=f"rtsp_transport;{transport}" if transport else None,
+            read_timeout_s=stall_s,
+        )
     if spec.kind == "gstreamer":
         if not gstreamer_available():
             raise SourceError(
