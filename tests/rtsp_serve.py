@@ -62,13 +62,29 @@ def main() -> None:
     launch = launch.replace(" ! rtph26", f" ! identity name=loss drop-probability={args.drop} ! rtph26")
 
     elements: dict[str, Gst.Element] = {}
+    # The camera's state outlives a media: when the last client leaves, the shared media goes, and
+    # a client that reopens gets a new one, which must still be paused, resized or lossy.
+    state: dict[str, object] = {
+        "valve": ("drop", False),
+        "caps": (
+            "caps",
+            Gst.Caps.from_string(f"video/x-raw,width={width},height={height},framerate={args.fps}/1"),
+        ),
+        "loss": ("drop-probability", args.drop),
+    }
 
     def configured(_factory: GstRtspServer.RTSPMediaFactory, media: GstRtspServer.RTSPMedia) -> None:
         bin_ = media.get_element()
-        for name in ("caps", "valve", "loss"):
+        for name, (prop, value) in state.items():  # type: ignore[misc]
             el = bin_.get_by_name_recurse_up(name)
             if el is not None:
                 elements[name] = el
+                el.set_property(prop, value)
+
+    def set_(name: str, prop: str, value: object) -> None:
+        state[name] = (prop, value)
+        if name in elements:
+            elements[name].set_property(prop, value)
 
     server = GstRtspServer.RTSPServer()
     server.set_address("127.0.0.1")
@@ -96,19 +112,19 @@ def main() -> None:
 
     def command(line: str) -> bool:
         word, _, arg = line.strip().partition(" ")
-        if word == "pause" and "valve" in elements:
-            elements["valve"].set_property("drop", True)
-        elif word == "resume" and "valve" in elements:
-            elements["valve"].set_property("drop", False)
-        elif word == "size" and "caps" in elements:
+        if word == "pause":
+            set_("valve", "drop", True)
+        elif word == "resume":
+            set_("valve", "drop", False)
+        elif word == "size":
             w, h = (int(v) for v in arg.split("x"))
-            caps = Gst.Caps.from_string(f"video/x-raw,width={w},height={h},framerate={args.fps}/1")
-            elements["caps"].set_property("caps", caps)
-        elif word == "drop" and "loss" in elements:
-            elements["loss"].set_property("drop-probability", float(arg))
-        elif word in ("pause", "resume", "size", "drop"):
-            print(f"error {word}: no client has opened the stream yet", flush=True)
-            return False
+            set_(
+                "caps",
+                "caps",
+                Gst.Caps.from_string(f"video/x-raw,width={w},height={h},framerate={args.fps}/1"),
+            )
+        elif word == "drop":
+            set_("loss", "drop-probability", float(arg))
         else:
             print(f"error unknown command {line.strip()!r}", flush=True)
             return False

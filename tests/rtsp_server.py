@@ -13,6 +13,7 @@ across ``stop()``/``start()``, so a source reopening the same URL finds the came
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -168,10 +169,8 @@ class RtspCamera:
         proc.wait(10)
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
 
     @property
     def serving(self) -> bool:
