@@ -321,6 +321,10 @@ def run_command(
             # It stops with the pipeline (a closer); stderr, so that --json's stdout stays one document.
             server = start_preview(pipeline, preview)
             err_console.print(f"preview: {server.url}", highlight=False)
+        # Under systemd (Type=notify, WatchdogSec=) or the agent: READY=1, then WATCHDOG=1 while frames flow.
+        from edgekit.pipeline.heartbeat import attach_heartbeat
+
+        attach_heartbeat(pipeline)
         seen = Seen(model.task)
         pipeline.add_observer(seen.observe)
         if not as_json:

@@ -30,7 +30,15 @@ from edgekit.core.redact import redact_source
 from edgekit.core.stats import median
 from edgekit.errors import PipelineError
 from edgekit.pipeline.batching import Batcher, batch_summary, parse_batch
-from edgekit.pipeline.cameras import Camera, CameraGroup, Sources, name_cameras, open_cameras, parse_budget
+from edgekit.pipeline.cameras import (
+    Camera,
+    CameraGroup,
+    LiveCamera,
+    Sources,
+    name_cameras,
+    open_cameras,
+    parse_budget,
+)
 from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.choice_watch import watch_choice
 from edgekit.pipeline.labelling import result_of
@@ -52,6 +60,7 @@ DEFAULT_BUDGET_MS = 33.3
 
 ResultCallback = Callable[[FrameResult], None]
 RecordObserver = Callable[[FrameRecord], None]
+Ticker = Callable[[Mapping[str, LiveCamera]], None]
 
 
 def _ns_to_ms(ns: int) -> float:
@@ -173,6 +182,7 @@ class Pipeline:
         self._closers: list[Callable[[], None]] = []
         self._label_sinks: list[Callable[[tuple[Label, ...]], None]] = []
         self._result_sinks: list[ResultCallback] = []
+        self._tickers: list[Ticker] = []
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
@@ -210,6 +220,11 @@ class Pipeline:
         """Call ``observer(record)`` on the loop thread with each frame's final record (keep it cheap)."""
         self._observers.append(observer)
 
+    def add_ticker(self, tick: Ticker) -> None:
+        """Call ``tick(cameras)`` on the loop thread every time round the loop, at least every 0.25 s
+        while it waits for frames (keep it cheap): a loop that is stuck calls nothing (``heartbeat``)."""
+        self._tickers.append(tick)
+
     def __iter__(self) -> Iterator[FrameResult]:
         if self._iterated:
             raise PipelineError("a pipeline runs once: its source has been consumed", "make a new Pipeline")
@@ -235,6 +250,8 @@ class Pipeline:
         group.start()
         try:
             while not self._stop.is_set():
+                for tick in self._tickers:
+                    tick(group.cameras)
                 if self.max_frames is not None and self.counters.frames >= self.max_frames:
                     self.ended_by = "frames"
                     break
