@@ -14,7 +14,10 @@ One process per device (systemd unit ``edgekit-agent.service``)::
     supervisor        ``edgekit run <active bundle> --mqtt ... --fleet F --device-id D``
                       as a child (edgekit.deploy.supervisor); restarted after a switch, and
                       with back-off when it crashes
-    main thread       waits for SIGTERM/SIGINT, then stops the rest in order
+    main thread       says READY=1 to systemd, pets its watchdog while the supervisor and the
+                      worker run (the supervisor watches the child's own heartbeats:
+                      edgekit.deploy.child_watch), waits for SIGTERM/SIGINT, then stops the
+                      rest in order
 
 The retained ``edgekit/v1/<fleet>/<device>/agent`` message says what is installed and
 active, the group and the profile (``edgekit deploy --fleet`` finds its members there);
@@ -43,7 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgekit.core.sd_notify import Notifier
 from edgekit.deploy.agent_wire import agent_client_id, connect_kwargs, plain, status_payload
+from edgekit.deploy.child_watch import ChildHeartbeats
 from edgekit.deploy.command_trust import (
     DEFAULT_ROLLBACK_LIMIT,
     DEFAULT_ROLLBACK_WINDOW_S,
@@ -124,8 +129,17 @@ class Agent:
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._worker = threading.Thread(target=self._work, name="edgekit-agent-worker", daemon=True)
+        # systemd's notify socket and watchdog (Type=notify, WatchdogSec=); a no-op without them.
+        self.notifier = Notifier()
+        watchdog_s = self.notifier.watchdog_s
+        self._heartbeats = ChildHeartbeats() if watchdog_s is not None else None
         self.supervisor = PipelineSupervisor(
-            self._child_argv, self._active_bundle, lambda state: self.publish_status(), self._child_env
+            self._child_argv,
+            self._active_bundle,
+            lambda state: self.publish_status(),
+            self._child_env,
+            heartbeats=self._heartbeats,
+            watchdog_s=watchdog_s,
         )
         self._client = self._make_client()
 
@@ -465,6 +479,8 @@ class Agent:
         if self._worker.is_alive():
             log.warning("agent: a command is still running; leaving it (the install is crash-safe)")
         self.supervisor.stop()
+        if self._heartbeats is not None:
+            self._heartbeats.close()
         if self._connected.is_set():
             info = self._client.publish(self.agent_topic, self._status_payload("offline"), qos=1, retain=True)
             with contextlib.suppress(RuntimeError, ValueError):
@@ -483,10 +499,22 @@ class Agent:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         self.start()
-        while not done.wait(1.0):
-            pass
+        self.notifier.ready(f"agent {self.config.device_id}: pipeline {self.supervisor.state}")
+        every = min(1.0, self.notifier.pet_every_s or 1.0)
+        while not done.wait(every):
+            self._pet()
+        self.notifier.stopping()
         self.stop()
         return 0
+
+    def _pet(self) -> None:
+        # From the main thread, while the threads that keep the device going run: a wedged child
+        # is the supervisor's to kill and start again, so the agent is restarted only when it is stuck.
+        if self.supervisor.alive and self._worker.is_alive():
+            self.notifier.watchdog(
+                f"pipeline {self.supervisor.state}, {self.supervisor.starts} starts, "
+                f"{self.supervisor.wedged} wedged"
+            )
 
 
 def run_agent(root_path: Path, config: AgentConfig, broker: BrokerConfig) -> int:

@@ -2,6 +2,9 @@
 
 Restarted on request (after a switch), started again with back-off when it crashes, and
 killed with the agent (``PR_SET_PDEATHSIG`` on Linux) so no orphan reports under its device id.
+Under a unit with ``WatchdogSec=`` the child is watched too (``heartbeats``): it says
+``READY=1`` and ``WATCHDOG=1`` on the agent's socket (``edgekit.deploy.child_watch``) while its
+frames flow; a child that falls silent is wedged, and is killed and started again like a crash.
 No secret goes on the child's command line (``ps`` shows it to every user): the agent hands
 passwords over in the child's environment (``env``), and the command line it logs is redacted.
 """
@@ -22,6 +25,8 @@ from typing import Any
 
 from edgekit.core.backoff import Backoff
 from edgekit.core.redact import has_secret, redact_source
+from edgekit.core.sd_notify import NOTIFY_SOCKET, WATCHDOG_PID, WATCHDOG_USEC, watchdog_env
+from edgekit.deploy.child_watch import ChildHeartbeats
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +38,9 @@ CRASH_BACKOFF_FIRST_S = 2.0
 MAX_BACKOFF_S = 60.0
 AFTER_HEALTHY_RUN_S = 1.0
 STOP_CHILD_S = 10.0
+# How long a watched child may take to say READY=1 (load the bundle, warm the model, open the
+# camera): a first load that compiles for the device can take minutes; after it, the interval.
+CHILD_START_GRACE_S = 300.0
 
 
 class PipelineSupervisor:
@@ -44,9 +52,15 @@ class PipelineSupervisor:
         active_bundle: Callable[[], Path | None],
         on_state: Callable[[str], None] = lambda state: None,
         env: Callable[[], dict[str, str]] | None = None,
+        heartbeats: ChildHeartbeats | None = None,
+        watchdog_s: float | None = None,
     ) -> None:
         self._command = command
         self._env = env  # the child's environment (None: ours)
+        # The child's heartbeats, and how long it may stay silent (both or neither).
+        self._heartbeats = heartbeats if watchdog_s is not None else None
+        self.watchdog_s = watchdog_s
+        self.wedged = 0  # children killed for falling silent
         self._active_bundle = active_bundle
         self._on_state = on_state
         self.state = "stopped"
@@ -56,6 +70,7 @@ class PipelineSupervisor:
         self._restart = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgekit-agent-pipeline", daemon=True)
+        self._started = 0.0
 
     def start(self) -> PipelineSupervisor:
         self._thread.start()
@@ -72,6 +87,11 @@ class PipelineSupervisor:
         if self._thread.is_alive():
             self._thread.join(STOP_CHILD_S + 5)
         self._end_child()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the supervising thread runs (or was never started): what the agent's own pet waits on."""
+        return self._thread.is_alive() or self._thread.ident is None
 
     @property
     def pid(self) -> int | None:
@@ -105,6 +125,12 @@ class PipelineSupervisor:
                 while not self._restart.wait(0.5):
                     if self._proc is not None and self._proc.poll() is not None:
                         break
+                    silent = self._silent()
+                    if silent:
+                        self.wedged += 1
+                        log.error("agent: the pipeline on %s %s: killing it (wedged)", bundle, silent)
+                        self._kill_child()
+                        break
             if self._restart.is_set():  # a switch or a stop: end the child, start again at once
                 self._end_child()
                 backoff.reset()
@@ -123,9 +149,26 @@ class PipelineSupervisor:
             self._set("backoff")
             self._restart.wait(delay)  # a restart or a stop ends the wait at once
 
+    def _silent(self) -> str:
+        """Why the watched child counts as wedged ("" while it does not, or is not watched)."""
+        if self._heartbeats is None or self.watchdog_s is None:
+            return ""
+        ready, last = self._heartbeats.state()
+        now = time.monotonic()
+        if not ready:
+            grace = max(CHILD_START_GRACE_S, self.watchdog_s)
+            return f"did not say READY=1 within {grace:g} s" if now - self._started > grace else ""
+        if now - last > self.watchdog_s:
+            return f"sent no heartbeat for {now - last:.0f} s (the watchdog is {self.watchdog_s:g} s)"
+        return ""
+
     def _spawn(self, bundle: Path) -> None:
         argv = self._command(bundle)
         env = self._env() if self._env is not None else None
+        if self._heartbeats is not None and self.watchdog_s is not None:
+            env = dict(os.environ) if env is None else env
+            env.pop(WATCHDOG_PID, None)  # systemd's names the agent: the child's interval is its own
+            env |= watchdog_env(self.watchdog_s, self._heartbeats.name)
         log.info("agent: starting the pipeline: %s", " ".join(redact_source(arg) for arg in argv))
         self.bundle = bundle
         self.starts += 1
@@ -133,6 +176,16 @@ class PipelineSupervisor:
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent
         )
+        self._started = time.monotonic()
+        if self._heartbeats is not None:
+            self._heartbeats.watch(self._proc.pid)
+
+    def _kill_child(self) -> None:
+        # A wedged child does not answer SIGINT (its loop is stuck): no grace, like systemd's watchdog.
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
 
     def _end_child(self) -> None:
         proc, self._proc = self._proc, None
@@ -155,6 +208,10 @@ def child_environment(password: str | None, source: str | None) -> dict[str, str
 
     env = dict(os.environ)
     env.pop(ARTIFACT_TOKEN_ENV, None)  # the agent's download token: the pipeline never downloads
+    # systemd's notify socket is the agent's (NotifyAccess=main): the child gets the agent's own
+    # socket instead, when the unit has a watchdog (PipelineSupervisor's heartbeats).
+    for name in (NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID):
+        env.pop(name, None)
     if password:
         env["EDGEKIT_MQTT_PASSWORD"] = password
     if source is not None and has_secret(source):
