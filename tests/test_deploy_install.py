@@ -499,7 +499,8 @@ def test_cli_agent_errors_are_clear_and_unit_is_shipped(bundles: Bundles, tmp_pa
     unit = configparser.ConfigParser(interpolation=None, strict=False)
     unit.read_string(r.stdout)
     service = unit["Service"]
-    assert service["Type"] == "simple" and service["Restart"] == "on-failure"
+    assert service["Type"] == "notify" and service["Restart"] == "on-failure"
+    assert service["NotifyAccess"] == "main" and service["WatchdogSec"] == "30"
     assert service["User"] == "edgekit" and service["StateDirectory"] == "edgekit"
     assert service["NoNewPrivileges"] == "yes" and service["ProtectSystem"] == "strict"
     assert service["ReadWritePaths"] == "/var/lib/edgekit"
