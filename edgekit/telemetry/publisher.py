@@ -37,6 +37,7 @@ from edgekit.errors import TelemetryError
 from edgekit.protocol.broker import BrokerConfig, drop_unsent
 from edgekit.protocol.messages import Status, Telemetry, checked, first_error
 from edgekit.protocol.topics import SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
+from edgekit.telemetry.continuity import Continuity
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.labels import labels_payload
 from edgekit.telemetry.spool import Spool, default_spool
@@ -116,6 +117,7 @@ class TelemetryPublisher:
             else Spool(spool or default_spool(self.fleet, self.device_id, format))
         )
         self._epoch = self.spool.epoch
+        self.continuity = Continuity(self.spool)  # totals go on from an earlier process's
         self.labels_interval_s = labels_interval_s
         self.gauges = gauges or Gauges()
         self.session = uuid.uuid4().hex[:12]  # tells a restarted process from a replay
@@ -375,8 +377,12 @@ class TelemetryPublisher:
                 row = {"ts": int(payload["sent_at"] * 1000), "metrics": sp.window_metrics(payload)}
                 ddata = sp.topic(self.fleet, "DDATA", self.device_id, sp.DEVICE)
                 self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=1)
-                return
-            self.spool.push(self.telemetry_topic, json.dumps(payload, separators=(",", ":")).encode(), qos=1)
+            else:
+                self.spool.push(
+                    self.telemetry_topic, json.dumps(payload, separators=(",", ":")).encode(), qos=1
+                )
+            # After the message is in the spool: a crash in between under-counts, never counts twice.
+            self.continuity.keep(payload["counters"])
         except Exception as err:  # a reporting failure must never reach the frame loop
             log.exception("telemetry: could not write a report")
             self.spool.repair(err)
@@ -392,6 +398,7 @@ class TelemetryPublisher:
     def _payload(self, w: Window, seq: int, gauges: dict[str, Any] | None = None) -> dict[str, Any]:
         counters = dict(self.counters())
         counters |= {"mqtt_connects": self.connects, "mqtt_disconnects": self.disconnects}
+        counters = self.continuity.totals(counters)  # and restarts
         counters |= {"spool_dropped": self.spool.dropped, "spool_set_aside": self.spool.set_aside}
         return {
             "schema": SCHEMA_TELEMETRY,

@@ -15,10 +15,12 @@ import logging
 import secrets
 import sqlite3
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgekit.errors import TelemetryError
+from edgekit.telemetry.spool_repair import TOTAL
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +323,43 @@ class Spool:
                 self._unsaved.add(key)
             self._counters[key] = value
             return value
+
+    def keep_totals(self, totals: Mapping[str, int]) -> None:
+        """Save counter totals so that a process started again on this spool goes on from them.
+
+        Kept beside ``seq`` in ``meta`` (keys ``total:<name>``), one transaction; they only go up
+        (a lower value never replaces a higher one).  While the disk refuses writes they wait in
+        memory with the sequence numbers.
+        """
+        rows = {TOTAL + k: int(v) for k, v in totals.items()}
+        with self._lock:
+            for key, value in rows.items():
+                self._counters[key] = max(self._counters.get(key, 0), value)
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.executemany(
+                        "INSERT INTO meta (key, value) VALUES (?, ?) "
+                        "ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
+                        rows.items(),
+                    )
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as err:
+                self._refused(err)
+                self._unsaved.update(rows)
+
+    def totals(self) -> dict[str, int]:
+        """The counter totals ``keep_totals`` saved (by this process or an earlier one)."""
+        with self._lock:
+            rows = self._db.execute("SELECT key, value FROM meta WHERE key LIKE 'total:%'").fetchall()
+            found = {str(k): int(v) for k, v in rows} | {
+                k: v for k, v in self._counters.items() if k.startswith(TOTAL)
+            }
+        return {k.removeprefix(TOTAL): v for k, v in found.items()}
 
     @property
     def epoch(self) -> str:

@@ -18,8 +18,11 @@ from pathlib import Path
 
 from edgekit.errors import TelemetryError
 
-# The counters of the old spool a new one carries on; any other key is left behind.
-CARRIED = ("epoch", "seq", "bdseq", "dropped", "set_aside")
+# The counters of the old spool a new one carries on, and the counter totals a restarted
+# process goes on from (keys ``TOTAL + name``); any other key is left behind.
+CARRIED = ("epoch", "seq", "bdseq", "starts", "dropped", "set_aside")
+# The prefix of those totals' keys in ``meta`` (``Spool.keep_totals``).
+TOTAL = "total:"
 
 
 def set_aside(path: Path) -> Path:
@@ -54,7 +57,11 @@ def salvage(aside: Path) -> tuple[dict[str, int], int]:
             # then SQLite reads what the file has (nothing is written to the set-aside copy).
             db.execute("PRAGMA writable_schema=ON")
             rows = db.execute("SELECT key, value FROM meta").fetchall()
-            counters = {str(k): int(v) for k, v in rows if k in CARRIED and isinstance(v, int) and v >= 0}
+            counters = {
+                str(k): int(v)
+                for k, v in rows
+                if (k in CARRIED or str(k).startswith(TOTAL)) and isinstance(v, int) and v >= 0
+            }
         except sqlite3.Error:
             return {}, 0
         try:
