@@ -89,6 +89,24 @@ def test_fleet_percentiles_come_from_merged_sketches_per_device_backend_and_flee
     json.dumps(snap, allow_nan=False)  # the wire format has no NaN
 
 
+def test_a_device_restarted_keeps_its_totals_and_shows_its_restarts() -> None:
+    """Totals are the sum of windows, whichever process sent them; the restart count is the counters'."""
+    clock = Clock()
+    view = FleetView(clock=clock)
+    view.status("f", "a", "online", clock.t, birth("onnxruntime", 33.3))
+    for seq, restarts in enumerate([0, 0, 1, 1]):  # killed after two windows, started again
+        clock.t += 1
+        b = body("a", seq, clock.t, [10.0] * 30) | {
+            "counters": {"frames": 30 * (seq + 1), "restarts": restarts}
+        }
+        view.window("f", "a", b, clock.t)
+    view.tick()
+    row = view.snapshot(300)["devices"][0]
+    assert row["frames"] == 120 and row["restarts"] == 1
+    page = view.device_page("f", "a")
+    assert page is not None and page["device"]["restarts"] == 1
+
+
 def test_offline_and_slo_alerts_say_since_when() -> None:
     clock = Clock()
     view = FleetView(clock=clock, slo=SloPolicy(quantile=0.95, over_s=30, for_s=60))

@@ -72,6 +72,7 @@ class _Device:
     totals: Tally = field(default_factory=Tally)
     windows: int = 0
     gaps: int = 0
+    restarts: int = 0  # the device's pipeline started again on its spool (its counters' ``restarts``)
     breach_since: float | None = None
     breach_detail: str = ""
 
@@ -186,6 +187,11 @@ class FleetView:
                     # Placed by the device's clock (replays land where they belong), never in the future.
                     end = min(float(w["end"]), at)
                     d.windows += 1
+                    # Totals are the windows' sum, so they go on across a device's restarts by
+                    # themselves; how many restarts there were, only the counters say.
+                    restarts = (body.get("counters") or {}).get("restarts")
+                    if isinstance(restarts, int) and not isinstance(restarts, bool):
+                        d.restarts = max(d.restarts, restarts)
                     d.fps = _number(w.get("fps")) if end >= now - 2 * STEP_S else d.fps
                     try:
                         d.totals.add(w)
@@ -371,6 +377,7 @@ class FleetView:
             "miss_rate": rate(b.missed, b.frames),
             "frames": b.frames,
             "gaps": d.gaps,
+            "restarts": d.restarts,
             "slo": slo,
         }
 

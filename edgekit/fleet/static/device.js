@@ -98,6 +98,7 @@ export function renderDevicePage(page) {
   kpi(dl, "budget", fmtMs(budget), "", "ms");
   kpi(dl, "missed", fmtPct(d.miss_rate), missClass(d.miss_rate));
   kpi(dl, "frames", fmtInt(d.frames));
+  kpi(dl, "restarts", fmtInt(d.restarts), d.restarts ? "warn" : "");
   var seen = el("span", { "data-ts": isNum(d.last_seen) ? String(d.last_seen) : "" }, fmtAgo(d.last_seen));
   var box = el("div");
   box.appendChild(el("dt", null, "last seen"));
