@@ -118,7 +118,7 @@ class GateSource(Source):
     def _read(self) -> np.ndarray | None:
         if self.mode and not self.resume.is_set():
             if self.mode == "outage":
-                self.counters.outages += 1
+                self._outage()  # counted as a real source counts one
             self.stuck.set()
             self.resume.wait()
             if self.mode == "outage":
@@ -185,7 +185,7 @@ def test_a_hung_camera_stops_the_pets_and_a_camera_in_an_outage_keeps_them(
                     before = listener.count("WATCHDOG=1")
                     time.sleep(QUIET_S)
                     assert listener.count("WATCHDOG=1") >= before + 3, mode
-                assert any("reconnecting (outage 1)" in line for m in listener.messages for line in m)
+                assert any("reconnecting (outage 1, down " in line for m in listener.messages for line in m)
             else:  # the loop goes round, waiting, but the camera accounts for nothing
                 assert goes_quiet(listener), mode
                 assert beat.held.startswith("no frame and no outage")

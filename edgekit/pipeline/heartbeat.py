@@ -11,10 +11,11 @@ stuck in a read that never returns.  So every camera must account for itself sin
 pet, each in one of three ways:
 
 * it delivered a frame (its source's frame count went up): frames flow;
-* it is in a counted outage (``outages`` above ``reopens``: the source saw it stop and is
-  reopening it with back-off) and its capture thread is alive: the source's own reconnect
-  is the cure there, and a restart would not bring a camera that is down back any sooner;
-  a camera down for an hour must not restart the service in a loop;
+* it is in a counted outage (``outages`` above ``reopens``: the source saw it stop, or stall,
+  and is reopening it with back-off) and its capture thread is alive: the source's own
+  reconnect is the cure there, and a restart would not bring a camera that is down back any
+  sooner; a camera down for an hour must not restart the service in a loop.  Only until the
+  reopen succeeds: a camera reopened that then hangs in its first read is wedged again;
 * it ended (a file, a folder, a camera whose source failed; the others go on).
 
 A camera that is none of these (open, not in an outage, yet silent for the whole interval)
@@ -103,13 +104,12 @@ class FrameHeartbeat:
         parts = []
         for name, cam in cameras.items():
             c = cam.source.counters
-            what = (
-                "ended"
-                if cam.ended
-                else f"reconnecting (outage {c.outages})"
-                if c.outages > c.reopens
-                else ""
-            )
+            if cam.ended:
+                what = "ended"
+            elif c.outages > c.reopens:
+                what = f"reconnecting (outage {c.outages}, down {cam.source.down_now_s():.0f} s)"
+            else:
+                what = ""
             parts.append(f"{name or 'source'}: {c.frames} frames" + (f", {what}" if what else ""))
         return "; ".join(parts)
 
