@@ -107,13 +107,17 @@ class WedgingSession(SlowSession):
 
 class GateSource(Source):
     """A live 30 fps test pattern that stops on cue: ``hang`` (stuck in a read, nothing counted) or
-    ``outage`` (counted, then waiting to reopen, as a camera that is down)."""
+    ``outage`` (counted, then waiting to reopen, as a camera that is down); ``hang_after_reopen``:
+    the reopened camera then hangs in its first read until ``unhang``."""
 
     def __init__(self) -> None:
         super().__init__(SourceInfo("gate:", "synthetic", live=True, fps=30.0))
         self.mode = ""
         self.stuck = threading.Event()
         self.resume = threading.Event()
+        self.hang_after_reopen = False
+        self.reopened = threading.Event()
+        self.unhang = threading.Event()
 
     def _read(self) -> np.ndarray | None:
         if self.mode and not self.resume.is_set():
@@ -123,11 +127,15 @@ class GateSource(Source):
             self.resume.wait()
             if self.mode == "outage":
                 self.counters.reopens += 1
+                if self.hang_after_reopen:
+                    self.reopened.set()
+                    self.unhang.wait()
         time.sleep(1 / 30)
         return np.full((120, 160, 3), 128, np.uint8)
 
     def close(self) -> None:
         self.resume.set()
+        self.unhang.set()
         super().close()
 
 
@@ -194,6 +202,28 @@ def test_a_hung_camera_stops_the_pets_and_a_camera_in_an_outage_keeps_them(
             assert until(lambda: listener.count("WATCHDOG=1") >= after + 3)  # noqa: B023 (called now)
             p.stop()
             t.join(30)
+
+
+def test_a_camera_reopened_that_then_hangs_is_wedged(model: Any, listener: Listener) -> None:
+    source = GateSource()
+    source.hang_after_reopen = True
+    with edgekit.Pipeline(model, source) as p:
+        assert attach_heartbeat(p, notifier(listener)) is not None
+        t = running(p)
+        assert until(lambda: listener.count("WATCHDOG=1") >= 3)
+        source.mode = "outage"
+        assert source.stuck.wait(30)
+        before = listener.count("WATCHDOG=1")
+        time.sleep(QUIET_S)
+        assert listener.count("WATCHDOG=1") >= before + 3  # reconnecting: pets
+        source.resume.set()  # reopened, and stuck in its first read: no longer reconnecting
+        assert source.reopened.wait(30)
+        assert goes_quiet(listener)
+        source.unhang.set()
+        after = listener.count("WATCHDOG=1")
+        assert until(lambda: listener.count("WATCHDOG=1") >= after + 3)
+        p.stop()
+        t.join(30)
 
 
 def test_without_a_socket_nothing_is_attached(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
