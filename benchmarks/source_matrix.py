@@ -12,15 +12,16 @@ notice (detect) and to get frames again after the fault ended (recover), what th
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import parse, parser, print_doc, progress_on_stderr, run
 
+# The cells are the tests' (tests/source_faults.py, with the RTSP camera it starts): one code for both.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import source_faults
+source_faults: Any = importlib.import_module("source_faults")
 
 
 def render(doc: dict[str, Any]) -> str:
