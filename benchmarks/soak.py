@@ -56,7 +56,7 @@ class Restartable(Protocol):
 
     def stop(self) -> None: ...
 
-    def start(self) -> None: ...
+    def start(self) -> object: ...
 
 
 class MjpegProcess:
@@ -83,17 +83,26 @@ class MjpegProcess:
 
 
 def rtsp_available() -> bool:
-    return (TESTS / "rtsp_server.py").is_file() and shutil.which("gst-launch-1.0") is not None
+    """Whether ``tests/rtsp_server.py`` can serve RTSP cameras here (it says why not)."""
+    if not (TESTS / "rtsp_server.py").is_file():
+        return False
+    return _rtsp_server().rtsp_server_missing() is None
+
+
+def _rtsp_server() -> Any:
+    """The tests' RTSP camera module (gst-rtsp-server under the system Python, in its own process)."""
+    if str(TESTS) not in sys.path:
+        sys.path.insert(0, str(TESTS))
+    import rtsp_server  # type: ignore[import-not-found]
+
+    return rtsp_server
 
 
 def start_cameras(kind: str, count: int, fps: float, stack: ExitStack) -> list[Restartable]:
     """``count`` cameras of ``kind`` (rtsp, mjpeg), closed with ``stack``."""
     cams: list[Restartable] = []
     if kind == "rtsp":
-        if str(TESTS) not in sys.path:
-            sys.path.insert(0, str(TESTS))
-        from rtsp_server import RtspCamera  # type: ignore[import-not-found]
-
+        RtspCamera = _rtsp_server().RtspCamera
         for _ in range(count):
             cams.append(stack.enter_context(RtspCamera(codec="h264", width=640, height=480, fps=int(fps))))
         return cams
@@ -168,6 +177,7 @@ def soak(
     loop body: called with each ``FrameResult``."""
     if seconds is None and frames is None:
         raise ValueError("give seconds or frames")
+    rates = {name: expected_rate(uri, fps) for name, uri in sources.items()}
     started_tracing = heap and not tracemalloc.is_tracing()
     if started_tracing:
         tracemalloc.start(1)
@@ -177,7 +187,7 @@ def soak(
             gc.collect()
             before = resources.sample()
             doc, extra = _run(
-                model, sources, broker, work / "spool", seconds, frames, restart, restart_every_s, down_s,
+                model, sources, broker, work / "spool", rates, seconds, frames, restart, restart_every_s, down_s,
                 window_s, coarse_s, telemetry_interval_s, progress, on_result,
             )  # fmt: skip
             gc.collect()
@@ -187,10 +197,7 @@ def soak(
             tracemalloc.stop()
         shutil.rmtree(work, ignore_errors=True)
     recorder, counts = doc
-    cams = {
-        name: frames_lost(recorder.tracks[name], expected_rate(uri, fps)) | counts[name]
-        for name, uri in sources.items()
-    }
+    cams = {name: frames_lost(recorder.tracks[name], rates[name]) | counts[name] for name in sources}
     config = {
         "candidate": model.candidate,
         "sources": {n: _redacted(u) for n, u in sources.items()},
@@ -224,6 +231,7 @@ def _run(
     sources: Mapping[str, str],
     broker: Mosquitto,
     spool: Path,
+    rates: Mapping[str, float | None],
     seconds: float | None,
     frames: int | None,
     restart: Sequence[Restartable],
@@ -234,7 +242,7 @@ def _run(
     telemetry_interval_s: float,
     progress: bool,
     on_result: Callable[[Any], None] | None,
-) -> tuple[tuple[SoakRecorder, dict[str, dict[str, int]]], dict[str, Any]]:
+) -> tuple[tuple[SoakRecorder, dict[str, dict[str, Any]]], dict[str, Any]]:
     with edgekit.Pipeline(model, sources=dict(sources)) as p:
         publisher = report_telemetry(
             p,
@@ -246,7 +254,7 @@ def _run(
         )
         preview = start_preview(p, "127.0.0.1:0")
         viewer = PreviewViewer(preview.url).start()
-        recorder = SoakRecorder(p, window_s=window_s, coarse_s=coarse_s)
+        recorder = SoakRecorder(p, window_s=window_s, coarse_s=coarse_s, rates=rates)
         restarter = Restarter(restart, restart_every_s, down_s)
         end = time.monotonic() + seconds if seconds is not None else None
         shown = 0
@@ -283,6 +291,8 @@ def _run(
             name: {
                 "outages": src.counters.outages,
                 "reopens": src.counters.reopens,
+                "stalls": src.counters.stalls,
+                "down_s": round(src.counters.down_s, 3),  # the source's own count of time without frames
                 "dropped": p.per_camera[name].dropped,
             }
             for name, src in p.sources.items()

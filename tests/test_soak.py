@@ -10,18 +10,20 @@ what may grow after the warm-up; the judge is shown to flag a real leak, so the 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from detector_telemetry import record
 from tiny_detector import classifier_bundle
 
 import edgekit
 from benchmarks.soak import MjpegProcess, soak
-from edgekit.bench.soak import Window
-from edgekit.bench.soak_judge import MIB, Bounds, judge, render, slope_per_hour
+from edgekit.bench.soak import SoakRecorder, Window
+from edgekit.bench.soak_judge import MIB, Bounds, frames_lost, judge, render, slope_per_hour
 from edgekit.core.resources import Resources
 
 # What the CI soak's process may grow by after its warm-up (the later half's peak less the
@@ -90,6 +92,46 @@ def test_the_judge_passes_flat_windows_and_flags_each_kind_of_growth() -> None:
     assert judge(flat, 20.0, CI_BOUNDS, before=before, after=after) == [
         "fds: 1 more after the soak than before it (left open)"
     ]
+
+
+def test_a_cameras_frames_lost_outside_its_outages_are_counted_and_jitter_and_backlog_are_not(
+    tiny: Any,
+) -> None:
+    # The recorder of a real (not started) pipeline, fed one camera's records by hand at 30 fps.
+    period = round(1e9 / 30)
+    with edgekit.Pipeline(tiny, sources={"cam": "synthetic:64x48@30"}) as p:
+        recorder = SoakRecorder(p, rates={"cam": 30.0})
+        template = dataclasses.replace(record(met=True), camera="cam")
+        index, t = 0, 0
+
+        def frame(late_periods: float = 0.0, skipped: int = 0, read: int = 1, burst: bool = False) -> None:
+            # The next frame after ``skipped`` the camera sent and the pipeline never read;
+            # ``read`` frames read (the slot dropped read - 1 of them), in their periods or in
+            # one (a burst); captured late or on time.
+            nonlocal index, t
+            index += read
+            t += (1 if burst else skipped + read) * period
+            recorder.observe(
+                dataclasses.replace(template, index=index, captured_ns=t + round(late_periods * period))
+            )
+
+        track = recorder.tracks["cam"]
+        for _ in range(10):
+            frame()
+        frame(late_periods=0.9)  # decoded late, the next on time: jitter, not a loss
+        frame(read=3)  # two dropped by the slot: read, not lost
+        assert track.lost == 0
+        frame(skipped=3)
+        assert track.lost == 3
+        p.sources["cam"].counters.outages += 1
+        t += 2 * 10**9  # a counted outage: 2 s without frames, then the reopen's backlog in a burst
+        frame()
+        frame(read=60, burst=True)
+        assert (track.lost, track.gaps, track.uncounted_gaps) == (3, 1, 0)
+        t += 2 * 10**9  # a gap the source did not count: a stall nobody noticed
+        frame()
+        assert (track.lost, track.gaps, track.uncounted_gaps) == (3, 1, 1)
+        assert frames_lost(track, 30.0)["lost"] == 3
 
 
 def test_a_pipeline_that_keeps_every_frames_record_fails_the_soak(tiny: Any) -> None:

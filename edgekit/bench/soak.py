@@ -11,8 +11,12 @@ recorder's own memory does not look like a leak.
 
 Each camera's frames are followed for continuity: a gap of more than ``gap_s`` between two
 of its frames is an outage, counted (its source's outage counter went up meanwhile) or not
-(a stall nobody noticed), and ``CameraTrack`` says how many frames the camera sent that
-the pipeline never captured outside its counted outages (``edgekit.bench.soak_judge``).
+(a stall nobody noticed).  Between its frames closer than that, the capture thread read the
+``index`` difference (the slot's drops included) while the camera, at its ``rates`` frame
+rate, sent the time between the captures' worth: a running balance of the two, never above
+0 (a backlog read in a burst after a reopen is late frames, not extra ones), falls by one
+for each frame the camera sent and the pipeline never captured, and a late frame's dip comes
+back with the frame after it.  ``CameraTrack.lost`` is how far it fell, banked at each gap.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from array import array
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +52,13 @@ class CameraTrack:
     uncounted_gaps: int = 0  # gaps with no outage counted: a stall nobody noticed
     uncounted_gap_s: float = 0.0
     outages_seen: int = 0  # the source's outage counter at the last gap (or the first frame)
+    banked: int = 0  # frames lost before the last gap
+    balance: float = 0.0  # frames read less frames the camera sent since the last gap (at most 0)
+
+    @property
+    def lost(self) -> int:
+        """Frames the camera sent outside its gaps that its capture thread never read (at its rate)."""
+        return self.banked + max(0, round(-self.balance))
 
     @property
     def captured(self) -> int:
@@ -112,7 +124,12 @@ class SoakRecorder:
     """Windows of a running pipeline; ``start()`` before its first frame, ``stop()`` before it closes."""
 
     def __init__(
-        self, pipeline: Pipeline, window_s: float = 60.0, coarse_s: float | None = None, gap_s: float = GAP_S
+        self,
+        pipeline: Pipeline,
+        window_s: float = 60.0,
+        coarse_s: float | None = None,
+        gap_s: float = GAP_S,
+        rates: Mapping[str, float | None] | None = None,
     ) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be positive, got {window_s}")
@@ -123,6 +140,8 @@ class SoakRecorder:
         self.window_s = window_s
         self.coarse_s = coarse_s
         self.gap_ns = round(gap_s * 1e9)
+        #: Each camera's frame rate, frames per ns (0: unpaced, nothing expected).
+        self._per_ns = {n: ((rates or {}).get(n) or 0.0) / 1e9 for n in pipeline.sources}
         self.windows: list[Window] = []
         self.coarse: list[Coarse] = []
         self.tracks: dict[str, CameraTrack] = {name: CameraTrack() for name in pipeline.sources}
@@ -154,6 +173,10 @@ class SoakRecorder:
                 track.uncounted_gaps += 1
                 track.uncounted_gap_s += gap
             track.outages_seen = outages
+            track.banked, track.balance = track.lost, 0.0  # the reopen's backlog must not pay for it
+        else:
+            sent = (record.captured_ns - track.last_ns) * self._per_ns[record.camera]
+            track.balance = min(0.0, track.balance + (record.index - track.last_index) - sent)
         track.last_index, track.last_ns = record.index, record.captured_ns
         with self._lock:
             self._fine.latencies.append(record.latency_ms)

@@ -124,11 +124,13 @@ def judge(
 
 
 def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
-    """A camera's account: frames expected at ``fps`` over the time it was up, against those captured.
+    """A camera's account at ``fps``: frames captured, counted outages, and frames lost outside them.
 
-    Expected: one frame per period from its first frame to its last, less each counted
-    outage's time without frames (a gap's one ordinary period is expected).  ``lost`` is
-    expected minus captured; around 0 (a frame either way is the clocks) when nothing is lost.
+    ``lost`` is the recorder's count between frames (``CameraTrack.lost``): 0 when the camera's
+    every frame outside its counted outages was captured (labelled or dropped by the slot).
+    ``expected`` is the clock's count, one frame a period from its first frame to its last
+    less each counted outage's time without frames; against ``captured`` it checks the rate,
+    and a backlog read in a burst after a reopen shows as more captured than expected.
     """
     d: dict[str, Any] = {
         "captured": track.captured,
@@ -139,9 +141,8 @@ def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
         "uncounted_gap_s": round(track.uncounted_gap_s, 3),
     }
     if fps and fps > 0 and track.captured:
-        expected = 1 + fps * (track.span_s - track.gap_s) + track.gaps
-        d["expected"] = round(expected)
-        d["lost"] = round(expected) - track.captured
+        d["expected"] = round(1 + fps * (track.span_s - track.gap_s) + track.gaps)
+        d["lost"] = track.lost
     else:
         d["expected"] = d["lost"] = None  # as fast as it goes: no rate to expect frames at
     return d
