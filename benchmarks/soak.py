@@ -114,10 +114,13 @@ def start_cameras(kind: str, count: int, fps: float, stack: ExitStack) -> list[R
 
 
 class Restarter:
-    """Every ``every_s``, the next camera is stopped and started again ``down_s`` later."""
+    """Every ``every_s``, the next camera is stopped and started again ``down_s`` later; none
+    after ``last_at`` (``time.monotonic()``), so that the soak ends with every camera back."""
 
-    def __init__(self, cameras: Sequence[Restartable], every_s: float, down_s: float) -> None:
-        self.cameras, self.every_s, self.down_s = list(cameras), every_s, down_s
+    def __init__(
+        self, cameras: Sequence[Restartable], every_s: float, down_s: float, last_at: float | None = None
+    ) -> None:
+        self.cameras, self.every_s, self.down_s, self.last_at = list(cameras), every_s, down_s, last_at
         self.restarts = 0
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-restarter", daemon=True)
@@ -130,6 +133,8 @@ class Restarter:
     def _run(self) -> None:
         i = 0
         while not self._halt.wait(self.every_s):
+            if self.last_at is not None and time.monotonic() > self.last_at:
+                break
             cam = self.cameras[i % len(self.cameras)]
             cam.stop()
             self._halt.wait(self.down_s)
@@ -255,8 +260,10 @@ def _run(
         preview = start_preview(p, "127.0.0.1:0")
         viewer = PreviewViewer(preview.url).start()
         recorder = SoakRecorder(p, window_s=window_s, coarse_s=coarse_s, rates=rates)
-        restarter = Restarter(restart, restart_every_s, down_s)
         end = time.monotonic() + seconds if seconds is not None else None
+        # The last window's sample should find every camera connected, as the first one did.
+        settled = None if end is None else end - max(window_s, 4 * down_s + 5.0)
+        restarter = Restarter(restart, restart_every_s, down_s, last_at=settled)
         shown = 0
         try:
             recorder.start()

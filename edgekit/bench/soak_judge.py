@@ -212,6 +212,21 @@ def render(doc: Mapping[str, Any]) -> str:
         lines.append(
             f"p99 {c['start_s']:.0f}-{c['end_s']:.0f} s: {_num(c['p99_ms'], '{:.2f}')} ms over {c['frames']} frames"
         )
+    res = doc["resources"]
+    if res["start"] and res["end"]:
+        a, b = res["start"], res["end"]
+        lines.append(
+            f"after the warm-up -> end: RSS {_mib(a['rss_bytes'])} -> {_mib(b['rss_bytes'])} MiB, "
+            f"heap {_mib(a['heap_bytes'])} -> {_mib(b['heap_bytes'])} MiB, blocks {a['blocks']} -> {b['blocks']}, "
+            f"fds {_num(a['fds'])} -> {_num(b['fds'])}, threads {a['threads']} -> {b['threads']}, "
+            f"tasks {_num(a['tasks'])} -> {_num(b['tasks'])}"
+        )
+    if res["before"] and res["after"]:
+        a, b = res["before"], res["after"]
+        lines.append(
+            f"before -> after the soak: fds {_num(a['fds'])} -> {_num(b['fds'])}, "
+            f"threads {a['threads']} -> {b['threads']}, tasks {_num(a['tasks'])} -> {_num(b['tasks'])}"
+        )
     s = doc["slope_per_hour"]
     lines.append(
         f"slope per hour after {doc['warmup_s']:g} s: RSS {_num(_div(s['rss_bytes']), '{:+.2f}')} MiB, "
