@@ -163,6 +163,7 @@ def soak(
     *,
     seconds: float | None = None,
     frames: int | None = None,
+    at_least_s: float = 0.0,
     restart: Sequence[Restartable] = (),
     restart_every_s: float = 180.0,
     down_s: float = 2.5,
@@ -177,7 +178,8 @@ def soak(
     on_result: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``sources`` through ``model``'s pipeline with telemetry, a watched preview and restarts;
-    until ``seconds`` or ``frames`` (whichever first).  Returns ``soak_judge.report``'s document
+    until ``seconds`` or ``frames`` (whichever first, but ``frames`` not before ``at_least_s``: a
+    fast machine still gets its warm-up, windows after it and restarts).  Returns ``soak_judge.report``'s document
     plus the restarts, the viewer's frames and the telemetry's messages.  ``on_result`` is the
     loop body: called with each ``FrameResult``."""
     if seconds is None and frames is None:
@@ -192,7 +194,7 @@ def soak(
             gc.collect()
             before = resources.sample()
             doc, extra = _run(
-                model, sources, broker, work / "spool", rates, seconds, frames, restart, restart_every_s, down_s,
+                model, sources, broker, work / "spool", rates, seconds, frames, at_least_s, restart, restart_every_s, down_s,
                 window_s, coarse_s, telemetry_interval_s, progress, on_result,
             )  # fmt: skip
             gc.collect()
@@ -239,6 +241,7 @@ def _run(
     rates: Mapping[str, float | None],
     seconds: float | None,
     frames: int | None,
+    at_least_s: float,
     restart: Sequence[Restartable],
     restart_every_s: float,
     down_s: float,
@@ -260,7 +263,9 @@ def _run(
         preview = start_preview(p, "127.0.0.1:0")
         viewer = PreviewViewer(preview.url).start()
         recorder = SoakRecorder(p, window_s=window_s, coarse_s=coarse_s, rates=rates)
-        end = time.monotonic() + seconds if seconds is not None else None
+        t0 = time.monotonic()
+        end = t0 + seconds if seconds is not None else None
+        not_before = t0 + at_least_s
         # The last window's sample should find every camera connected, as the first one did.
         settled = None if end is None else end - max(window_s, 4 * down_s + 5.0)
         restarter = Restarter(restart, restart_every_s, down_s, last_at=settled)
@@ -271,8 +276,9 @@ def _run(
             for result in p:
                 if on_result is not None:
                     on_result(result)
-                if (frames is not None and p.counters.frames >= frames) or (
-                    end is not None and time.monotonic() >= end
+                now = time.monotonic()
+                if (frames is not None and p.counters.frames >= frames and now >= not_before) or (
+                    end is not None and now >= end
                 ):
                     recorder.stop()  # the last window's sample while every camera still runs
                     break

@@ -38,7 +38,9 @@ from edgekit.core.resources import Resources
 # two are a leak.  heap_mib applies when tracing (the benchmark's default).
 CI_BOUNDS = Bounds(rss_mib=24.0, heap_mib=2.0, blocks=10_000, fds=1, threads=1)
 CI_FRAMES = 200_000
-CI_WARMUP_S = 20.0
+CI_WARMUP_S = 15.0
+# Not over before this, however fast the machine: a warm-up, windows after it, and restarts.
+CI_AT_LEAST_S = 40.0
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +165,9 @@ def test_200000_frames_with_camera_restarts_grow_nothing(tiny: Any) -> None:
             tiny,
             {"fast": "synthetic:160x120@0", "net": camera.url},
             frames=CI_FRAMES,
+            at_least_s=CI_AT_LEAST_S,
             restart=[camera],
-            restart_every_s=8.0,
+            restart_every_s=6.0,
             down_s=2.0,
             window_s=5.0,
             warmup_s=CI_WARMUP_S,
@@ -179,7 +182,7 @@ def test_200000_frames_with_camera_restarts_grow_nothing(tiny: Any) -> None:
     assert doc["ok"], doc["problems"]
     net = doc["cameras"]["net"]
     # Several restarts, each one an outage the source counted and came back from.
-    assert doc["restarts"] >= 3
+    assert doc["restarts"] >= 4
     assert net["outages"] >= doc["restarts"] - 1 and net["reopens"] >= doc["restarts"] - 1
     assert net["uncounted_gaps"] == 0, net
     assert doc["preview_frames"] > 0 and doc["telemetry_acked"] > 0
