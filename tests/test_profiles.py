@@ -72,6 +72,26 @@ def test_aliases_resolve(alias: str, name: str) -> None:
     assert get_profile(alias).name == name
 
 
+@pytest.mark.parametrize(
+    ("name", "decoder"),
+    [
+        ("jetson-nano", "nvv4l2"),
+        ("jetson-orin-nano", "nvv4l2"),
+        ("rpi5", "v4l2"),
+        ("rpi4", "v4l2"),
+        ("intel-npu", "vaapi"),
+        ("x86_64-cpu", "software"),
+        ("arm64-cpu", "software"),
+    ],
+)
+def test_each_device_decodes_video_on_its_own_hardware(name: str, decoder: str) -> None:
+    assert get_profile(name).decoder == decoder
+
+
+def test_a_profile_without_a_decoder_decodes_in_software(tmp_path: Path) -> None:
+    assert read_profile(write(tmp_path, GOOD.format(name="testboard"))).decoder == "software"
+
+
 def test_jetson_prefers_tensorrt_then_ort_gpu_then_tvm_then_cpu() -> None:
     backends = [(c.backend, c.precision) for c in get_profile("jetson").candidates]
     assert backends[0] == ("tensorrt", "fp16")
@@ -119,6 +139,7 @@ def test_a_good_file_reads(tmp_path: Path) -> None:
         (lambda t: t.replace('kind = "llvm"\n', ""), "tvm_target.kind", "is missing"),
         (lambda t: t.replace('aliases = ["tb"]', 'aliases = ["tb", 3]'), "aliases[1]", "must be a string"),
         (lambda t: t + '\n[match]\nedgetpu = "wifi"\n', "match.edgetpu", "must be one of"),
+        (lambda t: t.replace('camera = "0"', 'camera = "0"\ndecoder = "nvdec"'), "decoder", "must be one of"),
         (
             lambda t: t.replace('name = "testboard"', 'name = "otherboard"'),
             "name",

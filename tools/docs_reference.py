@@ -207,6 +207,7 @@ def devices_page() -> str:
             "cpu": p.cpu,
             "budget_ms": f"{p.budget_ms:g}",
             "camera": p.camera,
+            "decoder": p.decoder,
             "runtime packages": ", ".join(p.runtime_packages) or "—",
             "TVM target": json.dumps(data["tvm_target"]),
             "detected by": json.dumps({k: v for k, v in data["match"].items() if v}) or "—",

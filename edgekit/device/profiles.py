@@ -30,6 +30,8 @@ else:  # pragma: no cover - Python 3.10
 ARCHES = ("x86_64", "aarch64", "armv7l")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 EDGETPU_KINDS = ("usb", "pci", "any")
+#: Video decode paths (``edgekit.device.decoders`` says what each uses and needs).
+DECODER_PATHS = ("software", "nvv4l2", "v4l2", "vaapi")
 _HINT = "see devices/README.md for the profile format"
 
 
@@ -101,6 +103,8 @@ class DeviceProfile:
     aliases: tuple[str, ...] = ()
     match: HostMatch = HostMatch()
     source: Path | None = None
+    #: How video streams are decoded: ``software``, ``nvv4l2`` (Jetson), ``v4l2`` (Raspberry Pi), ``vaapi`` (Intel).
+    decoder: str = "software"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--json`` output."""
@@ -113,6 +117,7 @@ class DeviceProfile:
             "tvm_target": _plain(self.tvm_target),
             "budget_ms": self.budget_ms,
             "camera": self.camera,
+            "decoder": self.decoder,
             "runtime_packages": list(self.runtime_packages),
             "match": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.match).items()},
             "candidates": [
@@ -308,6 +313,7 @@ def parse_profile(
         tvm_target=_freeze(tvm_target),
         budget_ms=float(budget),
         camera=r.get("camera", str),
+        decoder=r.get("decoder", str, "software", DECODER_PATHS),
         runtime_packages=r.strings("runtime_packages"),
         candidates=tuple(candidates),
         aliases=r.strings("aliases"),
