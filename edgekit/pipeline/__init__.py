@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from edgekit.pipeline import gst_source  # noqa: F401  (adds GStreamer's RTSP opener to open_source)
 from edgekit.pipeline.cameras import Camera
 from edgekit.pipeline.loop import Pipeline
 from edgekit.pipeline.policy import Policy

@@ -36,6 +36,7 @@ import re
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -412,6 +413,10 @@ def gstreamer_available() -> bool:
     return bool(match and match.group(1).upper() not in ("NO", "OFF"))
 
 
+#: Asked in turn before OpenCV's FFmpeg opens a stream URL: each returns a Source, or None to pass
+#: (``gst_source`` adds GStreamer's for RTSP when it is imported, as ``edgekit.pipeline`` does).
+STREAM_OPENERS: list[Callable[[str, float | None], Source | None]] = []
+
 _SYNTHETIC = re.compile(r"^synthetic:(?:(\d+)x(\d+))?(?:@(\d+(?:\.\d+)?))?$")
 
 
@@ -513,6 +518,9 @@ def open_source(uri: str, *, fps: float | None = None) -> Source:
             )
         return _CaptureSource(SourceInfo(uri, "file", False, fps), str(path), cv2.CAP_FFMPEG)
     if spec.kind == "stream":
+        for opener in STREAM_OPENERS:
+            if (found := opener(uri, fps)) is not None:
+                return found
         # The read timeout is the stall watchdog: FFmpeg's interrupt ends a read that gets no
         # packet for that long.  The rate is not known before opening: 30 fps until it is.
         stall_s = stall_timeout_s(fps or 30.0)

@@ -1,0 +1,445 @@
+"""RTSP cameras and video files read through GStreamer, decoded where the device's profile says.
+
+opencv-python-headless has no GStreamer, so the pipeline is run through PyGObject and its
+frames are taken from an ``appsink``::
+
+    rtspsrc protocols=tcp latency=200 ! decodebin ! [nvvidconv ! video/x-raw,format=BGRx !]
+        videoconvert ! video/x-raw,format=BGR ! appsink max-buffers=1 drop=true sync=false
+
+decodebin picks the decoder the profile's ``decoder`` path names (``edgekit.device.decoders``
+raises its rank; a hardware decoder missing here falls back to ``avdec_h264``/``avdec_h265``,
+logged).  Each frame is copied once: the buffer is mapped, wrapped by numpy where it lies
+(rows ``stride`` bytes apart, from the buffer's video meta or its caps, read again for every
+sample so a resolution change is followed) and copied into the array handed over.
+
+A live source is watched: no frame for ``stall_timeout_s(fps)`` while the pipeline runs is
+a stall (``stalls`` and ``outages``); an error on the bus or an end of stream is an outage.
+The pipeline is then torn down (state NULL) and built again with back-off until a frame
+comes, or the source is closed (``close()`` ends every wait at once).  Decoder errors and
+warnings (a damaged frame) are counted in ``corrupt``.  A file ends with ``None``.
+
+Without PyGObject or GStreamer, ``open_source`` reads RTSP through OpenCV's FFmpeg instead
+and logs what to install (``edgekit doctor`` says it too).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgekit.core.backoff import Backoff
+from edgekit.core.redact import redact_source
+from edgekit.device.decoders import (
+    DecoderChoice,
+    gst_status,
+    gstreamer,
+    plan_decoders,
+    prefer_decoders,
+)
+from edgekit.device.host import match_profile
+from edgekit.errors import EdgekitError, SourceError
+from edgekit.pipeline import sources
+from edgekit.pipeline.sources import REOPEN_FIRST_S, REOPEN_MAX_S, Source, SourceInfo
+
+if TYPE_CHECKING:
+    import numpy as np
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS = ("tcp", "udp")
+#: rtspsrc's jitter buffer: enough to reorder UDP packets, small enough for a live camera.
+DEFAULT_LATENCY_MS = 200
+#: How long opening (or reopening) may wait for the first frame.
+OPEN_TIMEOUT_S = sources.NETWORK_TIMEOUT_MS / 1000
+# The slice a pull waits before it looks at the bus and the close event again.
+_PULL_SLICE_S = 0.05
+
+
+def stall_timeout_s(fps: float | None) -> float:
+    """How long a live source may go without a frame before the watchdog calls it a stall."""
+    own = getattr(sources, "stall_timeout_s", None)  # the shared rule, where sources has it
+    if callable(own):
+        return float(own(fps))
+    return max(0.5, min(2.0, 30 / fps)) if fps else 1.0
+
+
+def pipeline_description(kind: str, plan: dict[str, DecoderChoice], live: bool) -> str:
+    """The gst-launch description of a source's pipeline; ``src`` and ``sink`` name its ends.
+
+    The location, transport and latency are set as properties on ``src`` (never quoted into
+    the string: a URL with credentials or a path with spaces stays what it is).
+    """
+    front = "rtspsrc name=src" if kind == "stream" else "filesrc name=src"
+    convert = next((c.convert for c in plan.values() if c.convert), "")
+    # A live camera hands over its newest frame (drop); a file waits for the reader (no frame lost).
+    sink = f"appsink name=sink max-buffers=1 drop={'true' if live else 'false'} sync=false"
+    return " ! ".join(
+        x for x in (front, "decodebin name=dec", convert, "videoconvert", "video/x-raw,format=BGR", sink) if x
+    )
+
+
+class GstSource(Source):
+    """An RTSP camera (live) or a video file (ends) decoded by GStreamer; BGR frames from its appsink."""
+
+    def __init__(
+        self,
+        info: SourceInfo,
+        *,
+        decoder: str = "software",
+        transport: str = "tcp",
+        latency_ms: int = DEFAULT_LATENCY_MS,
+    ) -> None:
+        super().__init__(info)
+        gst = gstreamer()
+        if gst is None:
+            status = gst_status()
+            raise SourceError(
+                f"cannot read {redact_source(info.uri)!r} through GStreamer: {status.reason}", status.hint
+            )
+        if transport not in TRANSPORTS:
+            raise SourceError(f"unknown RTSP transport {transport!r}", f"use one of {', '.join(TRANSPORTS)}")
+        self._gst = gst
+        self.plan = plan_decoders(decoder)
+        for choice in self.plan.values():
+            if choice.note:
+                log.warning("source %s, %s: %s", redact_source(info.uri), choice.codec, choice.note)
+        prefer_decoders(self.plan)
+        self.transport, self.latency_ms = transport, latency_ms
+        self.description = pipeline_description(info.kind, self.plan, info.live)
+        #: The decoder elements decodebin really put in (what ``doctor`` predicts, seen).
+        self.decoders: list[str] = []
+        self._lock = threading.Lock()
+        self._pipeline: Any = None
+        self._sink: Any = None
+        self._pending: Any = None  # the first sample, pulled while opening
+        self._last_frame_t = time.monotonic()
+        self._copy = _frame_copier()
+        if not self._start():
+            reason = self._last_error or "no frame came"
+            self._stop()
+            raise SourceError(
+                f"cannot open {redact_source(info.uri)!r} through GStreamer: {reason}",
+                "check the URL in a player (gst-play-1.0 URL); "
+                + ("try transport udp or tcp; " if info.kind == "stream" else "")
+                + "GST_DEBUG=3 shows GStreamer's view",
+            )
+
+    # --- building and tearing down --------------------------------------------------------
+
+    _last_error: str = ""
+
+    def _build(self) -> Any:
+        gst = self._gst
+        pipeline = gst.parse_launch(self.description)
+        src = pipeline.get_by_name("src")
+        src.set_property("location", self.info.uri)
+        if self.info.kind == "stream":
+            src.set_property("protocols", "tcp" if self.transport == "tcp" else "udp")
+            src.set_property("latency", self.latency_ms)
+            # Video only: an audio track left unlinked would stop the whole session.
+            src.connect("select-stream", _video_only)
+        pipeline.get_by_name("dec").connect("deep-element-added", self._element_added)
+        return pipeline
+
+    def _element_added(self, _bin: Any, _sub: Any, element: Any) -> None:
+        factory = element.get_factory()
+        if factory is not None and "Decoder" in (factory.get_metadata("klass") or ""):
+            name = factory.get_name()
+            if name not in self.decoders:
+                self.decoders.append(name)
+                log.info("source %s decodes with %s", redact_source(self.info.uri), name)
+
+    def _start(self) -> bool:
+        """Build the pipeline and wait for its first frame (kept for the next read); False if none came."""
+        self._last_error = ""
+        from gi.repository import GLib
+
+        try:
+            pipeline = self._build()
+        except GLib.Error as err:  # parse_launch: an element that is not installed
+            self._last_error = str(err)
+            return False
+        with self._lock:
+            if self.closed:
+                return False
+            self._pipeline, self._sink = pipeline, pipeline.get_by_name("sink")
+        if pipeline.set_state(self._gst.State.PLAYING) == self._gst.StateChangeReturn.FAILURE:
+            self._drain_bus()
+            self._last_error = self._last_error or "the pipeline would not start"
+            return False
+        sample, why = self._pull(OPEN_TIMEOUT_S)
+        if sample is None:
+            self._last_error = self._last_error or why
+            return False
+        self._pending = sample
+        return True
+
+    def _stop(self) -> None:
+        with self._lock:
+            pipeline, self._pipeline, self._sink, self._pending = self._pipeline, None, None, None
+        if pipeline is not None:
+            pipeline.set_state(self._gst.State.NULL)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def _pull(self, timeout_s: float) -> tuple[Any, str]:
+        """The next sample, or ``(None, why)``: ``eos``, ``error``, ``stall`` or ``closed``."""
+        gst = self._gst
+        deadline = time.monotonic() + timeout_s
+        while not self.closed:
+            with self._lock:
+                sink = self._sink
+            if sink is None:
+                return None, "closed"
+            sample = sink.try_pull_sample(int(_PULL_SLICE_S * gst.SECOND))
+            if sample is not None:
+                return sample, ""
+            why = self._drain_bus()
+            if why:
+                return None, why
+            if sink.is_eos():
+                return None, "eos"
+            if time.monotonic() >= deadline:
+                return None, "stall"
+        return None, "closed"
+
+    def _drain_bus(self) -> str:
+        """Handle what the pipeline said: ``eos`` or ``error`` ends the stream; damage is counted."""
+        gst = self._gst
+        with self._lock:
+            pipeline = self._pipeline
+        if pipeline is None:
+            return "closed"
+        bus = pipeline.get_bus()
+        kinds = gst.MessageType.ERROR | gst.MessageType.WARNING | gst.MessageType.EOS
+        while (msg := bus.pop_filtered(kinds)) is not None:
+            if msg.type == gst.MessageType.EOS:
+                return "eos"
+            err, _debug = msg.parse_error() if msg.type == gst.MessageType.ERROR else msg.parse_warning()
+            if _from_decoder(msg.src) or err.matches(gst.StreamError.quark(), int(gst.StreamError.DECODE)):
+                self.counters.corrupt += 1  # a damaged frame: the decoder goes on with the next one
+                log.debug("source %s: decoder says %s", redact_source(self.info.uri), err.message)
+                continue
+            if msg.type == gst.MessageType.ERROR:
+                self._last_error = err.message
+                return "error"
+            log.debug("source %s: %s", redact_source(self.info.uri), err.message)
+        return ""
+
+    def _read(self) -> np.ndarray | None:
+        while not self.closed:
+            sample, self._pending = self._pending, None
+            why = ""
+            if sample is None:
+                sample, why = self._pull(stall_timeout_s(self.info.fps) if self.info.live else 3600.0)
+            if sample is not None:
+                frame = self._frame(sample)
+                if frame is not None:
+                    self._last_frame_t = time.monotonic()
+                    return frame
+                continue
+            if why == "closed" or (why == "eos" and not self.info.live):
+                return None
+            if not self.info.live:  # a file that fails is over, not reopened
+                raise SourceError(
+                    f"GStreamer stopped reading {redact_source(self.info.uri)!r}: {self._last_error or why}",
+                    "check the file with gst-discoverer-1.0 FILE",
+                )
+            self._reconnect(why)
+        return None
+
+    def _frame(self, sample: Any) -> np.ndarray | None:
+        caps = sample.get_caps()
+        buffer = sample.get_buffer()
+        if caps is None or buffer is None:
+            return None
+        s = caps.get_structure(0)
+        width, height = s.get_value("width"), s.get_value("height")
+        if self.info.fps is None and s.has_field("framerate"):
+            ok, num, den = s.get_fraction("framerate")
+            if ok and num > 0 and den > 0:
+                self.info = SourceInfo(self.info.uri, self.info.kind, self.info.live, num / den)
+        frame: np.ndarray | None = self._copy(buffer, width, height, _stride(buffer, caps, width))
+        return frame
+
+    def _reconnect(self, why: str) -> None:
+        """Tear the pipeline down and build it again, with back-off, until a frame comes or close()."""
+        self.counters.outages += 1
+        if why == "stall":
+            self.counters.stalls += 1
+        log.warning(
+            "source %s: %s; rebuilding the pipeline",
+            redact_source(self.info.uri),
+            {"stall": "no frame (stall)", "eos": "the stream ended", "error": self._last_error}.get(why, why),
+        )
+        self._stop()
+        backoff = Backoff(REOPEN_FIRST_S, cap_s=REOPEN_MAX_S)
+        while not self.closed:
+            if self._start():
+                self.counters.reopens += 1
+                self.counters.down_s += time.monotonic() - self._last_frame_t
+                log.warning(
+                    "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
+                )
+                return
+            self._stop()
+            backoff.wait(self._closed)
+
+    def close(self) -> None:
+        super().close()
+        self._stop()
+
+
+def _video_only(_src: Any, _num: int, caps: Any) -> bool:
+    s = caps.get_structure(0)
+    return bool(s.get_string("media") == "video")
+
+
+def _from_decoder(element: Any) -> bool:
+    factory = element.get_factory() if hasattr(element, "get_factory") else None
+    return factory is not None and "Decoder" in (factory.get_metadata("klass") or "")
+
+
+def _stride(buffer: Any, caps: Any, width: int) -> int:
+    """Bytes between rows: the buffer's video meta (a decoder's padded rows) or else the caps'."""
+    from gi.repository import GstVideo  # loaded with Gst by gstreamer()
+
+    meta = GstVideo.buffer_get_video_meta(buffer)
+    if meta is not None:
+        return int(meta.stride[0])
+    info = GstVideo.VideoInfo.new_from_caps(caps)
+    return int(info.stride[0]) if info is not None else width * 3
+
+
+# --- the one copy ---------------------------------------------------------------------------
+
+
+class _MapInfo(ctypes.Structure):
+    # GstMapInfo (gst/gstmemory.h, stable ABI since 1.0).
+    _fields_ = (
+        ("memory", ctypes.c_void_p),
+        ("flags", ctypes.c_int),
+        ("data", ctypes.c_void_p),
+        ("size", ctypes.c_size_t),
+        ("maxsize", ctypes.c_size_t),
+        ("user_data", ctypes.c_void_p * 4),
+        ("_gst_reserved", ctypes.c_void_p * 4),
+    )
+
+
+_GST_MAP_READ = 1
+
+
+@cache
+def _libgst() -> Any:
+    name = ctypes.util.find_library("gstreamer-1.0") or "libgstreamer-1.0.so.0"
+    lib = ctypes.CDLL(name)
+    lib.gst_buffer_map.argtypes = (ctypes.c_void_p, ctypes.POINTER(_MapInfo), ctypes.c_int)
+    lib.gst_buffer_map.restype = ctypes.c_int
+    lib.gst_buffer_unmap.argtypes = (ctypes.c_void_p, ctypes.POINTER(_MapInfo))
+    lib.gst_buffer_unmap.restype = None
+    return lib
+
+
+def _copy_mapped(buffer: Any, width: int, height: int, stride: int) -> np.ndarray | None:
+    """Map the buffer in place (PyGObject's ``map()`` would copy it into bytes), copy once, unmap."""
+    import numpy as np
+
+    lib = _libgst()
+    info = _MapInfo()
+    pointer = hash(buffer)  # PyGObject hashes a boxed value by its C pointer: the GstBuffer*
+    if not lib.gst_buffer_map(pointer, ctypes.byref(info), _GST_MAP_READ):
+        return None
+    try:
+        if info.size < stride * (height - 1) + width * 3 or not info.data:
+            return None
+        raw = (ctypes.c_uint8 * info.size).from_address(info.data)
+        view = np.lib.stride_tricks.as_strided(
+            np.frombuffer(raw, np.uint8), (height, width, 3), (stride, 3, 1), writeable=False
+        )
+        frame = np.empty((height, width, 3), np.uint8)
+        frame[...] = view  # the one copy
+        return frame
+    finally:
+        lib.gst_buffer_unmap(pointer, ctypes.byref(info))
+
+
+def _copy_bytes(buffer: Any, width: int, height: int, stride: int) -> np.ndarray | None:
+    """The fallback: PyGObject's ``map()`` copies into bytes, then the rows are copied again."""
+    import numpy as np
+
+    ok, info = buffer.map(gstreamer().MapFlags.READ)
+    if not ok:
+        return None
+    try:
+        data = np.frombuffer(info.data, np.uint8)
+        if data.size < stride * (height - 1) + width * 3:
+            return None
+        view = np.lib.stride_tricks.as_strided(data, (height, width, 3), (stride, 3, 1), writeable=False)
+        return np.array(view)
+    finally:
+        buffer.unmap(info)
+
+
+@cache
+def _frame_copier() -> Any:
+    """The in-place copy when it reads a known buffer right, else the bytes one (logged)."""
+    gst = gstreamer()
+    probe = bytes(range(48))
+    buffer = gst.Buffer.new_wrapped(probe)
+    try:
+        got = _copy_mapped(buffer, 4, 2, 24)
+        if got is not None and got.tobytes() == probe[:12] + probe[24:36]:  # 4-pixel rows 24 bytes apart
+            return _copy_mapped
+    except (OSError, AttributeError, ValueError) as err:
+        log.debug("mapping buffers in place failed: %s", err)
+    log.warning("GStreamer buffers cannot be mapped in place here: each frame is copied twice")
+    return _copy_bytes
+
+
+# --- the hook open_source asks ---------------------------------------------------------------
+
+RTSP_SCHEMES = ("rtsp://", "rtsps://")
+
+
+@cache
+def host_decoder() -> str:
+    """The decoder path of the profile this host matches (``software`` when none does)."""
+    try:
+        return match_profile().decoder
+    except EdgekitError:
+        return "software"
+
+
+@cache
+def _note_fallback() -> None:
+    status = gst_status()
+    log.warning(
+        "RTSP through OpenCV's FFmpeg, not GStreamer (%s): no hardware decode, no stall watchdog; %s",
+        status.reason,
+        status.hint,
+    )
+
+
+def open_rtsp(uri: str, fps: float | None) -> Source | None:
+    """A ``GstSource`` for an RTSP URL, or ``None`` (OpenCV's FFmpeg reads it) without PyGObject/GStreamer."""
+    if not uri.strip().lower().startswith(RTSP_SCHEMES):
+        return None
+    if gstreamer() is None:
+        _note_fallback()
+        return None
+    return GstSource(SourceInfo(uri, "stream", True, fps), decoder=host_decoder())
+
+
+sources.STREAM_OPENERS.append(open_rtsp)
+
+
+def open_file(path: str | Path, *, fps: float | None = None, decoder: str | None = None) -> GstSource:
+    """A video file decoded by GStreamer (``open_source`` reads files through OpenCV's FFmpeg)."""
+    return GstSource(SourceInfo(str(path), "file", False, fps), decoder=decoder or host_decoder())
