@@ -123,7 +123,34 @@ def doctor(as_json: JsonOpt = False) -> None:
                 escape(c["reason"]),
             )
         console.print(order)
+    _print_video_decode(report["video_decode"])
     _print_latency_os(report["latency_os"])
+
+
+def _print_video_decode(dec: dict[str, Any]) -> None:
+    """GStreamer or not, the decoder each codec takes here, and what each hardware path needs."""
+    console.print(f"[bold]Video decode[/] (profile decoder: {dec['profile_decoder']})")
+    gst = dec["gstreamer"]
+    console.print(
+        "[dim]gstreamer [/]"
+        + (
+            f"[green]yes[/] {escape(gst['version'])} through PyGObject"
+            if gst["available"]
+            else f"[red]no[/] {escape(gst['reason'])} — {escape(gst['hint'])}"
+        ),
+        highlight=False,
+    )
+    for codec, c in dec["codecs"].items():
+        console.print(
+            f"[dim]{codec:<9}[/]{c['path']} ({c['element'] or 'no decoder'})"
+            + (f" — {escape(c['note'])}" if c["note"] else ""),
+            highlight=False,
+        )
+    for kind, how in dec["sources"].items():
+        console.print(f"[dim]{kind}:[/] {escape(how)}", highlight=False)
+    for path, need in dec["needs"].items():
+        if path != "software":
+            console.print(f"[dim]{path} needs:[/] {escape(need)}", highlight=False)
 
 
 def _print_latency_os(lat: dict[str, Any]) -> None:

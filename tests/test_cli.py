@@ -42,12 +42,21 @@ def test_doctor_json_reports_every_backend() -> None:
     assert "tensorrt" in backends["tensorrt"]["reason"].lower() and backends["tensorrt"]["hint"]
     assert report["profile"] in ("x86_64-cpu", "arm64-cpu", "intel-npu")
     assert report["host"]["arch"] and report["candidates"]
+    # Video decode: GStreamer through PyGObject here, software (this profile's path), per codec.
+    decode = report["video_decode"]
+    assert decode["gstreamer"]["available"] is True, decode["gstreamer"]
+    assert {c: d["element"] for c, d in decode["codecs"].items()} == {
+        "h264": "avdec_h264",
+        "h265": "avdec_h265",
+    }
+    assert "GStreamer" in decode["sources"]["rtsp"] and "JetPack" in decode["needs"]["nvv4l2"]
 
 
 def test_doctor_table() -> None:
     r = edgekit("doctor")
     assert r.returncode == 0, r.stderr
     assert "onnxruntime" in r.stdout and "tensorrt" in r.stdout and "profile:" in r.stdout
+    assert "Video decode" in r.stdout and "avdec_h264" in r.stdout and "vaapi needs" in r.stdout
 
 
 def test_devices_list_json() -> None:

@@ -114,6 +114,8 @@ def test_all_installs_in_one_step_and_doctor_sees_every_runtime(venv: Venv) -> N
     for backend in ("onnxruntime", "openvino", "litert", "tvm"):
         b = report["backends"][backend]
         assert b["available"], (backend, b)
+    # [all] carries PyGObject (built from source against the system's GStreamer introspection data).
+    assert report["video_decode"]["gstreamer"]["available"], report["video_decode"]["gstreamer"]
 
 
 def test_a_small_build_from_an_onnx_file_makes_every_backends_artifact(venv: Venv, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from edgekit._version import __version__
 from edgekit.backends import registry
 from edgekit.core.cpu import this_cpu
+from edgekit.device.decoders import decode_report
 from edgekit.device.host import detect, rank_profiles
 from edgekit.device.latency_os import read_latency_os
 from edgekit.device.profiles import all_profiles
@@ -18,8 +19,9 @@ from edgekit.selection.precision import compute_precision
 
 def doctor_report() -> dict[str, Any]:
     """What ``edgekit doctor`` reports, as plain data: the host, its CPU, the profile it matches,
-    every backend (available, version, why not), that profile's candidates in order, and what the
-    OS does to latency between frames (``latency_os``: clock and idle-state policy, advice)."""
+    every backend (available, version, why not), that profile's candidates in order, what the
+    OS does to latency between frames (``latency_os``: clock and idle-state policy, advice) and
+    how video is decoded (``video_decode``: GStreamer, the decoder per codec, what hardware needs)."""
     host = detect()
     cpu = this_cpu()
     backends: dict[str, Any] = {}
@@ -69,6 +71,7 @@ def doctor_report() -> dict[str, Any]:
         "backends": backends,
         "candidates": candidates,
         # The profile's budget is its frame period: the idle gap the cores sleep through between frames.
+        "video_decode": decode_report(profile.decoder if profile else "software"),
         "latency_os": (
             read_latency_os(frame_ms=profile.budget_ms) if profile else read_latency_os()
         ).to_dict(),
