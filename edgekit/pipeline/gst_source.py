@@ -4,13 +4,13 @@ opencv-python-headless has no GStreamer, so the pipeline is run through PyGObjec
 frames are taken from an ``appsink``::
 
     rtspsrc protocols=tcp latency=200 ! decodebin ! [nvvidconv ! video/x-raw,format=BGRx !]
-        videoconvert ! video/x-raw,format=BGR ! appsink max-buffers=1 drop=true sync=false
+        videoconvert ! video/x-raw,format={I420,NV12,BGRx,BGR} ! appsink max-buffers=1 drop=true sync=false
 
 decodebin picks the decoder the profile's ``decoder`` path names (``edgekit.device.decoders``
 raises its rank; a hardware decoder missing here falls back to ``avdec_h264``/``avdec_h265``,
-logged).  Each frame is copied once: the buffer is mapped, wrapped by numpy where it lies
-(rows ``stride`` bytes apart, from the buffer's video meta or its caps, read again for every
-sample so a resolution change is followed) and copied into the array handed over.
+logged).  videoconvert passes the decoder's own format through where the appsink takes it;
+each frame is then copied once, by OpenCV's colour conversion into the BGR frame handed over
+(``gst_frames``), its layout read from every sample so a resolution change is followed.
 
 A live source is watched: no frame for ``stall_timeout_s(fps)`` while the pipeline runs is
 a stall (``stalls`` and ``outages``); an error on the bus or an end of stream is an outage.
@@ -24,8 +24,6 @@ and logs what to install (``edgekit doctor`` says it too).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import threading
 import time
@@ -45,6 +43,7 @@ from edgekit.device.decoders import (
 from edgekit.device.host import match_profile
 from edgekit.errors import EdgekitError, SourceError
 from edgekit.pipeline import sources
+from edgekit.pipeline.gst_frames import APPSINK_CAPS, frame_converter, layout
 from edgekit.pipeline.sources import REOPEN_FIRST_S, REOPEN_MAX_S, Source, SourceInfo
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def pipeline_description(kind: str, plan: dict[str, DecoderChoice], live: bool) 
     # A live camera hands over its newest frame (drop); a file waits for the reader (no frame lost).
     sink = f"appsink name=sink max-buffers=1 drop={'true' if live else 'false'} sync=false"
     return " ! ".join(
-        x for x in (front, "decodebin name=dec", convert, "videoconvert", "video/x-raw,format=BGR", sink) if x
+        x for x in (front, "decodebin name=dec", convert, "videoconvert", APPSINK_CAPS, sink) if x
     )
 
 
@@ -119,7 +118,7 @@ class GstSource(Source):
         self._sink: Any = None
         self._pending: Any = None  # the first sample, pulled while opening
         self._last_frame_t = time.monotonic()
-        self._copy = _frame_copier()
+        self._convert = frame_converter()
         if not self._start():
             reason = self._last_error or "no frame came"
             self._stop()
@@ -260,12 +259,11 @@ class GstSource(Source):
         if caps is None or buffer is None:
             return None
         s = caps.get_structure(0)
-        width, height = s.get_value("width"), s.get_value("height")
         if self.info.fps is None and s.has_field("framerate"):
             ok, num, den = s.get_fraction("framerate")
             if ok and num > 0 and den > 0:
                 self.info = SourceInfo(self.info.uri, self.info.kind, self.info.live, num / den)
-        frame: np.ndarray | None = self._copy(buffer, width, height, _stride(buffer, caps, width))
+        frame: np.ndarray | None = self._convert(buffer, layout(buffer, caps))
         return frame
 
     def _reconnect(self, why: str) -> None:
@@ -304,103 +302,6 @@ def _video_only(_src: Any, _num: int, caps: Any) -> bool:
 def _from_decoder(element: Any) -> bool:
     factory = element.get_factory() if hasattr(element, "get_factory") else None
     return factory is not None and "Decoder" in (factory.get_metadata("klass") or "")
-
-
-def _stride(buffer: Any, caps: Any, width: int) -> int:
-    """Bytes between rows: the buffer's video meta (a decoder's padded rows) or else the caps'."""
-    from gi.repository import GstVideo  # loaded with Gst by gstreamer()
-
-    meta = GstVideo.buffer_get_video_meta(buffer)
-    if meta is not None:
-        return int(meta.stride[0])
-    info = GstVideo.VideoInfo.new_from_caps(caps)
-    return int(info.stride[0]) if info is not None else width * 3
-
-
-# --- the one copy ---------------------------------------------------------------------------
-
-
-class _MapInfo(ctypes.Structure):
-    # GstMapInfo (gst/gstmemory.h, stable ABI since 1.0).
-    _fields_ = (
-        ("memory", ctypes.c_void_p),
-        ("flags", ctypes.c_int),
-        ("data", ctypes.c_void_p),
-        ("size", ctypes.c_size_t),
-        ("maxsize", ctypes.c_size_t),
-        ("user_data", ctypes.c_void_p * 4),
-        ("_gst_reserved", ctypes.c_void_p * 4),
-    )
-
-
-_GST_MAP_READ = 1
-
-
-@cache
-def _libgst() -> Any:
-    name = ctypes.util.find_library("gstreamer-1.0") or "libgstreamer-1.0.so.0"
-    lib = ctypes.CDLL(name)
-    lib.gst_buffer_map.argtypes = (ctypes.c_void_p, ctypes.POINTER(_MapInfo), ctypes.c_int)
-    lib.gst_buffer_map.restype = ctypes.c_int
-    lib.gst_buffer_unmap.argtypes = (ctypes.c_void_p, ctypes.POINTER(_MapInfo))
-    lib.gst_buffer_unmap.restype = None
-    return lib
-
-
-def _copy_mapped(buffer: Any, width: int, height: int, stride: int) -> np.ndarray | None:
-    """Map the buffer in place (PyGObject's ``map()`` would copy it into bytes), copy once, unmap."""
-    import numpy as np
-
-    lib = _libgst()
-    info = _MapInfo()
-    pointer = hash(buffer)  # PyGObject hashes a boxed value by its C pointer: the GstBuffer*
-    if not lib.gst_buffer_map(pointer, ctypes.byref(info), _GST_MAP_READ):
-        return None
-    try:
-        if info.size < stride * (height - 1) + width * 3 or not info.data:
-            return None
-        raw = (ctypes.c_uint8 * info.size).from_address(info.data)
-        view = np.lib.stride_tricks.as_strided(
-            np.frombuffer(raw, np.uint8), (height, width, 3), (stride, 3, 1), writeable=False
-        )
-        frame = np.empty((height, width, 3), np.uint8)
-        frame[...] = view  # the one copy
-        return frame
-    finally:
-        lib.gst_buffer_unmap(pointer, ctypes.byref(info))
-
-
-def _copy_bytes(buffer: Any, width: int, height: int, stride: int) -> np.ndarray | None:
-    """The fallback: PyGObject's ``map()`` copies into bytes, then the rows are copied again."""
-    import numpy as np
-
-    ok, info = buffer.map(gstreamer().MapFlags.READ)
-    if not ok:
-        return None
-    try:
-        data = np.frombuffer(info.data, np.uint8)
-        if data.size < stride * (height - 1) + width * 3:
-            return None
-        view = np.lib.stride_tricks.as_strided(data, (height, width, 3), (stride, 3, 1), writeable=False)
-        return np.array(view)
-    finally:
-        buffer.unmap(info)
-
-
-@cache
-def _frame_copier() -> Any:
-    """The in-place copy when it reads a known buffer right, else the bytes one (logged)."""
-    gst = gstreamer()
-    probe = bytes(range(48))
-    buffer = gst.Buffer.new_wrapped(probe)
-    try:
-        got = _copy_mapped(buffer, 4, 2, 24)
-        if got is not None and got.tobytes() == probe[:12] + probe[24:36]:  # 4-pixel rows 24 bytes apart
-            return _copy_mapped
-    except (OSError, AttributeError, ValueError) as err:
-        log.debug("mapping buffers in place failed: %s", err)
-    log.warning("GStreamer buffers cannot be mapped in place here: each frame is copied twice")
-    return _copy_bytes
 
 
 # --- the hook open_source asks ---------------------------------------------------------------
