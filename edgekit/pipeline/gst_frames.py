@@ -19,7 +19,7 @@ import ctypes
 import ctypes.util
 import logging
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
 from edgekit.device.decoders import gstreamer
@@ -49,16 +49,32 @@ def layout(buffer: Any, caps: Any) -> Layout:
     """The buffer's layout: its video meta (a decoder's padded planes) or else what its caps imply."""
     from gi.repository import GstVideo  # loaded with Gst by gstreamer()
 
-    info = GstVideo.VideoInfo.new_from_caps(caps)
-    planes = info.finfo.n_planes
     meta = GstVideo.buffer_get_video_meta(buffer)
-    src = meta if meta is not None else info
+    if meta is None:
+        return _caps_layout(caps.to_string())
+    planes = meta.n_planes
+    return Layout(
+        format=GstVideo.VideoFormat.to_string(meta.format),
+        width=meta.width,
+        height=meta.height,
+        offsets=tuple(int(meta.offset[i]) for i in range(planes)),
+        strides=tuple(int(meta.stride[i]) for i in range(planes)),
+    )
+
+
+@lru_cache(maxsize=16)
+def _caps_layout(caps: str) -> Layout:
+    # Read once per caps (they change only with the stream's size or format), not once a frame.
+    from gi.repository import Gst, GstVideo
+
+    info = GstVideo.VideoInfo.new_from_caps(Gst.Caps.from_string(caps))
+    planes = info.finfo.n_planes
     return Layout(
         format=info.finfo.name,
         width=info.width,
         height=info.height,
-        offsets=tuple(int(src.offset[i]) for i in range(planes)),
-        strides=tuple(int(src.stride[i]) for i in range(planes)),
+        offsets=tuple(int(info.offset[i]) for i in range(planes)),
+        strides=tuple(int(info.stride[i]) for i in range(planes)),
     )
 
 
@@ -120,6 +136,13 @@ class _MapInfo(ctypes.Structure):
 _GST_MAP_READ = 1
 
 
+class _Memory:
+    """Mapped bytes as numpy sees them, without a copy (faster than a ctypes array's buffer)."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self.__array_interface__ = {"data": (address, True), "shape": (size,), "typestr": "|u1", "version": 3}
+
+
 @cache
 def _libgst() -> Any:
     name = ctypes.util.find_library("gstreamer-1.0") or "libgstreamer-1.0.so.0"
@@ -143,8 +166,7 @@ def _convert_mapped(buffer: Any, lay: Layout) -> np.ndarray | None:
     try:
         if not info.data:
             return None
-        raw = (ctypes.c_uint8 * info.size).from_address(info.data)
-        return to_bgr(np.frombuffer(raw, np.uint8), lay)
+        return to_bgr(np.asarray(_Memory(info.data, info.size)), lay)
     finally:
         lib.gst_buffer_unmap(pointer, ctypes.byref(info))
 
