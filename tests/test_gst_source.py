@@ -16,6 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from rtsp_server import RtspCamera, rtsp_server_missing
 
 from edgekit.device.decoders import gst_status, plan_decoders
 from edgekit.errors import SourceError
@@ -25,13 +26,8 @@ from edgekit.pipeline.sources import Source, SourceInfo, open_source
 
 pytestmark = pytest.mark.skipif(not gst_status().ok, reason=f"no GStreamer here: {gst_status().reason}")
 
-try:
-    from rtsp_server import RtspCamera
-
-    NO_SERVER = ""
-except ImportError as err:  # gst-rtsp-server or its introspection data missing
-    NO_SERVER = f"no RTSP server here: {err}"
-needs_rtsp = pytest.mark.skipif(bool(NO_SERVER), reason=NO_SERVER)
+_MISSING = rtsp_server_missing()
+needs_rtsp = pytest.mark.skipif(_MISSING is not None, reason=f"no RTSP server here: {_MISSING}")
 
 
 Frames = list[np.ndarray | None]

@@ -25,11 +25,13 @@ and logs what to install (``edgekit doctor`` says it too).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from edgekit.core.backoff import Backoff
 from edgekit.core.redact import redact_source
@@ -44,7 +46,15 @@ from edgekit.device.host import match_profile
 from edgekit.errors import EdgekitError, SourceError
 from edgekit.pipeline import sources
 from edgekit.pipeline.gst_frames import APPSINK_CAPS, frame_converter, layout
-from edgekit.pipeline.sources import REOPEN_FIRST_S, REOPEN_MAX_S, Source, SourceInfo
+from edgekit.pipeline.rtsp_probe import RTSP_PORT, diagnose
+from edgekit.pipeline.sources import (
+    REOPEN_FIRST_S,
+    REOPEN_MAX_S,
+    Source,
+    SourceInfo,
+    parse_source,
+    stall_timeout_s,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,14 +68,6 @@ DEFAULT_LATENCY_MS = 200
 OPEN_TIMEOUT_S = sources.NETWORK_TIMEOUT_MS / 1000
 # The slice a pull waits before it looks at the bus and the close event again.
 _PULL_SLICE_S = 0.05
-
-
-def stall_timeout_s(fps: float | None) -> float:
-    """How long a live source may go without a frame before the watchdog calls it a stall."""
-    own = getattr(sources, "stall_timeout_s", None)  # the shared rule, where sources has it
-    if callable(own):
-        return float(own(fps))
-    return max(0.5, min(2.0, 30 / fps)) if fps else 1.0
 
 
 def pipeline_description(kind: str, plan: dict[str, DecoderChoice], live: bool) -> str:
@@ -93,8 +95,11 @@ class GstSource(Source):
         decoder: str = "software",
         transport: str = "tcp",
         latency_ms: int = DEFAULT_LATENCY_MS,
+        location: str | None = None,
     ) -> None:
         super().__init__(info)
+        #: What rtspsrc or filesrc opens: the URI without its ``#`` options.
+        self.location = location or info.uri
         gst = gstreamer()
         if gst is None:
             status = gst_status()
@@ -117,16 +122,15 @@ class GstSource(Source):
         self._pipeline: Any = None
         self._sink: Any = None
         self._pending: Any = None  # the first sample, pulled while opening
-        self._last_frame_t = time.monotonic()
         self._convert = frame_converter()
         if not self._start():
             reason = self._last_error or "no frame came"
             self._stop()
+            if info.kind == "stream":  # ask the camera why: nothing listens, credentials, path
+                raise diagnose(self.location, OPEN_TIMEOUT_S)
             raise SourceError(
                 f"cannot open {redact_source(info.uri)!r} through GStreamer: {reason}",
-                "check the URL in a player (gst-play-1.0 URL); "
-                + ("try transport udp or tcp; " if info.kind == "stream" else "")
-                + "GST_DEBUG=3 shows GStreamer's view",
+                "check the URL in a player (gst-play-1.0 URL); " + "GST_DEBUG=3 shows GStreamer's view",
             )
 
     # --- building and tearing down --------------------------------------------------------
@@ -137,7 +141,7 @@ class GstSource(Source):
         gst = self._gst
         pipeline = gst.parse_launch(self.description)
         src = pipeline.get_by_name("src")
-        src.set_property("location", self.info.uri)
+        src.set_property("location", self.location)
         if self.info.kind == "stream":
             src.set_property("protocols", "tcp" if self.transport == "tcp" else "udp")
             src.set_property("latency", self.latency_ms)
@@ -240,7 +244,6 @@ class GstSource(Source):
             if sample is not None:
                 frame = self._frame(sample)
                 if frame is not None:
-                    self._last_frame_t = time.monotonic()
                     return frame
                 continue
             if why == "closed" or (why == "eos" and not self.info.live):
@@ -268,20 +271,24 @@ class GstSource(Source):
 
     def _reconnect(self, why: str) -> None:
         """Tear the pipeline down and build it again, with back-off, until a frame comes or close()."""
-        self.counters.outages += 1
-        if why == "stall":
-            self.counters.stalls += 1
+        if why == "stall" and self.info.kind == "stream" and _gone(self.location):
+            why = "gone"  # no frame because the camera went away: an outage, not a stall
+        self._outage(stalled=why == "stall")
         log.warning(
             "source %s: %s; rebuilding the pipeline",
             redact_source(self.info.uri),
-            {"stall": "no frame (stall)", "eos": "the stream ended", "error": self._last_error}.get(why, why),
+            {
+                "stall": f"no frame for {stall_timeout_s(self.info.fps):.1f} s with the camera there (stall)",
+                "gone": "no frame, and the camera does not answer",
+                "eos": "the stream ended",
+                "error": self._last_error,
+            }.get(why, why),
         )
         self._stop()
         backoff = Backoff(REOPEN_FIRST_S, cap_s=REOPEN_MAX_S)
         while not self.closed:
             if self._start():
                 self.counters.reopens += 1
-                self.counters.down_s += time.monotonic() - self._last_frame_t
                 log.warning(
                     "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
                 )
@@ -292,6 +299,16 @@ class GstSource(Source):
     def close(self) -> None:
         super().close()
         self._stop()
+
+
+def _gone(url: str, timeout_s: float = 0.5) -> bool:
+    """Whether nothing accepts a connection at the camera's RTSP port (it went away, not stalled)."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or RTSP_PORT), timeout=timeout_s):
+            return False
+    except OSError:
+        return True
 
 
 def _video_only(_src: Any, _num: int, caps: Any) -> bool:
@@ -335,7 +352,13 @@ def open_rtsp(uri: str, fps: float | None) -> Source | None:
     if gstreamer() is None:
         _note_fallback()
         return None
-    return GstSource(SourceInfo(uri, "stream", True, fps), decoder=host_decoder())
+    spec = parse_source(uri)  # the URL without its "#" options, and the options
+    return GstSource(
+        SourceInfo(uri, "stream", True, fps),
+        decoder=host_decoder(),
+        transport=spec.params.get("transport", "tcp"),
+        location=str(spec.target),
+    )
 
 
 sources.STREAM_OPENERS.append(open_rtsp)
