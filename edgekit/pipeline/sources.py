@@ -5,12 +5,15 @@ As in jetson-inference's ``videoSource``, the string says what it is:
 ========================  ===========================================================
 ``0``, ``/dev/video0``    a V4L2 camera (live)
 ``clip.mp4``              a video file (ends; ``realtime`` replays it at its own rate)
-``http://…``, ``rtsp://…``  a network camera or stream through OpenCV's FFmpeg (live)
+``http://…``, ``rtsp://…``  a network camera or stream (live; how it is decoded: below)
 ``rtsp://…#transport=udp``  the same, with options after ``#`` (see ``STREAM_OPTIONS``)
 ``v4l2src ! … ! appsink``  a GStreamer pipeline (needs an OpenCV built with GStreamer)
 ``photos/``               an image folder, in name order (ends)
 ``synthetic:640x480@30``  a generated moving test pattern (live, paced at its rate)
 ========================  ===========================================================
+
+``rtsp://`` goes through GStreamer when PyGObject is present (``gst_source``, with the device
+profile's decoder); without it, and ``http://`` always, through OpenCV's FFmpeg.
 
 Every source hands over BGR ``uint8`` HxWx3 frames: grayscale, BGRA and 16-bit frames are
 converted (and counted).  A live source that stops delivering is reopened with
