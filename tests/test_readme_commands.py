@@ -1,0 +1,425 @@
+"""The shell commands of the README and of docs/ run as written.
+
+Every ```` ```bash ````, ```` ```sh ```` and ```` ```console ```` block is split into commands
+(``\\`` continuations joined, ``# comments`` and ``$`` prompts dropped) and each command is, by
+the tables below, either
+
+* run as written, in order within its block, by ``bash`` in one working folder shared by all
+  blocks (``models/``, ``devices/``, ``tools/`` and ``.venv`` link to this checkout, so the
+  README's relative paths resolve), with ``HOME`` a fresh folder (``edgekit keys generate``
+  writes there) and this venv's ``edgekit`` first on ``PATH``; it must exit 0;
+* run after a documented substitution (``SUBSTITUTIONS``: only what cannot exist on a test
+  machine: a camera, a broker or a device by name, ports other users may hold); or
+* skipped, by its exact text, with the reason (``SKIPPED``).
+
+A command not in ``SKIPPED`` is run, so a command added to the docs either runs as written
+or is skipped here with its reason; an entry of either table that matches no command fails.
+Commands that serve until stopped (``LONG_RUNNING``) must still be running, and answering
+where they serve HTTP, a few seconds after they start; then they are stopped.
+
+The blocks run in document order (README first) because later ones use what earlier ones
+made: the README builds ``bundles/enl0-x86`` that the guides run and deploy.  That build
+reuses the session's build cache, warmed by the ``x86_bundle`` fixture that other tests share,
+so it takes seconds here; blocks that build or deploy are marked ``slow`` (CI runs them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sshd import Sshd
+
+from edgekit.core.paths import config_root
+from edgekit.testing.mosquitto import Mosquitto, free_port
+
+from conftest import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^```(bash|sh|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+#: Commands not run, by their exact text (continuations joined, comment dropped): why.
+SKIPPED = {
+    # The set-up commands: .ci/run runs tools/setup.sh and pytest itself, and tools/fresh_check.sh
+    # runs `tools/setup.sh` then `edgekit demo` on a fresh Debian root.
+    "tools/setup.sh && .venv/bin/edgekit demo": "set-up; .ci/run's fresh-machine check (tools/fresh_check.sh) runs it",
+    ".venv/bin/python -m pytest": "this test is part of it",
+    # ARM64: containers and binfmt as root.
+    "podman build --arch arm64 --format docker -f Dockerfile.arm64 -t edgekit-device:arm64 .": (
+        "builds the arm64 device image under QEMU (tens of minutes); tools/arm64_check.sh does, in .ci/run"
+    ),
+    "tools/arm64_check.sh": "root and binfmt_misc; .ci/run runs it after pytest",
+    # Minutes of measuring on a shared 2-core machine; the same options run on the tiny bundle there.
+    "edgekit bench bundles/enl0-x86": "every candidate for minutes; tests/test_bench.py runs bench on small bundles",
+    "edgekit bench bundles/enl0-x86 --backends onnxruntime,openvino --precisions int8 --threads 1,2": (
+        "minutes of measuring; tests/test_bench.py covers --backends/--precisions/--threads"
+    ),
+    "edgekit bench bundles/enl0-x86 --json --samples --plot latency.html": (
+        "minutes of measuring; tests/test_bench.py covers --json/--samples/--plot"
+    ),
+    "edgekit bench bundles/enl0-x86 --write-selection --sign-key ~/.config/edgekit/keys/edgekit.pem": (
+        "minutes of measuring; tests/test_measured_selection.py writes a selection"
+    ),
+    "edgekit build --model models/efficientnet-lite0 --device x86 --select fastest --sign-key KEY": (
+        "benches every candidate during the build (minutes); tests/test_measured_selection.py runs --select"
+    ),
+    # The reader's own files.
+    "edgekit build --model models/efficientnet-lite0 --device jetson -o bundles/enl0-jetson.tar.gz": (
+        "the TensorRT-bound bundle takes minutes more; tests/test_build.py builds it"
+    ),
+    "edgekit build --onnx my.onnx --mean 123.675,116.28,103.53 --std 58.395,57.12,57.375 "
+    "--labels labels.txt --device pi": "the reader's own model and labels; tests/test_file_card.py builds from --onnx",
+    "edgekit build --onnx yolov8n.onnx --device x86_64-cpu -o bundles/yolo-x86": (
+        "the reader's Ultralytics export; tests/test_build_user_detector.py builds one"
+    ),
+    "edgekit build --onnx yolov8n.onnx --device x86_64-cpu --write-card models/my-yolo": (
+        "the reader's Ultralytics export; tests/test_build_user_detector.py writes a card"
+    ),
+    # The device side, as root.
+    "sudo edgekit agent trust builder.pub.pem [--root /var/lib/edgekit]": "sudo on the device; the deploy below trusts the key the same way",
+    "edgekit agent unit > /etc/systemd/system/edgekit-agent.service": "writes /etc as root; tests/test_deploy_supervisor.py",
+    "edgekit deploy --device jetson --model models/efficientnet-lite0 --sign-key builder.pem --host ubuntu@10.0.0.7": (
+        "a Jetson over SSH (builds for it first); the x86_64 deploy below runs over a real sshd"
+    ),
+    "edgekit deploy --fleet lab --group line-2 --bundle bundles/enl0-x86 --mqtt mqtt://broker.local "
+    "--sign-key builder.pem --artifacts /srv/edgekit/artifacts --artifact-url http://fleet.local:8765/artifacts "
+    "--canary 10% --canary-window 5m": "a fleet of agents answering over MQTT; tests/test_deploy_mqtt.py",
+    "edgekit deploy rollback --fleet lab --target cam-7 --mqtt mqtt://broker.local --sign-key builder.pem": (
+        "a fleet agent answering over MQTT; tests/test_deploy_mqtt.py"
+    ),
+    # Services this machine does not have.
+    "edgekit run bundles/enl0-x86 --source rtsp://cam.local/stream1 --budget 33 --duration 60 --json": (
+        "a network camera; tests/test_cameras.py serves RTSP"
+    ),
+    "edgekit fleet serve --mqtt mqtts://fleet@broker.local:8883 --mqtt-ca ca.pem "
+    "--db postgresql://edgekit@db.local/fleet --host 0.0.0.0 --token-file fleet.token [--allowed-host fleet.local] "
+    "[--raw-keep 1h] [--keep 30d] [--slo-for 5m] [--max-devices 10000]": (
+        "a TLS broker and PostgreSQL; tests/test_fleet_serve.py and tests/test_fleet_trust.py"
+    ),
+    "edgekit run ... --mqtt mqtts://cam-7@broker.local:8883 --mqtt-ca ca.pem [--mqtt-cert c.pem --mqtt-key c.key]": (
+        "a fragment ('...'); tests/test_telemetry_tls.py"
+    ),
+    # A dated measurement's recipe: its own data sets and minutes of building.
+    "python -m benchmarks.labelled_sets documents pages": "a measurement's recipe (docs/measurements)",
+    "python -m benchmarks.labelled_sets documents calib --seed 7": "a measurement's recipe (docs/measurements)",
+    "edgekit build --model models/yolov8n-doclaynet --device x86_64-cpu -o B --calibration calib/images "
+    "--eval-coco pages/annotations.json --eval-images pages/images": "a measurement's recipe (docs/measurements)",
+    "edgekit eval B --coco pages/annotations.json --images pages/images": "a measurement's recipe (docs/measurements)",
+    "edgekit bench B --threads 2 --min-duration 3 --min-queries 20 --max-duration 8 --fps 0": (
+        "a measurement's recipe (docs/measurements)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Substitution:
+    pattern: str
+    replacement: str  # formatted with the Folder's fields
+    why: str
+
+
+SUBSTITUTIONS = [
+    # Options in [brackets] are optional: they are run (so that they exist), but for these.
+    Substitution(
+        r" \[--port 2222\] \[--key id_ed25519\]", "", "the sshd's own port and key are given instead"
+    ),
+    Substitution(
+        r"\[--spool /var/lib/edgekit/spool\.db\]", "--spool spool.db", "not the system's state folder"
+    ),
+    Substitution(
+        r" \[--measure\]", "", "measures every candidate for minutes; tests/test_measured_selection.py"
+    ),
+    Substitution(r"\[([^\]]*)\]", r"\1", "options in [brackets]: run with them"),
+    Substitution(
+        r"--source 0 --preview :8080",
+        "--source synthetic:320x240@30 --preview 127.0.0.1:{http_port}",
+        "no camera here; the live view serves until stopped, on a free port (8080 may be another user's)",
+    ),
+    Substitution(
+        r"--source 0\b", "--source synthetic:320x240@30 --frames 30", "no camera here: the synthetic source"
+    ),
+    Substitution(r"mqtt://broker\.local\b", "mqtt://127.0.0.1:{mqtt_port}", "the test's own Mosquitto"),
+    Substitution(r"mqtt://127\.0\.0\.1:1883\b", "mqtt://127.0.0.1:{mqtt_port}", "the test's own Mosquitto"),
+    Substitution(
+        r"--host edge@cam-7",
+        "{ssh_args}",
+        "the device is this machine behind a real sshd on loopback, its state root a temp folder",
+    ),
+    Substitution(
+        r"^(edgekit deploy --device \S+ --bundle .*)$",
+        r"\1 --budget 2000",
+        "the device runs at a relaxed budget: a busy test machine's p99 is no promise about a device's"
+        " (the budget gate has its own tests, tests/test_deploy_install.py)",
+    ),
+    Substitution(r"(edgekit fleet serve .*)$", r"\1 --port {http_port}", "port 8765 may be another user's"),
+    Substitution(r"builder\.pub\.pem", "~/.config/edgekit/keys/edgekit.pub.pem", "the key made above"),
+    Substitution(r"\bBUNDLE\b", "bundles/enl0-x86", "a placeholder: the bundle built above"),
+]
+
+#: Commands that serve until stopped, by a pattern: the URL that must answer while they run (or None).
+LONG_RUNNING = {
+    r"^edgekit fleet serve ": "http://127.0.0.1:{http_port}/",
+    r"^\S*edgekit fleet simulate ": None,
+    r"^edgekit telemetry tail ": None,
+    r"--preview ": "http://127.0.0.1:{http_port}/",
+}
+#: The guides repeat the README's commands for a reader who starts there.  Run a second time in the
+#: same folder these refuse (``keys generate`` never overwrites a key) or redo the same work (a
+#: build of the same bundle), so each runs once; a repeated deploy runs again (a rollback needs two).
+ONCE = r"^edgekit (keys generate$|build )"
+#: What a command's output must hold where the docs say what it does.
+SHOWS = {
+    "edgekit keys generate": ".config/edgekit/keys/edgekit.pem",
+    "edgekit --version": "edgekit",
+}
+
+
+@dataclass(frozen=True)
+class Command:
+    where: str  # file:line
+    text: str  # as written: continuations joined, comment and prompt dropped
+
+
+def shell_blocks() -> list[tuple[str, list[Command]]]:
+    """``(where, commands)`` for every shell block of the docs, ``where`` being ``file:line``."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for m in FENCE.finditer(text):
+            first = text.count("\n", 0, m.start(2)) + 1
+            name = doc.relative_to(ROOT)
+            found.append((f"{name}:{first - 1}", _commands(m.group(1), m.group(2), name, first)))
+    return found
+
+
+def _commands(lang: str, body: str, name: Path, first: int) -> list[Command]:
+    commands: list[Command] = []
+    pending = ""
+    start = first
+    for i, raw in enumerate(body.splitlines()):
+        line = raw.strip()
+        if lang == "console":
+            if not line.startswith("$ ") and not pending:
+                continue  # the command's output
+            line = line.removeprefix("$ ")
+        if not pending:
+            start = first + i
+        line = re.sub(r"(^|\s)#.*$", "", line).rstrip()  # no command here quotes a '#'
+        if line.endswith("\\"):
+            pending += line[:-1].strip() + " "
+            continue
+        text = (pending + line).strip()
+        pending = ""
+        if text:
+            commands.append(Command(f"{name}:{start}", " ".join(text.split())))
+    return commands
+
+
+def substituted(text: str) -> tuple[str, list[str]]:
+    """The command with every substitution that applies, and why each did (placeholders left in)."""
+    whys = []
+    for s in SUBSTITUTIONS:
+        new = re.sub(s.pattern, s.replacement, text)
+        if new != text:
+            whys.append(s.why)
+            text = new
+    return text, whys
+
+
+def _blocks_to_run() -> list[Any]:
+    params = []
+    for where, cmds in shell_blocks():
+        if not cmds or all(c.text in SKIPPED for c in cmds):
+            continue
+        heavy = any(
+            re.search(r"edgekit (build|demo|deploy)\b", c.text) and c.text not in SKIPPED for c in cmds
+        )
+        params.append(pytest.param(where, cmds, id=where, marks=[pytest.mark.slow] if heavy else []))
+    return params
+
+
+def test_every_command_is_run_substituted_or_skipped_with_a_reason() -> None:
+    every = [c for _, cmds in shell_blocks() for c in cmds]
+    # So that moving the docs cannot leave this test checking nothing.
+    assert any(c.text.startswith("edgekit build --model models/efficientnet-lite0") for c in every)
+    assert sum(c.text not in SKIPPED for c in every) >= 20
+    stale = [k for k in SKIPPED if all(c.text != k for c in every)]
+    assert not stale, f"SKIPPED entries that match no command (the docs changed?): {stale}"
+    run = [c for c in every if c.text not in SKIPPED]
+    unused = [s.pattern for s in SUBSTITUTIONS if not any(re.search(s.pattern, c.text) for c in run)]
+    assert not unused, f"SUBSTITUTIONS that apply to no command: {unused}"
+
+
+def test_the_parser_joins_continuations_and_drops_comments_prompts_and_output() -> None:
+    body = (
+        "$ edgekit build --model m \\\n    --device x86   # why\nshown output\n# a note\n$ edgekit doctor\n"
+    )
+    assert _commands("console", body, Path("doc.md"), 10) == [
+        Command("doc.md:10", "edgekit build --model m --device x86"),
+        Command("doc.md:14", "edgekit doctor"),
+    ]
+    assert [c.text for c in _commands("bash", "edgekit a  # x\n\nedgekit b [--json]\n", Path("d"), 1)] == [
+        "edgekit a",
+        "edgekit b [--json]",
+    ]
+
+
+@dataclass
+class Folder:
+    path: Path
+    env: dict[str, str]
+    mqtt_port: int
+    http_port: int
+    ssh_args: str
+    done: set[str] = field(default_factory=set)
+
+    def fill(self, text: str) -> str:
+        return text.format(mqtt_port=self.mqtt_port, http_port=self.free_http(), ssh_args=self.ssh_args)
+
+    def free_http(self) -> int:
+        self.http_port = free_port()
+        return self.http_port
+
+
+@pytest.fixture(scope="module")
+def folder(
+    tmp_path_factory: pytest.TempPathFactory,
+    cache_env: dict[str, str],
+    x86_bundle: tuple[Path, dict[str, Any]],
+) -> Iterator[Folder]:
+    """The reader's working folder: a fresh HOME, the checkout's files, a broker and an sshd "device"."""
+    del x86_bundle  # built first, so the README's build of the same model finds its steps cached
+    home = tmp_path_factory.mktemp("home")
+    work = tmp_path_factory.mktemp("work")
+    for name in ("models", "devices", "tools"):
+        (work / name).symlink_to(ROOT / name)
+    (work / ".venv").symlink_to(Path(sys.executable).parent.parent)
+    env = {k: v for k, v in cache_env.items() if k not in ("EDGEKIT_TRUST", "XDG_CONFIG_HOME")}
+    env |= {
+        "HOME": str(home),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        # The cache's seal stays this user's (a cache kept in EDGEKIT_TEST_CACHE was sealed by it).
+        "EDGEKIT_CACHE_KEY_FILE": env.get("EDGEKIT_CACHE_KEY_FILE") or str(config_root() / "cache.key"),
+        "EDGEKIT_AGENT_ROOT": str(home / "agent"),  # `edgekit agent status` on "this device"
+        "EDGEKIT_STATE": str(home / "state"),
+        "COLUMNS": "200",
+    }
+    _readers_files(work)
+    broker = Mosquitto(tmp_path_factory.mktemp("mqtt")).start()
+    sshd = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    device = home / "device root"
+    remote = Path(sys.executable).parent / "edgekit"
+    ssh_args = " ".join(
+        [
+            *map(shlex.quote, sshd.client_args()),
+            "--root",
+            shlex.quote(str(device)),
+            "--remote-edgekit",
+            shlex.quote(str(remote)),
+        ]
+    )
+    try:
+        yield Folder(work, env, broker.port, 0, ssh_args)
+    finally:
+        sshd.stop()
+        broker.stop()
+
+
+@pytest.mark.parametrize(("where", "commands"), _blocks_to_run())
+def test_the_block_runs_as_written(where: str, commands: list[Command], folder: Folder) -> None:
+    for c in commands:
+        if c.text in SKIPPED:
+            continue
+        text, _ = substituted(c.text)
+        if text in folder.done and re.match(ONCE, text):
+            continue
+        folder.done.add(text)
+        began = time.monotonic()
+        text = folder.fill(text)
+        if "--host edge@cam-7" in c.text:
+            _trust_on_the_device(folder)
+        serving = next((url for p, url in LONG_RUNNING.items() if re.search(p, text)), "none")
+        if serving != "none":
+            _serves(c, text, folder, serving.format(http_port=folder.http_port) if serving else None)
+            continue
+        r = subprocess.run(
+            ["bash", "-c", text], capture_output=True, text=True, env=folder.env, cwd=folder.path, timeout=600
+        )
+        assert r.returncode == 0, f"{c.where}: {c.text}\nran: {text}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        print(f"{time.monotonic() - began:6.1f} s  {c.where}: {text}")
+        shown = SHOWS.get(c.text)
+        assert shown is None or shown in r.stdout + r.stderr, f"{c.where}: {shown!r} not in\n{r.stdout}"
+
+
+def _readers_files(work: Path) -> None:
+    """What run.md reads that is the reader's own: ``clip.mp4`` (one second) and ``photos/``."""
+    import cv2
+    from skimage import data
+
+    photos = [cv2.cvtColor(getattr(data, n)(), cv2.COLOR_RGB2BGR) for n in ("astronaut", "chelsea", "coffee")]
+    (work / "photos").mkdir()
+    for i, image in enumerate(photos):
+        cv2.imwrite(str(work / "photos" / f"{i}.jpg"), image)
+    writer = cv2.VideoWriter(str(work / "clip.mp4"), cv2.VideoWriter.fourcc(*"mp4v"), 30.0, (320, 240))
+    assert writer.isOpened()
+    for i in range(30):
+        writer.write(cv2.resize(photos[i // 10], (320, 240)))
+    writer.release()
+
+
+def _trust_on_the_device(folder: Folder) -> None:
+    """deploy.md's "on the device, once": the device trusts the key the bundles are signed with."""
+    key = Path(folder.env["HOME"]) / ".config/edgekit/keys/edgekit.pub.pem"
+    root = Path(folder.env["HOME"]) / "device root"
+    r = subprocess.run(
+        ["edgekit", "agent", "trust", str(key), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        env=folder.env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def _serves(c: Command, text: str, folder: Folder, url: str | None) -> None:
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {text}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=folder.env,
+        cwd=folder.path,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        answered = url is None
+        while time.monotonic() < deadline and proc.poll() is None:
+            if url is None:
+                time.sleep(3)  # long enough to fail on a bad option or an unreachable broker
+                break
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    answered = resp.status == 200
+                    break
+            except OSError:
+                time.sleep(0.2)
+        alive = proc.poll() is None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert alive and answered, (
+        f"{c.where}: {c.text}\nran: {text}\nexit {proc.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+    )
