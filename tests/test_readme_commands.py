@@ -46,7 +46,14 @@ from edgekit.testing.mosquitto import Mosquitto, free_port
 
 from conftest import ROOT
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# CONTRIBUTING.md is a page of the site (docs/contributing.md includes it); devices/README.md is
+# the profile format's guide.
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    ROOT / "CONTRIBUTING.md",
+    ROOT / "devices" / "README.md",
+]
 FENCE = re.compile(r"^```(bash|sh|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 #: Commands not run, by their exact text (continuations joined, comment dropped): why.
@@ -55,6 +62,14 @@ SKIPPED = {
     # runs `tools/setup.sh` then `edgekit demo` on a fresh Debian root.
     "tools/setup.sh && .venv/bin/edgekit demo": "set-up; .ci/run's fresh-machine check (tools/fresh_check.sh) runs it",
     ".venv/bin/python -m pytest": "this test is part of it",
+    # The contributor's checks: .ci/run runs each of them on this checkout.
+    "tools/setup.sh": "set-up; .ci/run runs it first, and its fresh-machine check on a clean Debian root",
+    ".venv/bin/ruff check edgekit tests tools benchmarks && .venv/bin/ruff format --check edgekit tests tools "
+    "benchmarks": ".ci/run runs it on the checkout (here the folder is the reader's, not a checkout)",
+    ".venv/bin/mypy": ".ci/run runs it on the checkout",
+    ".venv/bin/lint-imports": ".ci/run runs it; tests/test_layers.py checks the same contracts",
+    ".venv/bin/python -m pytest -q tests/test_<what you touched>.py": "a placeholder; this test is part of pytest",
+    ".venv/bin/mkdocs build --strict": "tests/test_docs.py builds the site strictly",
     # ARM64: containers and binfmt as root.
     "podman build --arch arm64 --format docker -f Dockerfile.arm64 -t edgekit-device:arm64 .": (
         "builds the arm64 device image under QEMU (tens of minutes); tools/arm64_check.sh does, in .ci/run"
@@ -140,7 +155,7 @@ SUBSTITUTIONS = [
     Substitution(
         r" \[--measure\]", "", "measures every candidate for minutes; tests/test_measured_selection.py"
     ),
-    Substitution(r"\[([^\]]*)\]", r"\1", "options in [brackets]: run with them"),
+    Substitution(r"\[(--[^\]]*)\]", r"\1", "options in [brackets]: run with them"),
     Substitution(
         r"--source 0 --preview :8080",
         "--source synthetic:320x240@30 --preview 127.0.0.1:{http_port}",
@@ -182,6 +197,7 @@ ONCE = r"^edgekit (keys generate$|build )"
 SHOWS = {
     "edgekit keys generate": ".config/edgekit/keys/edgekit.pem",
     "edgekit --version": "edgekit",
+    "edgekit devices list": "my-board",
 }
 
 
@@ -353,6 +369,10 @@ def test_the_block_runs_as_written(where: str, commands: list[Command], folder: 
         if serving != "none":
             _serves(c, text, folder, serving.format(http_port=folder.http_port) if serving else None)
             continue
+        if m := re.fullmatch(r"export (\w+)=(\S+)", text):
+            # Later commands of the block see it, as in the reader's shell (each runs in its own bash).
+            folder.env[m[1]] = _expanded(m[2], folder)
+            continue
         r = subprocess.run(
             ["bash", "-c", text], capture_output=True, text=True, env=folder.env, cwd=folder.path, timeout=600
         )
@@ -360,6 +380,13 @@ def test_the_block_runs_as_written(where: str, commands: list[Command], folder: 
         print(f"{time.monotonic() - began:6.1f} s  {c.where}: {text}")
         shown = SHOWS.get(c.text)
         assert shown is None or shown in r.stdout + r.stderr, f"{c.where}: {shown!r} not in\n{r.stdout}"
+
+
+def _expanded(word: str, folder: Folder) -> str:
+    r = subprocess.run(
+        ["bash", "-c", f"printf %s {word}"], capture_output=True, text=True, env=folder.env, check=True
+    )
+    return r.stdout
 
 
 def _readers_files(work: Path) -> None:
