@@ -87,14 +87,14 @@ SKIPPED = {
         "minutes of measuring; tests/test_bench.py covers --json/--samples/--plot"
     ),
     "edgekit bench bundles/enl0-x86 --write-selection --sign-key ~/.config/edgekit/keys/edgekit.pem": (
-        "minutes of measuring; tests/test_measured_selection.py writes a selection"
+        "minutes of measuring; tests/test_bench.py writes a selection"
     ),
     "edgekit build --model models/efficientnet-lite0 --device x86 --select fastest --sign-key KEY": (
-        "benches every candidate during the build (minutes); tests/test_measured_selection.py runs --select"
+        "benches every candidate during the build (minutes); tests/test_bench.py runs --select fastest"
     ),
     # The reader's own files.
     "edgekit build --model models/efficientnet-lite0 --device jetson -o bundles/enl0-jetson.tar.gz": (
-        "the TensorRT-bound bundle takes minutes more; tests/test_build.py builds it"
+        "the Jetson bundle takes minutes more; tests/test_build.py builds it"
     ),
     "edgekit build --onnx my.onnx --mean 123.675,116.28,103.53 --std 58.395,57.12,57.375 "
     "--labels labels.txt --device pi": "the reader's own model and labels; tests/test_file_card.py builds from --onnx",
@@ -105,7 +105,7 @@ SKIPPED = {
     ),
     # The device side, as root.
     "sudo edgekit agent trust builder.pub.pem [--root /var/lib/edgekit]": "sudo on the device; the deploy below trusts the key the same way",
-    "edgekit agent unit > /etc/systemd/system/edgekit-agent.service": "writes /etc as root; tests/test_deploy_supervisor.py",
+    "edgekit agent unit > /etc/systemd/system/edgekit-agent.service": "writes /etc as root; tests/test_deploy_install.py checks the unit",
     "edgekit deploy --device jetson --model models/efficientnet-lite0 --sign-key builder.pem --host ubuntu@10.0.0.7": (
         "a Jetson over SSH (builds for it first); the x86_64 deploy below runs over a real sshd"
     ),
@@ -117,15 +117,15 @@ SKIPPED = {
     ),
     # Services this machine does not have.
     "edgekit run bundles/enl0-x86 --source rtsp://cam.local/stream1 --budget 33 --duration 60 --json": (
-        "a network camera; tests/test_cameras.py serves RTSP"
+        "a network camera for 60 s; tests/test_sources_rtsp.py reads a real RTSP server on loopback"
     ),
     "edgekit fleet serve --mqtt mqtts://fleet@broker.local:8883 --mqtt-ca ca.pem "
     "--db postgresql://edgekit@db.local/fleet --host 0.0.0.0 --token-file fleet.token [--allowed-host fleet.local] "
     "[--raw-keep 1h] [--keep 30d] [--slo-for 5m] [--max-devices 10000]": (
-        "a TLS broker and PostgreSQL; tests/test_fleet_serve.py and tests/test_fleet_trust.py"
+        "a TLS broker and PostgreSQL; tests/test_secrets.py, tests/test_fleet_serve.py and tests/test_fleet_store.py"
     ),
     "edgekit run ... --mqtt mqtts://cam-7@broker.local:8883 --mqtt-ca ca.pem [--mqtt-cert c.pem --mqtt-key c.key]": (
-        "a fragment ('...'); tests/test_telemetry_tls.py"
+        "a fragment ('...'); tests/test_telemetry.py and tests/test_fleet_mqtt.py use TLS"
     ),
     # A dated measurement's recipe: its own data sets and minutes of building.
     "python -m benchmarks.labelled_sets documents pages": "a measurement's recipe (docs/measurements)",
