@@ -182,3 +182,27 @@ def test_time_without_frames_runs_from_the_last_frame() -> None:
     src.read()
     assert src.counters.down_s >= 0.2 and src.counters.stalls == 1 and src.counters.outages == 1
     assert src.down_now_s() == 0.0
+
+
+@needs_server
+def test_a_stream_read_late_starts_at_the_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames queued between opening and the first read are skipped, not handed over in a burst."""
+    import time
+
+    from edgekit.pipeline import sources
+
+    monkeypatch.setattr(sources, "STREAM_OPENERS", [])  # OpenCV's FFmpeg, where frames queue
+    with RtspCamera() as cam:
+        source = open_source(cam.url)
+        try:
+            time.sleep(3.0)  # a pipeline loading its model: ~90 frames queue meanwhile
+            assert source.read() is not None
+            assert source.counters.stale >= 30
+            started = time.monotonic()
+            for _ in range(15):
+                assert source.read() is not None
+            # Caught up, the frames come at the camera's pace (half a second for 15 at 30 fps),
+            # not out of a queue.
+            assert time.monotonic() - started >= 0.3
+        finally:
+            source.close()

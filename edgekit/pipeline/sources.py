@@ -61,6 +61,8 @@ NETWORK_TIMEOUT_MS = 5000
 # A live stream that sends no frame for this many frame periods has stalled (see stall_timeout_s).
 STALL_PERIODS = 30
 STALL_MIN_S, STALL_MAX_S = 0.5, 2.0
+# At most this many frames queued before a stream's first read are skipped (10 s at 30 fps).
+STALE_MAX = 300
 # What may follow "#" in a stream's URI, and the values each option takes (the first is the default).
 STREAM_OPTIONS: dict[str, tuple[str, ...]] = {"transport": ("tcp", "udp")}
 # Back-off between reopen attempts of a live source: the first wait, doubling up to the cap.
@@ -88,6 +90,7 @@ class SourceCounters:
     corrupt: int = 0  # frames the decoder reported damaged, skipped
     converted: int = 0  # frames converted to BGR uint8 (grayscale, BGRA, 16-bit)
     unreadable: int = 0  # folder images that could not be decoded (skipped)
+    stale: int = 0  # frames a network stream queued between opening and the first read (skipped)
     down_s: float = 0.0  # seconds without frames in outages that ended (see ``Source.down_now_s``)
 
 
@@ -192,6 +195,7 @@ class _CaptureSource(Source):
         self._ffmpeg_options = ffmpeg_options
         self._read_timeout_s = read_timeout_s
         self._stalled = False  # a read waited out its timeout but still handed over a held frame
+        self._first_read = info.kind == "stream"  # catch up with the stream before the first frame
         self._lock = threading.Lock()
         self._cap: Any = self._open()
         if self._cap is None:
@@ -273,7 +277,11 @@ class _CaptureSource(Source):
             started = time.monotonic()
             with self._lock:
                 cap = self._cap
-                ok, image = cap.read() if cap is not None else (False, None)
+                if self._first_read and cap is not None:
+                    self._first_read = False
+                    ok, image, started = self._catch_up(cap)
+                else:
+                    ok, image = cap.read() if cap is not None else (False, None)
             # A read that took the whole timeout ran out of packets: FFmpeg's interrupt ended it.
             # It may still hand over a frame its decoder held back; that frame is real, but the
             # stream has stalled, so it is reopened before the next read, not after more timeouts.
@@ -287,6 +295,27 @@ class _CaptureSource(Source):
                 return None  # a file ends
             self._reconnect(stalled=stalled)
         return None
+
+    def _catch_up(self, cap: Any) -> tuple[bool, Any, float]:
+        """The present frame of a stream read for the first time, past what it queued since opening.
+
+        A pipeline opens its cameras, then loads and warms its model: seconds in which a network
+        camera's frames queue in the socket and the demuxer.  Handing those over would start the
+        run seconds in the past (and under ``block``, stay there).  Frames that come without
+        waiting are the queue (counted as ``stale``); the first one that had to wait is the present.
+        Returns the frame and when the last grab began (what the stall rule measures from).
+        """
+        period = 1.0 / (self.info.fps or 30.0)
+        started = time.monotonic()
+        for _ in range(STALE_MAX):
+            started = time.monotonic()
+            if not cap.grab():
+                return False, None, started
+            if time.monotonic() - started > period / 2:
+                break
+            self.counters.stale += 1
+        ok, image = cap.retrieve()
+        return bool(ok), image, started
 
     def _reconnect(self, *, stalled: bool = False) -> None:
         self._outage(stalled=stalled)
