@@ -15,6 +15,15 @@
     ``edgekit run --json``'s ``seen``.  ``from_dict`` also reads the spelling ``seen`` had
     before (``frames_with_detections``, ``detections``), so documents saved then still read.
 
+``SourceHealth``
+    How a camera kept delivering: its outages, reopens, stalls, corrupt frames and size
+    changes (counts since the pipeline started), the seconds it went without frames (the
+    current outage included) and the seconds since its last frame, now.  The pipeline keeps
+    one per camera; a telemetry window carries one per camera (``cameras/<name>/health``) and
+    the pipeline's sources together (``health``); the fleet keeps each camera's latest.
+    ``to_dict`` is the wire form, ``from_dict`` reads it back (a field an older device left
+    out reads as 0).
+
 Percentiles are never averaged: a tally's latency is a sketch, merged by adding counts.
 """
 
@@ -140,3 +149,54 @@ def count_detections(
         if k not in in_frame:
             in_frame.add(k)
             c.frames += 1
+
+
+@dataclass
+class SourceHealth:
+    """How a source kept delivering: counts since the pipeline started, time without frames, and a gauge.
+
+    Every field but ``since_frame_s`` only goes up while the pipeline runs (a restart starts
+    them again from 0, which a Prometheus ``rate()`` understands).
+    """
+
+    outages: int = 0  # times it stopped delivering (stalls included)
+    reopens: int = 0  # times it was opened again
+    stalls: int = 0  # outages with the connection open and no frame coming (the watchdog's)
+    corrupt: int = 0  # frames the decoder reported damaged, skipped
+    size_changes: int = 0  # times the frame size (resolution) changed mid-stream
+    down_s: float = 0.0  # seconds without frames in outages, the current one included
+    since_frame_s: float = 0.0  # seconds since its last frame, now (a gauge, not a count)
+
+    #: The fields that are counts (they add up across cameras; the fleet exports each as a counter).
+    COUNTS = ("outages", "reopens", "stalls", "corrupt", "size_changes")
+
+    def add(self, other: SourceHealth) -> None:
+        """Fold another source in: counts and time without frames add up, the longest silence wins."""
+        for name in self.COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.down_s += other.down_s
+        self.since_frame_s = max(self.since_frame_s, other.since_frame_s)
+
+    def stalled(self, after_s: float) -> bool:
+        """No frame for more than ``after_s`` seconds."""
+        return self.since_frame_s > after_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: the counts, ``down_s`` and ``since_frame_s`` (seconds, to the ms)."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in self.COUNTS}
+        out["down_s"] = round(self.down_s, 3)
+        out["since_frame_s"] = round(self.since_frame_s, 3)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SourceHealth:
+        """A health from its wire form (checked already); a field left out reads as 0."""
+        return cls(
+            outages=int(data.get("outages", 0)),
+            reopens=int(data.get("reopens", 0)),
+            stalls=int(data.get("stalls", 0)),
+            corrupt=int(data.get("corrupt", 0)),
+            size_changes=int(data.get("size_changes", 0)),
+            down_s=float(data.get("down_s", 0.0)),
+            since_frame_s=float(data.get("since_frame_s", 0.0)),
+        )

@@ -158,20 +158,43 @@ class DetectionCount(WireMessage):
 CameraName = Annotated[str, Field(min_length=1, max_length=MAX_CAMERA_NAME)]
 
 
+class Health(WireMessage):
+    """How a source kept delivering, when the window closed: counts since the pipeline started, the
+    seconds without frames (the current outage included), and the seconds since its last frame.
+
+    Every field is optional (0): a device may know only some of them.
+    """
+
+    outages: Count = Field(default=0, description="times it stopped delivering (stalls included)")
+    reopens: Count = Field(default=0, description="times it was opened again")
+    stalls: Count = Field(default=0, description="outages with the connection open but no frame coming")
+    corrupt: Count = Field(default=0, description="frames the decoder reported damaged, skipped")
+    size_changes: Count = Field(default=0, description="times the frame size changed mid-stream")
+    down_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="seconds without frames in outages since the pipeline started, "
+        "the current one included (only goes up)",
+    )
+    since_frame_s: float = Field(default=0.0, ge=0, description="seconds since its last frame (a gauge)")
+
+
 class CameraWindow(WireMessage):
-    """One camera of a many-camera pipeline over one window: its frames, misses, drops and latency."""
+    """One camera of a many-camera pipeline over one window: its frames, misses, drops and latency, its health."""
 
     frames: Count
     missed: Count = Field(description="its frames over the latency budget")
     dropped: Count = Field(description="frames its slot dropped before the window's frames")
     latency_ms: Sketch = Field(description="end-to-end latency of its frames")
+    health: Health | None = Field(default=None, description="the camera's health; absent from older devices")
 
 
 class Window(WireMessage):
     """One reporting window: its wall-clock span, frames and missed deadlines, the latency sketches.
 
     A detector's window also counts what it found per class (``detections``); a classifier's
-    has no such field.  A pipeline of many cameras also reports each camera (``cameras``); a
+    has no such field.  A device says how its sources kept delivering (``health``; each camera's
+    in its own entry).  A pipeline of many cameras also reports each camera (``cameras``); a
     single-source pipeline's window has no such field.
     """
 
@@ -197,6 +220,10 @@ class Window(WireMessage):
         max_length=MAX_CAMERAS,
         description=f"a many-camera pipeline's per-camera figures (at most {MAX_CAMERAS} cameras, "
         f"the rest as {OTHER_CAMERA!r}); absent for a single source",
+    )
+    health: Health | None = Field(
+        default=None,
+        description="the pipeline's sources together (a single source: its own); absent from older devices",
     )
 
     @model_validator(mode="after")
