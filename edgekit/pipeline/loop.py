@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.core.redact import redact_source
 from edgekit.core.stats import median
+from edgekit.core.tally import SourceHealth
 from edgekit.errors import PipelineError
 from edgekit.pipeline.batching import Batcher, batch_summary, parse_batch
 from edgekit.pipeline.cameras import (
@@ -46,6 +47,7 @@ from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.run_stats import CameraStats, RunStats, Summary
+from edgekit.pipeline.source_health import HealthWatch, total
 from edgekit.pipeline.sources import Source, open_source
 from edgekit.pipeline.warm import Warmer
 from edgekit.selection.matching import artifact_for
@@ -167,6 +169,7 @@ class Pipeline:
         }
         self.pace_fps: float | None = self._pace[next(iter(self.sources))]
         self.counters = Counters()
+        self._health = HealthWatch(self.sources)
         self.stats = RunStats(window)
         self.candidates_used: dict[str, int] = {}
         #: Per camera (many sources): frames, met, missed, and the latency sketch of each.
@@ -246,6 +249,7 @@ class Pipeline:
         work: deque[int] = deque(maxlen=16)  # the loop's own recent time per frame, ns
         last_image: Any = None  # the last frame, for the warm pass
         self._started_ns = time.perf_counter_ns()
+        self._health.start(self._started_ns)
         end_ns = self._started_ns + int(self.duration_s * 1e9) if self.duration_s else None
         group.start()
         try:
@@ -280,7 +284,9 @@ class Pipeline:
                 if self._batcher is not None and self._level == 0:  # a degraded level goes one at a time
                     batch = self._batcher.gather(group, frame)
                 for f in batch:
-                    if group.cameras[f.camera].follow_size(f):
+                    changed = group.cameras[f.camera].follow_size(f)
+                    self._health.frame(f.camera, f.captured_ns, changed)
+                    if changed:
                         self.counters.add("size_changes")
                 warmer.arrived(frame.captured_ns)
                 if len(batch) == 1:
@@ -404,10 +410,20 @@ class Pipeline:
         for key, attr in (
             ("source_outages", "outages"),
             ("source_reopens", "reopens"),
+            ("source_stalls", "stalls"),
+            ("source_corrupt", "corrupt"),
             ("converted", "converted"),
             ("unreadable", "unreadable"),
         ):
             c.raise_to(key, sum(getattr(s.counters, attr) for s in self.sources.values()))
+
+    def health(self) -> dict[str, SourceHealth]:
+        """How each camera keeps delivering, now (a single source's is named ``""``); from any thread.
+
+        Outages, reopens, stalls, corrupt frames and size changes since the start, the seconds
+        without frames (the current outage included) and the seconds since its last frame.
+        """
+        return self._health.health()
 
     # -- driving it ----------------------------------------------------------------------
 
@@ -432,6 +448,10 @@ class Pipeline:
         )
         if len(self.sources) > 1:
             kind = f"{len(self.sources)} cameras"
+        health = self._health.health(self._ended_ns or None)  # a finished run's, as it ended
+        for name, h in health.items():
+            if name in self.per_camera:
+                self.per_camera[name].health = h
         return Summary.of(
             self.stats,
             self.counters,
@@ -446,6 +466,7 @@ class Pipeline:
             ended_by=self.ended_by,
             cameras={n: cs.to_dict() for n, cs in self.per_camera.items()},
             batch=batch_summary(self._batcher, self.counters.frames),
+            health=total(health).to_dict(),
         )
 
     def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:

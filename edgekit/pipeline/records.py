@@ -86,6 +86,8 @@ class Counters:
     dropped: int = 0  # frames the slot dropped (drop-oldest / degrade)
     source_outages: int = 0
     source_reopens: int = 0
+    source_stalls: int = 0  # outages with the connection open and no frame coming (the watchdog's)
+    source_corrupt: int = 0  # frames the decoder reported damaged, skipped
     converted: int = 0  # grayscale / BGRA / 16-bit frames converted to BGR
     unreadable: int = 0  # folder images skipped
     size_changes: int = 0  # frame size changed mid-stream (followed, logged)

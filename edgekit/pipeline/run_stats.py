@@ -14,7 +14,7 @@ from typing import Any
 from edgekit.core.sketch import LatencySketch
 from edgekit.core.stats import PERCENTILES as REPORTED
 from edgekit.core.stats import percentile
-from edgekit.core.tally import FrameTally
+from edgekit.core.tally import FrameTally, SourceHealth
 from edgekit.pipeline.records import Counters, FrameRecord
 from edgekit.protocol.stages import STAGES
 
@@ -61,6 +61,8 @@ class CameraStats(FrameTally):
     budget_ms: float = math.nan  # the camera's own budget, or the pipeline's
     policy: str = ""  # its overload policy
     ended: str = ""
+    #: How its source kept delivering (set when the run is summed up; ``Pipeline.health`` is live).
+    health: SourceHealth = field(default_factory=SourceHealth)
 
     def to_dict(self) -> dict[str, Any]:
         def r(x: float) -> float | None:
@@ -75,6 +77,7 @@ class CameraStats(FrameTally):
             "dropped": self.dropped,
             "ended": self.ended or None,
             "latency_ms": {f"p{p:g}": r(self.latency.quantile(p / 100)) for p in (50, 90, 99)},
+            "health": self.health.to_dict(),
         }
 
 
@@ -98,6 +101,8 @@ class Summary:
     cameras: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Batching of many cameras' frames: the largest batch allowed and the mean frames per inference.
     batch: dict[str, float] = field(default_factory=lambda: {"max": 1, "mean": 1.0})
+    #: How the sources kept delivering, together (``SourceHealth.to_dict``): outages, stalls, time without frames.
+    health: dict[str, Any] = field(default_factory=lambda: SourceHealth().to_dict())
 
     @classmethod
     def of(cls, stats: RunStats, counters: Counters, duration_s: float, **meta: Any) -> Summary:
@@ -151,6 +156,7 @@ class Summary:
             "sketch_relative_accuracy": 0.01,
             **({"cameras": self.cameras} if self.cameras else {}),
             "batch": self.batch,
+            "health": self.health,
         }
 
     def render(self) -> str:
@@ -175,7 +181,9 @@ class Summary:
             f"Deadline misses  : {c['missed']}"
             + (f" ({c['missed'] / self.frames:.2%})" if self.frames else ""),
             f"Frames dropped   : {c['dropped']}",
-            f"Source outages   : {c['source_outages']} (reopened {c['source_reopens']})",
+            f"Source outages   : {c['source_outages']} (reopened {c['source_reopens']})"
+            + (f", {c['source_stalls']} stalled" if c.get("source_stalls") else "")
+            + (f", {self.health['down_s']:.1f} s without frames" if self.health.get("down_s") else ""),
         ]
         if c["degrade_switches"]:
             used = ", ".join(f"{k} x{v}" for k, v in self.candidates_used.items())
@@ -196,11 +204,12 @@ class Summary:
                 f"p99 {'-' if p99 is None else f'{p99:.2f}'} ms" + (f" ({'; '.join(own)})" if own else "")
             )
         for key, label in (
+            ("source_corrupt", "Corrupt frames"),
             ("converted", "Frames converted"),
             ("size_changes", "Size changes"),
             ("unreadable", "Unreadable"),
         ):
-            if c[key]:
+            if c.get(key):
                 lines.append(f"{label:<17}: {c[key]}")
         lines += [
             "",

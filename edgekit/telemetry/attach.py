@@ -47,7 +47,8 @@ def report(
     # A classifier's windows stay as they were; a pipeline of many cameras names them up front, so
     # every window (and a Sparkplug birth) lists each, and a single source's (none) has no cameras.
     cameras = list(pipeline.per_camera)
-    window = MetricsWindow(detections=detector, cameras=cameras)
+    # Each window closes with how the sources kept delivering (asked on the publisher's thread).
+    window = MetricsWindow(detections=detector, cameras=cameras, health=pipeline.health)
     pipeline.add_observer(window.observe)
     publisher = TelemetryPublisher(
         broker,

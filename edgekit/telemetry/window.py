@@ -17,6 +17,11 @@ none), so a stalled camera shows.  At most ``MAX_CAMERAS`` are listed: the first
 ``MAX_CAMERAS - 1`` by name, every later one counted together as ``other`` (one warning),
 so the cameras' frames still add up to the window's.  A single source's records have no
 camera, and its windows no ``cameras``: its messages stay what they were.
+
+Given ``health`` (``Pipeline.health``), a window closed by ``take`` also says how the sources
+kept delivering (``SourceHealth``): the sources together as ``health``, each camera's in its
+own entry.  It is asked when the window closes, on the publisher's thread: a stalled camera
+sends no frames, but its seconds without them still reach the fleet.
 """
 
 from __future__ import annotations
@@ -24,12 +29,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from edgekit.core.sketch import LatencySketch
-from edgekit.core.tally import ClassCount, FrameTally, count_detections
+from edgekit.core.tally import ClassCount, FrameTally, SourceHealth, count_detections
 from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.messages import (
     MAX_CAMERA_NAME,
@@ -67,6 +72,10 @@ class Window(FrameTally):
     detections: dict[str, ClassCount] | None = None
     #: Per camera, a many-camera pipeline's counts; ``None`` for a single source (no such field).
     cameras: dict[str, FrameTally] | None = None
+    #: How the sources kept delivering when it closed, together; ``None`` when not asked (no field).
+    health: SourceHealth | None = None
+    #: Each camera's, under the name its figures are counted under (``cameras``).
+    camera_health: dict[str, SourceHealth] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         span = self.end - self.start
@@ -82,15 +91,27 @@ class Window(FrameTally):
         if self.detections is not None:
             out["detections"] = {name: c.to_dict() for name, c in self.detections.items()}
         if self.cameras is not None:
-            out["cameras"] = {name: c.to_dict() for name, c in self.cameras.items()}
+            health = self.camera_health or {}
+            out["cameras"] = {
+                name: c.to_dict() | ({"health": health[name].to_dict()} if name in health else {})
+                for name, c in self.cameras.items()
+            }
+        if self.health is not None:
+            out["health"] = self.health.to_dict()
         return out
 
 
 class MetricsWindow:
     """The pipeline observer that fills windows; thread-safe between the loop and the publisher."""
 
-    def __init__(self, detections: bool = False, cameras: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        detections: bool = False,
+        cameras: Iterable[str] = (),
+        health: Callable[[], Mapping[str, SourceHealth]] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
+        self._health = health  # each camera's health now (``Pipeline.health``), asked as a window closes
         self.detections = detections  # a detector's windows count its detections per class
         # Camera -> the name it is counted under (itself, or "other" past the bound), kept across
         # windows; ``cameras`` names them up front, so the first window (and a birth) lists them all.
@@ -169,4 +190,20 @@ class MetricsWindow:
         with self._lock:
             done, self._window = self._window, self._new(now)
         done.end = now
+        if self._health is not None:
+            self._add_health(done, self._health())
         return done
+
+    def _add_health(self, w: Window, health: Mapping[str, SourceHealth]) -> None:
+        w.health = SourceHealth()
+        for h in health.values():
+            w.health.add(h)
+        if w.cameras is None:
+            return
+        w.camera_health = {}
+        with self._lock:
+            keys = dict(self._camera_keys)
+        for camera, h in health.items():
+            key = keys.get(camera)
+            if key is not None and key in w.cameras:
+                w.camera_health.setdefault(key, SourceHealth()).add(h)
