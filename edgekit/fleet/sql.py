@@ -76,6 +76,13 @@ SCHEMA = (
         stop {real} NOT NULL, name TEXT NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
         dropped {int} NOT NULL, latency TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0, name))""",
     "CREATE INDEX IF NOT EXISTS rollup_cameras_by_time ON rollup_cameras (fleet, stop)",
+    # Each camera's latest health (a single source's under camera ""): counts since the device's pipeline
+    # started, seconds without frames, seconds since its last frame, as of ``stop`` (its window's end).
+    """CREATE TABLE IF NOT EXISTS camera_health (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, camera TEXT NOT NULL, stop {real} NOT NULL,
+        outages {int} NOT NULL, reopens {int} NOT NULL, stalls {int} NOT NULL, corrupt {int} NOT NULL,
+        size_changes {int} NOT NULL, down_s {real} NOT NULL, since_frame_s {real} NOT NULL,
+        PRIMARY KEY (fleet, device, camera))""",
     # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
     # may still fill a gap below it, and that late window is new.
     """CREATE TABLE IF NOT EXISTS compacted (
@@ -93,6 +100,15 @@ UPSERT_ROLLUP = """INSERT INTO rollups (fleet, device, span, t0, stop, windows, 
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (fleet, device, span, t0) DO UPDATE SET stop = excluded.stop, windows = excluded.windows,
         frames = excluded.frames, missed = excluded.missed, latency = excluded.latency, stages = excluded.stages"""
+
+
+# A replayed (older) window does not overwrite a camera's newer health.
+UPSERT_HEALTH = """INSERT INTO camera_health (fleet, device, camera, stop, outages, reopens, stalls, corrupt,
+        size_changes, down_s, since_frame_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (fleet, device, camera) DO UPDATE SET stop = excluded.stop, outages = excluded.outages,
+        reopens = excluded.reopens, stalls = excluded.stalls, corrupt = excluded.corrupt,
+        size_changes = excluded.size_changes, down_s = excluded.down_s, since_frame_s = excluded.since_frame_s
+    WHERE excluded.stop >= camera_health.stop"""
 
 
 def where_clause(

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from edgekit.core.sketch import LatencySketch
 from edgekit.core.tally import ClassCount
-from edgekit.fleet import camera_rollups
+from edgekit.fleet import camera_health, camera_rollups
 from edgekit.fleet.sql import (
     INSERT_WINDOW,
     SCHEMA,
@@ -142,6 +142,15 @@ class FleetStore:
         """The device leaves the devices table (aged out); its windows and rollups stay for history."""
         with self._lock:
             self._execute("DELETE FROM devices WHERE fleet = ? AND device = ?", (fleet, device))
+            self._execute("DELETE FROM camera_health WHERE fleet = ? AND device = ?", (fleet, device))
+
+    def camera_health(
+        self, fleet: str | None = None, device: str | None = None
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """Each device's cameras' latest health: (fleet, device) -> ``{"at", "cameras": {name: SourceHealth}}``
+        (a single source's under ``""``; see ``edgekit.fleet.camera_health``)."""
+        with self._lock:
+            return camera_health.read(self._query, fleet, device)
 
     def devices(self) -> list[dict[str, Any]]:
         """Every known device's row, ordered by fleet and name."""
@@ -196,11 +205,16 @@ class FleetStore:
             return 0
         values = [window_row(fleet, device, p, raw) for fleet, device, p, raw, _ in rows]
         latest: dict[tuple[str, str], tuple[float, int]] = {}
+        newest: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}  # each device's newest window
         for fleet, device, p, _, at in rows:
             at0, seq0 = latest.get((fleet, device), (0.0, -1))
             latest[(fleet, device)] = (max(at0, at), max(seq0, int(p["seq"])))
+            end = float(p["window"]["end"])
+            if end >= newest.get((fleet, device), (-math.inf, {}))[0]:
+                newest[(fleet, device)] = (end, p["window"])
         with self._lock, self._transaction():
             added = self._insert_windows(values)
+            camera_health.write(self._execute, self._execute_many, newest)
             self._execute_many(
                 "UPDATE devices SET last_seen = {greatest}(last_seen, ?), last_seq = {greatest}(last_seq, ?) "
                 "WHERE fleet = ? AND device = ?",

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgekit.core.tally import SourceHealth
+from edgekit.fleet import camera_health
 from edgekit.fleet.camera_totals import camera_table
 from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
 from edgekit.fleet.detections import class_table
@@ -41,6 +43,7 @@ class SloPolicy:
     over_s: float = 60.0  # the quantile is taken over this much recent telemetry
     for_s: float = 300.0  # ...and must stay over budget this long to fire (pending until then)
     miss_rate: float = 0.01  # misses above this share over ``over_s`` also breach
+    stalled_s: float = camera_health.STALLED_S  # a camera without frames this long is stalled (an alert)
 
 
 @dataclass(kw_only=True)
@@ -56,6 +59,8 @@ class DeviceTotals(Tally):
     budget_ms: float | None
     windows: int = 0
     gaps: int = 0
+    #: Each camera's latest health (a single source's under ``""``): gauges and the device's own counts.
+    health: dict[str, SourceHealth] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,6 +80,8 @@ class _Device:
     restarts: int = 0  # the device's pipeline started again on its spool (its counters' ``restarts``)
     breach_since: float | None = None
     breach_detail: str = ""
+    health: dict[str, SourceHealth] = field(default_factory=dict)  # each camera's latest (replaced whole)
+    health_stop: float = -math.inf  # the end of the window it came from
 
     @property
     def key(self) -> str:
@@ -144,6 +151,18 @@ class FleetView:
             self._devices.pop((fleet, device), None)
             self._changed = True
 
+    def _follow_health(self, d: _Device, window: dict[str, Any], end: float) -> None:
+        # The latest window's (a replayed older one says nothing new about now).
+        health = camera_health.of_window(window)
+        if health is not None and end >= d.health_stop:
+            d.health, d.health_stop = health, end
+
+    def _stalled(self, d: _Device) -> list[str]:
+        """The cameras of ``d`` without frames for over ``stalled_s`` while it is online."""
+        if d.state != "online":
+            return []
+        return sorted(n for n, h in d.health.items() if h.stalled(self.slo.stalled_s))
+
     def _device(self, fleet: str, device: str, at: float) -> _Device:
         d = self._devices.get((fleet, device))
         if d is None:
@@ -161,6 +180,12 @@ class FleetView:
             d = self._device(row["fleet"], row["device"], row["since"])
             d.state, d.since, d.last_seen = row["state"], row["since"], row["last_seen"]
             d.birth = dict(row.get("birth") or {})
+        stored_health = getattr(self.store, "camera_health", None)
+        if stored_health is not None:
+            for (fleet, device), entry in stored_health().items():
+                known = self._devices.get((fleet, device))
+                if known is not None:
+                    known.health, known.health_stop = dict(entry["cameras"]), entry["at"]
         buckets = getattr(self.store, "buckets", None)
         if buckets is None:
             return
@@ -194,6 +219,7 @@ class FleetView:
                         d.restarts = max(d.restarts, restarts)
                     d.fps = _number(w.get("fps")) if end >= now - 2 * STEP_S else d.fps
                     try:
+                        self._follow_health(d, w, float(w["end"]))
                         d.totals.add(w)
                         if end >= horizon:
                             d.buckets.setdefault(int(end // STEP_S) * STEP_S, Tally()).add(w)
@@ -283,6 +309,10 @@ class FleetView:
             snap = self._build([d], window_s, now, series)
             detections = class_table(d.key, series)
             cameras = camera_table(by[d.key].cameras for by in series.values() if d.key in by)
+            online = d.state == "online"
+            health = [
+                camera_health.row(n, h, online, self.slo.stalled_s) for n, h in sorted(d.health.items())
+            ]
         gaps: list[tuple[int, int]] = []
         if self.store is not None:
             try:
@@ -300,6 +330,7 @@ class FleetView:
             "alerts": snap["alerts"],
             "detections": detections,
             "cameras": cameras,
+            "health": health,
             "window_s": window_s,
             "now": now,
         }
@@ -379,6 +410,7 @@ class FleetView:
             "gaps": d.gaps,
             "restarts": d.restarts,
             "slo": slo,
+            "cameras_stalled": len(self._stalled(d)),
         }
 
     @staticmethod
@@ -434,6 +466,21 @@ class FleetView:
                         + ("" if firing else f" (fires after {duration(self.slo.for_s)})"),
                     }
                 )
+            for name in self._stalled(d):
+                h = d.health[name]
+                out.append(
+                    {
+                        "kind": "stalled",
+                        "severity": "warning",
+                        "state": "firing",
+                        "fleet": d.fleet,
+                        "device": d.device,
+                        "camera": name,
+                        "since": now - h.since_frame_s,
+                        "detail": f"{'camera ' + name if name else 'the source'}: no frames for "
+                        f"{duration(h.since_frame_s)} ({h.outages} outages, {h.reopens} reopens)",
+                    }
+                )
         out.sort(key=lambda a: (a["severity"] != "critical", a["since"]))
         return out
 
@@ -461,6 +508,7 @@ class FleetView:
                     budget_ms=d.budget_ms,
                     windows=d.windows,
                     gaps=d.gaps,
+                    health=dict(d.health),  # replaced whole on news, never changed in place
                 )
                 t.merge(d.totals)  # a copy, read outside the lock: merging copies classes and cameras
                 out.append(t)
