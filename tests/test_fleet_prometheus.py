@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgekit.core.sketch import LatencySketch
-from edgekit.core.tally import ClassCount
+from edgekit.core.tally import ClassCount, SourceHealth
 from edgekit.fleet import prometheus
 from edgekit.fleet.prometheus import (
     CONTENT_TYPE,
@@ -157,6 +157,7 @@ def full_exposition() -> str:
     d.window(np.random.default_rng(1).lognormal(np.log(20.0), 0.3, 50))
     d.totals.gaps = 1
     d.totals.detections = {"face": ClassCount(3, 5, 0.9)}  # a detector's per-class counters
+    d.totals.health = {"": SourceHealth(2, 2, 1, 4, 1, 12.5, 0.03)}  # a single source's health
     offline = DeviceTotals(
         fleet="demo", device="cam-2", state="offline", last_seen=1_800_000_000.0, birth={}, budget_ms=None
     )
@@ -400,6 +401,8 @@ def test_alert_rules_are_complete_and_use_only_emitted_metrics() -> None:
         "EdgekitMissRateHigh",
         "EdgekitTelemetryGaps",
         "EdgekitCollectorRejecting",
+        "EdgekitCameraStalled",
+        "EdgekitCameraFlapping",
     }
     for r in rules:
         assert re.fullmatch(r"\d+[smh]", str(r["for"])), r["alert"]
@@ -416,7 +419,12 @@ def test_alert_rules_are_complete_and_use_only_emitted_metrics() -> None:
     series = {name for t in tests["tests"] for s in t["input_series"] for name in METRIC.findall(s["series"])}
     assert series <= names, f"unit tests feed {series - names}"
     tested = {a["alertname"] for t in tests["tests"] for a in t["alert_rule_test"]}
-    assert {"EdgekitP95OverBudget", "EdgekitDeviceOffline"} <= tested
+    assert {
+        "EdgekitP95OverBudget",
+        "EdgekitDeviceOffline",
+        "EdgekitCameraStalled",
+        "EdgekitCameraFlapping",
+    } <= tested
 
 
 # -- the Grafana dashboard -------------------------------------------------------------------

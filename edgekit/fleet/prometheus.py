@@ -14,6 +14,12 @@ of ``le`` may land on either side.  ``_sum``, ``_count`` and the ``+Inf`` bucket
 representative value is 33.45 ms.)  A bucket's count is a sum of sketch counts alone, so as
 the cumulative sketch grows no bucket ever goes down.
 
+Each camera's health (``edgekit.fleet.camera_health``) is what its device last said: its own
+counts since its pipeline started (outages, reopens, stalls, corrupt frames, size changes,
+seconds without frames), which a device restart resets (``rate()`` and ``increase()`` read that
+as a reset), and the seconds since its last frame, a gauge.  A single source has ``camera=""``
+(no label, to Prometheus).
+
 Every device series carries the ``fleet`` and ``device`` labels; the collector's own series
 (messages by kind, rejections by reason, lag) carry neither.  Counters are the view's totals
 since the server started, so they never go down while it runs (a restart resets them, which
@@ -187,11 +193,45 @@ def _info(birth: Mapping[str, Any]) -> dict[str, object]:
     }
 
 
+# Each camera's health: (family, its SourceHealth field, HELP).  Counts are the device's own since its
+# pipeline started; the last is a gauge.
+HEALTH_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    (
+        "edgekit_camera_outages_total",
+        "outages",
+        "Times the camera stopped delivering frames (stalls included).",
+    ),
+    (
+        "edgekit_camera_reopens_total",
+        "reopens",
+        "Times the camera's source was opened again after an outage.",
+    ),
+    (
+        "edgekit_camera_stalls_total",
+        "stalls",
+        "Outages where the camera's connection stayed open but no frame came (the watchdog's).",
+    ),
+    ("edgekit_camera_corrupt_frames_total", "corrupt", "Frames the decoder reported damaged, skipped."),
+    (
+        "edgekit_camera_size_changes_total",
+        "size_changes",
+        "Times the camera's frame size changed mid-stream.",
+    ),
+    (
+        "edgekit_camera_down_seconds_total",
+        "down_s",
+        "Seconds the camera delivered no frames in outages, the current one included.",
+    ),
+)
+SINCE_FRAME = "edgekit_camera_seconds_since_frame"
+
+
 def series_of(d: DeviceTotals) -> int:
     """How many samples ``render`` writes for ``d``."""
     camera = 3 + len(CAMERA_QUANTILES) + 2
     return (
         5
+        + (len(HEALTH_FAMILIES) + 1) * len(d.health)
         + (d.last_seen is not None)
         + (d.budget_ms is not None)
         + bool(d.birth)
@@ -268,6 +308,15 @@ def render(
                 "summary",
                 "Frame latency of each camera, capture to sink, from its merged sketch since the server started.",
             ),
+            *(
+                (name, "counter", text + " As the device last said, since its pipeline started.")
+                for name, _, text in HEALTH_FAMILIES
+            ),
+            (
+                SINCE_FRAME,
+                "gauge",
+                "Seconds since the camera's last frame, as the device last said (0 while frames flow).",
+            ),
             ("edgekit_frame_latency_seconds", "histogram", "Frame latency, capture to sink."),
             ("edgekit_stage_latency_seconds", "histogram", "Latency of each stage of a frame."),
             (
@@ -306,6 +355,11 @@ def render(
             f["edgekit_camera_missed_total"].add(at, camera.missed)
             f["edgekit_camera_dropped_total"].add(at, camera.dropped)
             f["edgekit_camera_latency_seconds"].summary(at, camera.latency, CAMERA_QUANTILES)
+        for name, health in sorted(d.health.items()):
+            at = (*who, ("camera", name))
+            for metric, field, _ in HEALTH_FAMILIES:
+                f[metric].add(at, getattr(health, field))
+            f[SINCE_FRAME].add(at, health.since_frame_s)
         f["edgekit_frame_latency_seconds"].histogram(who, d.latency, FRAME_BUCKETS)
         for stage, sketch in sorted(d.stages.items()):
             f["edgekit_stage_latency_seconds"].histogram((*who, ("stage", stage)), sketch, STAGE_BUCKETS)
