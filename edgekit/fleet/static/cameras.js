@@ -1,35 +1,70 @@
-/* A many-camera device's cameras on its device page: per camera, its frames, those over budget, those
- * its slot dropped, and its p50/p99 over the window (from its merged sketches, server-side). Camera
- * names come from the device: text only (el() sets textContent). */
+/* A device's cameras on its device page: per camera, its frames, those over budget, those its slot
+ * dropped, and its p50/p99 over the window (from its merged sketches, server-side); then how it kept
+ * delivering, as the device last said: its state (stalled: no frame for over 30 s), outages, reopens,
+ * stalls, corrupt frames, size changes, seconds without frames and since its last frame.  A
+ * single-source device with health has one row, "source". Camera names come from the device: text
+ * only (el() sets textContent). */
 
 import { clear, el } from "./dom.js";
 import { fmtInt, fmtMs } from "./format.js";
 
-/** Fill the panel `box` from page.cameras; hide it for a device of one camera (page.cameras is null). */
-export function renderCameras(box, body, cameras) {
+var HEALTH = [
+  ["outages", "outages"],
+  ["reopens", "reopens"],
+  ["stalls", "stalls"],
+  ["corrupt", "corrupt"],
+  ["size_changes", "size changes"],
+  ["down_s", "down s"],
+  ["since_frame_s", "since frame s"],
+];
+
+function fmtSeconds(v) {
+  return typeof v === "number" && isFinite(v) ? v.toFixed(1) : "–";
+}
+
+/** Fill the panel `box` from page.cameras and page.health; hidden when neither has a row. */
+export function renderCameras(box, body, cameras, health) {
   clear(body);
-  if (!cameras || !cameras.length) {
+  var byName = {};
+  (health || []).forEach(function (h) {
+    byName[h.name] = h;
+  });
+  var rows = cameras && cameras.length ? cameras : byName[""] ? [{ name: "" }] : [];
+  if (!rows.length) {
     box.hidden = true;
     return;
   }
   box.hidden = false;
+  var withHealth = !!(health && health.length);
   var table = el("table", { id: "dev-cameras-table" });
   var head = el("tr");
-  ["camera", "frames", "missed", "dropped", "p50 ms", "p99 ms"].forEach(function (h, i) {
-    head.appendChild(el("th", { class: i ? "num" : null }, h));
+  var cols = ["camera", "frames", "missed", "dropped", "p50 ms", "p99 ms"];
+  if (withHealth) cols = cols.concat(["state"], HEALTH.map(function (h) { return h[1]; }));
+  cols.forEach(function (h, i) {
+    head.appendChild(el("th", { class: i && h !== "state" ? "num" : null }, h));
   });
   var thead = el("thead");
   thead.appendChild(head);
   table.appendChild(thead);
   var tbody = el("tbody");
-  cameras.forEach(function (c) {
-    var tr = el("tr", { "data-camera": c.name });
-    tr.appendChild(el("td", { class: "name", title: c.name }, c.name));
+  rows.forEach(function (c) {
+    var h = byName[c.name];
+    var tr = el("tr", { "data-camera": c.name, "data-health": h ? h.state : null });
+    tr.appendChild(el("td", { class: "name", title: c.name || "source" }, c.name || "source"));
     tr.appendChild(el("td", { class: "num", "data-field": "frames" }, fmtInt(c.frames)));
     tr.appendChild(el("td", { class: "num", "data-field": "missed" }, fmtInt(c.missed)));
     tr.appendChild(el("td", { class: "num", "data-field": "dropped" }, fmtInt(c.dropped)));
     tr.appendChild(el("td", { class: "num", "data-field": "p50" }, fmtMs(c.p50)));
     tr.appendChild(el("td", { class: "num", "data-field": "p99" }, fmtMs(c.p99)));
+    if (withHealth) {
+      var state = h ? h.state : "–";
+      tr.appendChild(el("td", { "data-field": "state", class: state === "stalled" ? "bad" : null }, state));
+      HEALTH.forEach(function (f) {
+        var v = h ? h[f[0]] : null;
+        var text = f[0].slice(-2) === "_s" ? fmtSeconds(v) : fmtInt(v);
+        tr.appendChild(el("td", { class: "num", "data-field": f[0] }, text));
+      });
+    }
     tbody.appendChild(tr);
   });
   table.appendChild(tbody);

@@ -111,7 +111,7 @@ export function renderDevicePage(page) {
   drawStages("dev-stages", $("dev-chart-stages"), page.stages, page.stage_names);
   renderStageBars($("dev-stage-bars"), page.stages, page.stage_names);
   renderDetections($("dev-detections"), $("dev-detections-body"), page.detections);
-  renderCameras($("dev-cameras"), $("dev-cameras-body"), page.cameras);
+  renderCameras($("dev-cameras"), $("dev-cameras-body"), page.cameras, page.health);
 
   var bdl = $("dev-birth");
   clear(bdl);
