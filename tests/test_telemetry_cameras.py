@@ -153,7 +153,9 @@ def test_a_single_sources_messages_have_no_cameras_and_no_camera(model: Any, bro
     assert telemetry and labels
     for m in telemetry:
         validator("telemetry.schema.json").validate(m)
-        assert set(m["window"]) == WINDOW_KEYS
+        # No cameras; its source's health (issue 34) is the one field added since.
+        assert set(m["window"]) == WINDOW_KEYS | {"health"}
+        assert m["window"]["health"]["outages"] == 0  # a synthetic source never stops
     for m in labels:
         assert set(m) == LABELS_KEYS
 
