@@ -176,6 +176,10 @@ def test_a_network_camera_that_goes_away_is_reopened_and_the_other_keeps_sending
     during = [r for r in records if r.camera == "synth" and gone[0] < r.captured_ns < gone[0] + 0.9e9]
     assert len(during) >= 5
     assert d["cameras"]["net"]["frames"] > 10  # and the network camera came back
+    # Each camera's health says which one it was (issue 34).
+    assert d["cameras"]["net"]["health"]["outages"] == d["counters"]["source_outages"]
+    assert d["cameras"]["net"]["health"]["reopens"] == d["counters"]["source_reopens"]
+    assert d["cameras"]["synth"]["health"]["outages"] == 0 and d["health"]["outages"] >= 1
 
 
 @pytest.mark.slow
