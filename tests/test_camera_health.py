@@ -11,6 +11,8 @@ and flags a stalled camera; promtool's unit test of EdgekitCameraStalled is in
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from mjpeg_server import MjpegCamera
 from paho.mqtt.enums import CallbackAPIVersion
+from test_fleet_cameras import get, wait_for
 from test_telemetry import Subscriber, validator, wait_until
 
 import edgekit
@@ -32,7 +35,10 @@ from edgekit.fleet.view import FleetView, SloPolicy
 from edgekit.protocol.messages import Telemetry
 from edgekit.telemetry import report
 from edgekit.telemetry.window import MetricsWindow
-from edgekit.testing.mosquitto import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto, free_port
+from edgekit.testing.process import stop_process
+
+from conftest import EDGEKIT, ROOT
 
 FLEET, DEVICE = "lab", "cams"
 
@@ -287,3 +293,89 @@ def test_health_messages_are_what_the_schema_says() -> None:
     body = window_body(0, 1_800_000_000.0, {"door": SourceHealth(outages=1, since_frame_s=2.5)})
     validator("telemetry.schema.json").validate(json.loads(json.dumps(body)))
     assert Telemetry.model_validate(body).window.cameras["door"].health is not None  # type: ignore[index,union-attr]
+
+
+# -- edgekit fleet serve: the device page's JSON, the table Chromium draws, /metrics ----------------
+
+
+def publish(port: int, messages: list[tuple[str, dict[str, Any]]]) -> None:
+    client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="health-devices")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        for topic, body in messages:
+            client.publish(topic, json.dumps(body), qos=1).wait_for_publish(timeout=5)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_the_served_dashboard_shows_a_stalled_camera(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path).start()
+    port = free_port()
+    proc = subprocess.Popen(
+        [*EDGEKIT, "fleet", "serve", "--mqtt", broker.url, "--db", str(tmp_path / "fleet.db"), "--port", str(port)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "serve.log").open("w"),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    now = time.time()
+    door = SourceHealth(outages=2, reopens=1, stalls=1, corrupt=4, down_s=50.0, since_frame_s=45.0)
+    yard = SourceHealth(size_changes=1, since_frame_s=0.05)
+    solo = window_body(0, now, None) | {"device": "solo"}
+    solo["window"] = MetricsWindow(health=lambda: {"": yard}).take().to_dict()
+    online = {"schema": "edgekit/v1/status", "state": "online", "fleet": FLEET, "backend": "onnxruntime"}
+    try:
+        wait_for("the server", lambda: json.loads(get(f"{url}/healthz"))["ok"], 60)
+        time.sleep(0.5)  # its collector subscribes once connected
+        publish(
+            broker.port,
+            [
+                (f"edgekit/v1/{FLEET}/{DEVICE}/status", online | {"device": DEVICE}),
+                (f"edgekit/v1/{FLEET}/solo/status", online | {"device": "solo"}),
+                (f"edgekit/v1/{FLEET}/{DEVICE}/telemetry", window_body(0, now, {"door": door, "yard": yard})),
+                (f"edgekit/v1/{FLEET}/solo/telemetry", solo),
+            ],
+        )
+        metric = f'edgekit_camera_outages_total{{fleet="{FLEET}",device="{DEVICE}",camera="door"}} 2'
+        wait_for("the health on /metrics", lambda: metric in get(f"{url}/metrics"))
+        page = json.loads(get(f"{url}/api/device/{FLEET}/{DEVICE}"))
+        assert {r["name"]: r["state"] for r in page["health"]} == {"door": "stalled", "yard": "ok"}
+        assert any(a["kind"] == "stalled" and a["camera"] == "door" for a in page["alerts"])
+
+        from chromium import open_chromium, require_chromium
+
+        require_chromium()
+        from selenium.common.exceptions import WebDriverException
+        from selenium.webdriver.common.by import By
+
+        driver = open_chromium(tmp_path)
+        try:
+
+            def table() -> dict[str, tuple[str, str, str]] | None:
+                rows = driver.find_elements(By.CSS_SELECTOR, "#dev-cameras-table tbody tr")
+                if not rows or not driver.find_elements(
+                    By.CSS_SELECTOR, "#dev-cameras-table [data-field=state]"
+                ):
+                    return None
+                return {
+                    str(r.get_attribute("data-camera")): tuple(
+                        r.find_element(By.CSS_SELECTOR, f"[data-field={f}]").text
+                        for f in ("state", "outages", "since_frame_s")
+                    )
+                    for r in rows
+                }
+
+            driver.get(f"{url}/#/device/{FLEET}/{DEVICE}")
+            drawn = wait_for("the camera table", table, errors=(WebDriverException,))
+            assert drawn == {"door": ("stalled", "2", "45.0"), "yard": ("ok", "0", "0.1")}
+            # A single source that reports health: one row, "source".
+            driver.get(f"{url}/#/device/{FLEET}/solo")
+            one = lambda: (t := table()) is not None and "" in t and t  # noqa: E731
+            assert wait_for("the single source's row", one, errors=(WebDriverException,)) == {
+                "": ("ok", "0", "0.1")
+            }
+        finally:
+            driver.quit()
+    finally:
+        stop_process(proc, grace_s=15, sig=signal.SIGINT)
+        broker.stop()
