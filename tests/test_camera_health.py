@@ -108,6 +108,30 @@ def test_an_older_devices_window_without_health_is_still_valid() -> None:
         Telemetry.model_validate(body)
 
 
+def test_sparkplug_carries_the_health_and_the_collector_reads_it_back() -> None:
+    from edgekit.protocol import sparkplug as sp
+
+    door = SourceHealth(
+        outages=2, reopens=1, stalls=1, corrupt=4, size_changes=1, down_s=3.5, since_frame_s=9.0
+    )
+    mw = MetricsWindow(cameras=["door"], health=lambda: {"door": door})
+    body = {"seq": 3, "epoch": "e", "window": mw.take().to_dict(), "counters": {"frames": 0}, "gauges": {}}
+    metrics = sp.window_metrics(body)
+    assert metrics["cameras/door/health/outages"] == 2 and metrics["cameras/door/health/since_frame_s"] == 9.0
+    # A birth declares every metric a window sends, the health's too, with the same types.
+    birth = sp.window_metrics(body | {"window": mw.blank(0.0).to_dict()})
+    assert {k: type(v) for k, v in birth.items() if "health" in k} == {
+        k: type(v) for k, v in metrics.items() if "health" in k
+    }
+    back = sp.telemetry_body(
+        sp.read_metrics(sp.encode(metrics, seq=1))[1], fleet=FLEET, device=DEVICE, ts_ms=1
+    )
+    # The window's health (the sources together) comes back whole and valid; a camera's stays
+    # percentile-like, for SCADA tools (the collector rebuilds no cameras from Sparkplug).
+    assert back["window"]["health"] == door.to_dict()
+    assert Telemetry.model_validate(back).window.health is not None
+
+
 def test_a_camera_outage_and_size_change_reach_telemetry_the_store_and_metrics(
     model: Any, broker: Mosquitto, tmp_path: Path
 ) -> None:

@@ -7,7 +7,8 @@ pipeline on it the *device* ``pipeline``::
     spBv1.0/<fleet>/NDEATH/<device-id>            the MQTT Will: bdSeq of the session that died
     spBv1.0/<fleet>/DBIRTH/<device-id>/pipeline   every metric DDATA will carry, with the model facts
     spBv1.0/<fleet>/DDATA/<device-id>/pipeline    each window: counters, percentiles, sketches, gauges
-                                                  (and per camera, of many: frames, misses, drops, percentiles)
+                                                  (and per camera, of many: frames, misses, drops, percentiles),
+                                                  the sources' health (``health/<field>``, per camera too)
     spBv1.0/<fleet>/NCMD/<device-id>              commands; ``Node Control/Rebirth = true`` is honoured
 
 DDATA goes out with QoS 1, not the QoS 0 the specification asks for: it leaves the device's
@@ -29,6 +30,8 @@ import time
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
+
+from edgekit.core.tally import SourceHealth
 
 
 def _loads(text: str) -> Any:
@@ -218,8 +221,22 @@ def window_metrics(payload: dict[str, Any]) -> dict[str, Any]:
         s = LatencySketch.from_dict(cam["latency_ms"])
         for q in (50, 90, 99):
             out[f"cameras/{name}/latency_ms/p{q}"] = float(s.quantile(q / 100))
+    # How the sources kept delivering, ``health/<field>`` (the sources together) and each camera's
+    # ``cameras/<name>/health/<field>``: counts as Int64, the seconds as Double.
+    out |= _health_metrics("health", window.get("health"))
+    for name, cam in (window.get("cameras") or {}).items():
+        out |= _health_metrics(f"cameras/{name}/health", cam.get("health"))
     out["telemetry/seq"] = int(payload["seq"])
     out["telemetry/epoch"] = str(payload.get("epoch", ""))
+    return out
+
+
+def _health_metrics(prefix: str, health: Mapping[str, Any] | None) -> dict[str, Any]:
+    if not health:
+        return {}
+    out: dict[str, Any] = {f"{prefix}/{name}": int(health.get(name, 0)) for name in SourceHealth.COUNTS}
+    for name in ("down_s", "since_frame_s"):
+        out[f"{prefix}/{name}"] = float(health.get(name, 0.0))
     return out
 
 
@@ -242,9 +259,12 @@ def telemetry_body(
     counters: dict[str, Any] = {}
     gauges: dict[str, Any] = {}
     detections: dict[str, dict[str, Any]] = {}
+    health: dict[str, Any] = {}
     for name, value in metrics.items():
         group, _, rest = name.partition("/")
-        if group == "detections":
+        if group == "health":
+            health[rest] = value  # checked with the rest of the body by the caller (Telemetry's model)
+        elif group == "detections":
             cls, _, part = rest.rpartition("/")
             if part not in ("frames", "objects", "max_score") or not cls:
                 raise ValueError(f"metric {name!r} is not detections/<class>/<frames|objects|max_score>")
@@ -272,6 +292,8 @@ def telemetry_body(
     }
     if detections:  # checked with the rest of the body by the caller (Telemetry's model)
         window["detections"] = detections
+    if health:
+        window["health"] = health
     return {
         "schema": "edgekit/v1/telemetry",
         "device": device,

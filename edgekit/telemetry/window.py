@@ -144,10 +144,13 @@ class MetricsWindow:
         return key
 
     def blank(self, at: float) -> Window:
-        """A window without frames that lists the cameras seen so far (what a Sparkplug birth declares)."""
+        """A window without frames that lists the cameras seen so far and their health (what a Sparkplug
+        birth declares)."""
         with self._lock:
             w = self._new(at)
         w.end = at
+        if self._health is not None:  # a birth declares the health metrics every window sends
+            self._add_health(w, self._health())
         return w
 
     def observe(self, record: FrameRecord) -> None:
