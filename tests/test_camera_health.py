@@ -204,11 +204,13 @@ def test_a_camera_outage_and_size_change_reach_telemetry_the_store_and_metrics(
     last = max(telemetry, key=lambda m: m["window"]["end"])["window"]
     door_last, yard_last = last["cameras"]["door"]["health"], last["cameras"]["yard"]["health"]
     assert door_last["outages"] >= 1 and door_last["reopens"] >= 1 and door_last["size_changes"] == 1
+    # Its time without frames: at least the silence seen, and only ever growing from window to window.
+    assert door_last["down_s"] >= 1.5 and yard_last["down_s"] == 0.0
     assert door_last["outages"] == final["door"].outages and door_last["reopens"] == final["door"].reopens
     assert yard_last["outages"] == yard_last["size_changes"] == 0 and yard_last["since_frame_s"] < 1.5
     assert last["health"]["outages"] == door_last["outages"]  # the sources together
     # The counters only went up from window to window.
-    for field in SourceHealth.COUNTS:
+    for field in (*SourceHealth.COUNTS, "down_s"):
         seq = [h[field] for h in doors]
         assert seq == sorted(seq), field
     assert p.counters.size_changes == 1 and p.counters.source_outages == final["door"].outages

@@ -16,12 +16,6 @@ from edgekit.core.tally import SourceHealth
 from edgekit.pipeline.sources import Source
 
 
-def down_now_s(source: Source) -> float:
-    """Seconds the source has been without frames right now (0 while it delivers)."""
-    down_now = getattr(source, "down_now_s", None)  # the source's watchdog; a custom Source may lack it
-    return float(down_now()) if callable(down_now) else 0.0
-
-
 class HealthWatch:
     """Each camera's size changes and last frame time, noted by the frame loop; ``health()`` from any thread."""
 
@@ -31,6 +25,9 @@ class HealthWatch:
         # Before its first frame a camera counts from the start of the run (set by ``start``).
         self._last_ns = dict.fromkeys(sources, 0)
         self._started_ns = 0
+        # The seconds without frames last reported: an outage that ends between reading the source's
+        # ended outages and its current one reads short for a moment, and the figure must not go down.
+        self._down_s = dict.fromkeys(sources, 0.0)
 
     def start(self, now_ns: int) -> None:
         self._started_ns = now_ns
@@ -51,13 +48,14 @@ class HealthWatch:
         for name, source in self.sources.items():
             c = source.counters
             since = max(0.0, (now - self._last_ns[name]) / 1e9) if self._started_ns else 0.0
+            down = self._down_s[name] = max(self._down_s[name], c.down_s + source.down_now_s())
             out[name] = SourceHealth(
                 outages=c.outages,
                 reopens=c.reopens,
                 stalls=c.stalls,
                 corrupt=c.corrupt,
                 size_changes=self._size_changes[name],
-                down_s=c.down_s + down_now_s(source),
+                down_s=down,
                 since_frame_s=since,
             )
         return out
