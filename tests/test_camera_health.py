@@ -4,7 +4,8 @@ corrupt frames, size changes, seconds without frames and since the last frame.
 A real pipeline reads a real MJPEG camera on loopback (taken away, then back at another resolution)
 beside a synthetic one and reports to a real Mosquitto; a real collector stores what arrives
 (SQLite and PostgreSQL keep each camera's latest health), the view exports it on ``/metrics``
-and flags a stalled camera; promtool's unit test of EdgekitCameraStalled is in
+and flags a stalled camera; an RTSP stream paused with its connection open is published as a
+stall.  promtool's unit tests of EdgekitCameraStalled and EdgekitCameraFlapping run in
 ``test_fleet_prometheus``.
 """
 
@@ -405,3 +406,63 @@ def test_the_served_dashboard_shows_a_stalled_camera(tmp_path: Path) -> None:
     finally:
         stop_process(proc, grace_s=15, sig=signal.SIGINT)
         broker.stop()
+
+
+def test_an_rtsp_stream_paused_with_its_connection_open_is_published_as_a_stall(
+    model: Any, broker: Mosquitto, tmp_path: Path
+) -> None:
+    from rtsp_server import RtspCamera, rtsp_server_missing
+
+    missing = rtsp_server_missing()
+    if missing is not None:
+        pytest.skip(f"no RTSP server here: {missing}")
+    store = open_store(str(tmp_path / "fleet.db"))
+    view = FleetView(store)
+    collector = Collector(store, listener=view)
+    reader = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="collector-rtsp")
+    subscribed: list[bool] = []
+    reader.on_connect = lambda c, u, f, rc, p: (c.subscribe("edgekit/v1/#", qos=1), subscribed.append(True))
+    reader.on_message = lambda c, u, msg: collector.handle(msg.topic, msg.payload)
+    reader.connect("127.0.0.1", broker.port)
+    reader.loop_start()
+    sub = Subscriber(broker.port, client_id="rtsp-watch")
+
+    def healths() -> list[dict[str, Any]]:
+        return [m["window"]["health"] for m in sub.of("telemetry") if "health" in m["window"]]
+
+    try:
+        assert wait_until(lambda: bool(subscribed), 15)
+        time.sleep(0.2)  # the SUBACK
+        with RtspCamera() as cam, edgekit.Pipeline(model, source=cam.url + "#transport=tcp") as p:
+            report(p, broker.url, device_id="rtsp-1", fleet=FLEET, interval_s=0.4)
+
+            def drive() -> None:
+                try:
+                    assert wait_until(lambda: p.counters.frames >= 10, 60)
+                    cam.pause()  # the connection stays open; nothing comes
+                    assert wait_until(lambda: any(h["stalls"] >= 1 for h in healths()), 60)
+                    cam.resume()
+                    back = p.counters.frames + 10
+                    assert wait_until(lambda: p.counters.frames >= back, 60)
+                finally:
+                    p.stop()
+
+            driver = threading.Thread(target=drive, daemon=True)
+            driver.start()
+            p.run()
+            driver.join(10)
+        assert sub.wait_for(lambda: any(m.get("state") == "offline" for m in sub.of("status")), 10)
+        collector.flush()
+    finally:
+        sub.close()
+        reader.disconnect()
+        reader.loop_stop()
+    last = max(sub.of("telemetry"), key=lambda m: m["window"]["end"])["window"]
+    assert "cameras" not in last  # a single source: its health is the window's
+    h = last["health"]
+    assert h["stalls"] >= 1 and h["outages"] >= h["stalls"] and h["reopens"] >= 1 and h["down_s"] > 0
+    assert p.counters.source_stalls == h["stalls"]
+    assert store.camera_health()[(FLEET, "rtsp-1")]["cameras"][""].stalls == h["stalls"]
+    text = prometheus.render(view.prometheus_state())
+    assert f'edgekit_camera_stalls_total{{fleet="{FLEET}",device="rtsp-1",camera=""}} {h["stalls"]}' in text
+    store.close()
