@@ -395,6 +395,11 @@ def test_the_served_dashboard_shows_a_stalled_camera(tmp_path: Path) -> None:
             driver.get(f"{url}/#/device/{FLEET}/{DEVICE}")
             drawn = wait_for("the camera table", table, errors=(WebDriverException,))
             assert drawn == {"door": ("stalled", "2", "45.0"), "yard": ("ok", "0", "0.1")}
+            kpis = {
+                box.find_element(By.TAG_NAME, "dt").text.lower(): box.find_element(By.TAG_NAME, "dd").text
+                for box in driver.find_elements(By.CSS_SELECTOR, "#dev-kpis > div")
+            }
+            assert kpis["cameras stalled"] == "1"
             # A single source that reports health: one row, "source".
             driver.get(f"{url}/#/device/{FLEET}/solo")
             one = lambda: (t := table()) is not None and "" in t and t  # noqa: E731

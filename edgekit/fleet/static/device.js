@@ -99,6 +99,7 @@ export function renderDevicePage(page) {
   kpi(dl, "missed", fmtPct(d.miss_rate), missClass(d.miss_rate));
   kpi(dl, "frames", fmtInt(d.frames));
   kpi(dl, "restarts", fmtInt(d.restarts), d.restarts ? "warn" : "");
+  if (page.health && page.health.length) kpi(dl, "cameras stalled", fmtInt(d.cameras_stalled), d.cameras_stalled ? "bad" : "");
   var seen = el("span", { "data-ts": isNum(d.last_seen) ? String(d.last_seen) : "" }, fmtAgo(d.last_seen));
   var box = el("div");
   box.appendChild(el("dt", null, "last seen"));
