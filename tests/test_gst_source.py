@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from rtsp_server import RtspCamera, rtsp_server_missing
 
-from edgekit.device.decoders import gst_status, plan_decoders
+from edgekit.device.video_decode import gst_status, plan_decoders
 from edgekit.errors import SourceError
 from edgekit.pipeline.gst_frames import Layout, frame_converter, to_bgr
 from edgekit.pipeline.gst_source import GstSource, open_file, pipeline_description
@@ -201,7 +201,7 @@ def test_a_missing_hardware_decoder_falls_back_to_software() -> None:
 def test_without_pygobject_rtsp_falls_back_to_opencv_and_doctor_says_why() -> None:
     code = (
         "import sys, logging; sys.modules['gi'] = None; logging.basicConfig(level=logging.WARNING)\n"
-        "from edgekit.device.decoders import decode_report\n"
+        "from edgekit.device.video_decode import decode_report\n"
         "r = decode_report('software'); print(r['gstreamer']['available'], r['sources']['rtsp'])\n"
         "from edgekit.pipeline import open_source\n"
         "try:\n    open_source('rtsp://127.0.0.1:9/none')\nexcept Exception as e:\n    print(type(e).__name__)\n"

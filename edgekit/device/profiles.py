@@ -30,7 +30,7 @@ else:  # pragma: no cover - Python 3.10
 ARCHES = ("x86_64", "aarch64", "armv7l")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 EDGETPU_KINDS = ("usb", "pci", "any")
-#: Video decode paths (``edgekit.device.decoders`` says what each uses and needs).
+#: Video decode paths (``edgekit.device.video_decode`` says what each uses and needs).
 DECODER_PATHS = ("software", "nvv4l2", "v4l2", "vaapi")
 _HINT = "see devices/README.md for the profile format"
 

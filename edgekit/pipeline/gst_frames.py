@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from edgekit.device.decoders import gstreamer
+from edgekit.device.video_decode import gstreamer
 
 if TYPE_CHECKING:
     import numpy as np

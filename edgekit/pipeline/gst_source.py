@@ -6,7 +6,7 @@ frames are taken from an ``appsink``::
     rtspsrc protocols=tcp latency=200 ! decodebin ! [nvvidconv ! video/x-raw,format=BGRx !]
         videoconvert ! video/x-raw,format={I420,NV12,BGRx,BGR} ! appsink max-buffers=1 drop=true sync=false
 
-decodebin picks the decoder the profile's ``decoder`` path names (``edgekit.device.decoders``
+decodebin picks the decoder the profile's ``decoder`` path names (``edgekit.device.video_decode``
 raises its rank; a hardware decoder missing here falls back to ``avdec_h264``/``avdec_h265``,
 logged).  videoconvert passes the decoder's own format through where the appsink takes it;
 each frame is then copied once, by OpenCV's colour conversion into the BGR frame handed over
@@ -35,14 +35,14 @@ from urllib.parse import urlsplit
 
 from edgekit.core.backoff import Backoff
 from edgekit.core.redact import redact_source
-from edgekit.device.decoders import (
+from edgekit.device.host import match_profile
+from edgekit.device.video_decode import (
     DecoderChoice,
     gst_status,
     gstreamer,
     plan_decoders,
     prefer_decoders,
 )
-from edgekit.device.host import match_profile
 from edgekit.errors import EdgekitError, SourceError
 from edgekit.pipeline import sources
 from edgekit.pipeline.gst_frames import APPSINK_CAPS, frame_converter, layout

@@ -8,10 +8,10 @@ from typing import Any
 from edgekit._version import __version__
 from edgekit.backends import registry
 from edgekit.core.cpu import this_cpu
-from edgekit.device.decoders import decode_report
 from edgekit.device.host import detect, rank_profiles
 from edgekit.device.latency_os import read_latency_os
 from edgekit.device.profiles import all_profiles
+from edgekit.device.video_decode import decode_report
 from edgekit.errors import EdgekitError
 from edgekit.selection.plan import backend_availability
 from edgekit.selection.precision import compute_precision
