@@ -10,9 +10,10 @@ the tables below, either
   (``edgekit keys generate`` writes there) and this venv's ``edgekit`` first on ``PATH``; it
   must exit 0, and print what the docs show it print (``# lines`` right under it);
 * run after a documented substitution (``SUBSTITUTIONS``: only what cannot exist on a test
-  machine: a camera, a broker or a device by name, ports other users may hold; the reader's
-  own files the guides name, ``clip.mp4``, ``photos/`` and ``yolov8n.onnx``, are made in the
-  folder, the last a stand-in that says what YOLOv8n's export says); or
+  machine: a camera (a network one becomes a real RTSP server on loopback), a broker or a
+  device by name, ports other users may hold; the reader's own files the guides
+  name, ``clip.mp4``, ``photos/`` and ``yolov8n.onnx``, are made in the folder, the last a
+  stand-in that says what YOLOv8n's export says); or
 * skipped, by its exact text, with the reason (``SKIPPED``).
 
 A command not in ``SKIPPED`` is run, so a command added to the docs either runs as written
@@ -28,6 +29,7 @@ so it takes seconds here; blocks that build or deploy are marked ``slow`` (CI ru
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rtsp_server import RtspCamera, rtsp_server_missing
 from sshd import Sshd
 
 from edgekit.core.paths import config_root
@@ -116,9 +119,6 @@ SKIPPED = {
         "a fleet agent answering over MQTT; tests/test_deploy_mqtt.py"
     ),
     # Services this machine does not have.
-    "edgekit run bundles/enl0-x86 --source rtsp://cam.local/stream1 --budget 33 --duration 60 --json": (
-        "a network camera for 60 s; tests/test_sources_rtsp.py reads a real RTSP server on loopback"
-    ),
     "edgekit fleet serve --mqtt mqtts://fleet@broker.local:8883 --mqtt-ca ca.pem "
     "--db postgresql://edgekit@db.local/fleet --host 0.0.0.0 --token-file fleet.token [--allowed-host fleet.local] "
     "[--raw-keep 1h] [--keep 30d] [--slo-for 5m] [--max-devices 10000]": (
@@ -165,6 +165,11 @@ SUBSTITUTIONS = [
     ),
     Substitution(
         r"--source 0\b", "--source synthetic:320x240@30 --frames 30", "no camera here: the synthetic source"
+    ),
+    Substitution(
+        r"rtsp://cam\.local/stream1 (.*)--duration 60\b",
+        r"{rtsp_url} \1--duration 5",
+        "a real RTSP camera on loopback (tests/rtsp_server.py), for 5 s rather than 60",
     ),
     Substitution(r"mqtt://broker\.local\b", "mqtt://127.0.0.1:{mqtt_port}", "the test's own Mosquitto"),
     Substitution(r"mqtt://127\.0\.0\.1:1883\b", "mqtt://127.0.0.1:{mqtt_port}", "the test's own Mosquitto"),
@@ -314,10 +319,16 @@ class Folder:
     mqtt_port: int
     http_port: int
     ssh_args: str
+    rtsp_url: str = ""  # the camera's, once a block that reads it has started it
     done: set[str] = field(default_factory=set)
 
     def fill(self, text: str) -> str:
-        return text.format(mqtt_port=self.mqtt_port, http_port=self.free_http(), ssh_args=self.ssh_args)
+        return text.format(
+            mqtt_port=self.mqtt_port,
+            http_port=self.free_http(),
+            ssh_args=self.ssh_args,
+            rtsp_url=self.rtsp_url,
+        )
 
     def free_http(self) -> int:
         self.http_port = free_port()
@@ -370,8 +381,21 @@ def folder(
         broker.stop()
 
 
+@pytest.fixture(scope="module")
+def rtsp_camera() -> Iterator[RtspCamera]:
+    """The network camera run.md reads: gst-rtsp-server on loopback (skipped where it cannot run)."""
+    if missing := rtsp_server_missing():
+        pytest.skip(f"no RTSP camera here: {missing}")
+    with RtspCamera() as cam:
+        yield cam
+
+
 @pytest.mark.parametrize(("where", "commands"), _blocks_to_run())
-def test_the_block_runs_as_written(where: str, commands: list[Command], folder: Folder) -> None:
+def test_the_block_runs_as_written(
+    where: str, commands: list[Command], folder: Folder, request: pytest.FixtureRequest
+) -> None:
+    if any("{rtsp_url}" in substituted(c.text)[0] for c in commands if c.text not in SKIPPED):
+        folder.rtsp_url = request.getfixturevalue("rtsp_camera").url  # started for the blocks that read it
     for c in commands:
         if c.text in SKIPPED:
             continue
@@ -401,6 +425,11 @@ def test_the_block_runs_as_written(where: str, commands: list[Command], folder: 
         shown += next((s.shown for s in commands if s.text == PRINTS_AS.get(c.text)), ())
         missing = [line for line in shown if line not in printed]
         assert not missing, f"{c.where}: {c.text}\nthe docs show {missing}; it printed\n{printed[-3000:]}"
+        if re.match(r"edgekit run .*--json", text):
+            # A run reports in JSON even when no frame came (the human form refuses that), so count them.
+            assert json.loads(r.stdout)["frames"] > 0, (
+                f"{c.where}: {c.text}\nran: {text}\nno frame: {r.stdout}"
+            )
 
 
 def _expanded(word: str, folder: Folder) -> str:
