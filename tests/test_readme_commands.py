@@ -11,9 +11,9 @@ the tables below, either
   must exit 0, and print what the docs show it print (``# lines`` right under it);
 * run after a documented substitution (``SUBSTITUTIONS``: only what cannot exist on a test
   machine: a camera (a network one becomes a real RTSP server on loopback), a broker or a
-  device by name, ports other users may hold; the reader's own files the guides
-  name, ``clip.mp4``, ``photos/`` and ``yolov8n.onnx``, are made in the folder, the last a
-  stand-in that says what YOLOv8n's export says); or
+  device by name, root's folders, ports other users may hold; the reader's own files the
+  guides name, ``clip.mp4``, ``photos/`` and ``yolov8n.onnx``, are made in the folder, the last
+  a stand-in that says what YOLOv8n's export says); or
 * skipped, by its exact text, with the reason (``SKIPPED``).
 
 A command not in ``SKIPPED`` is run, so a command added to the docs either runs as written
@@ -108,7 +108,6 @@ SKIPPED = {
     ),
     # The device side, as root.
     "sudo edgekit agent trust builder.pub.pem [--root /var/lib/edgekit]": "sudo on the device; the deploy below trusts the key the same way",
-    "edgekit agent unit > /etc/systemd/system/edgekit-agent.service": "writes /etc as root; tests/test_deploy_install.py checks the unit",
     "edgekit deploy --device jetson --model models/efficientnet-lite0 --sign-key builder.pem --host ubuntu@10.0.0.7": (
         "a Jetson over SSH (builds for it first); the x86_64 deploy below runs over a real sshd"
     ),
@@ -183,6 +182,11 @@ SUBSTITUTIONS = [
         r"\1 --budget 2000",
         "the device runs at a relaxed budget: a busy test machine's p99 is no promise about a device's"
         " (the budget gate has its own tests, tests/test_deploy_install.py)",
+    ),
+    Substitution(
+        r"> /etc/systemd/system/(\S+)$",
+        r"> \1",
+        "into the folder, not root's /etc; tests/test_deploy_install.py checks what the unit says",
     ),
     Substitution(r"(edgekit fleet serve .*)$", r"\1 --port {http_port}", "port 8765 may be another user's"),
     Substitution(r"builder\.pub\.pem", "~/.config/edgekit/keys/edgekit.pub.pem", "the key made above"),
