@@ -208,3 +208,18 @@ def test_run_with_preview_serves_what_the_loop_saw(
     assert proc.returncode == 0 and json.loads(out)["frames"] == len(PATH)  # stdout stays one JSON document
     with pytest.raises(OSError):  # the preview stopped with the run
         urllib.request.urlopen(url, timeout=5)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_run_that_labels_nothing_fails_in_both_forms(
+    tmp_path: Path, classifier_bundle: Path, keys: tuple[Path, Path], as_json: bool
+) -> None:
+    folder = tmp_path / "unreadable"
+    folder.mkdir()
+    (folder / "000.png").write_bytes(b"not a picture")  # skipped: the run labels no frame
+    args = ["run", str(classifier_bundle), "--key", str(keys[1]), "--device", "x86_64-cpu"]
+    r = run_cli(dict(os.environ), *args, "--source", str(folder), *(["--json"] if as_json else []))
+    assert r.returncode != 0
+    assert "no frame was labelled" in r.stderr
+    if as_json:  # the document still says what happened
+        assert json.loads(r.stdout)["frames"] == 0

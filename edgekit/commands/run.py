@@ -404,11 +404,11 @@ def _report(
     saw = {"task": seen.task, "seen": seen.to_dict()} if seen is not None else {}
     data = summary.to_dict() | (extra or {}) | saw
     if as_json:
-        print_json(data)
-        return
-    console.print(summary.render(), highlight=False, soft_wrap=True)
-    if seen is not None:
-        console.print(seen.render(), highlight=False, soft_wrap=True, markup=False)
+        print_json(data)  # the document still goes out: it says what happened (frames 0, outages)
+    else:
+        console.print(summary.render(), highlight=False, soft_wrap=True)
+        if seen is not None:
+            console.print(seen.render(), highlight=False, soft_wrap=True, markup=False)
     if summary.frames == 0:
         raise PipelineError(
             f"no frame was labelled from {summary.source}", "check the source (edgekit run --source)"
