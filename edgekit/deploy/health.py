@@ -276,11 +276,18 @@ def _hint(manifest: Manifest, profile: str | None, candidate: str | None, measur
         if here == manifest.device.profile:
             return (
                 f"the bundle is built for {here} and this device chose {candidate} by measuring: "
-                "measure the candidates again (edgekit select --measure BUNDLE) on a quiet device"
+                "measure the candidates again (edgekit select --measure BUNDLE) on a quiet device, "
+                "or give the budget it can hold (edgekit deploy --budget MS)"
             )
+    budget = (
+        "; or, if this device cannot do better, give the budget it can hold "
+        "(edgekit deploy --budget MS, edgekit agent run --budget MS)"
+        if slow
+        else ""
+    )
     return (
         f"the {candidate} artifact is what this device selects: rebuild the bundle, "
-        "or deploy one built for this device's profile"
+        f"or deploy one built for this device's profile{budget}"
     )
 
 
