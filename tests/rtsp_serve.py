@@ -11,6 +11,7 @@ answers each with ``ok COMMAND``:
 ``pause``      stop sending frames; every RTSP session and its connection stays open
 ``resume``     send frames again
 ``size WxH``   change the resolution of the frames from now on (the encoder renegotiates)
+``rate N``     change the frame rate to N fps from now on
 ``drop P``     drop a fraction P of the encoded frames before packetising (damaged stream)
 
 One pipeline is shared by all clients (``set_shared``), as a camera has one sensor.
@@ -110,19 +111,21 @@ def main() -> None:
 
     loop = GLib.MainLoop()
 
+    size = [width, height, args.fps]  # what the camera sends now
+
     def command(line: str) -> bool:
         word, _, arg = line.strip().partition(" ")
         if word == "pause":
             set_("valve", "drop", True)
         elif word == "resume":
             set_("valve", "drop", False)
-        elif word == "size":
-            w, h = (int(v) for v in arg.split("x"))
-            set_(
-                "caps",
-                "caps",
-                Gst.Caps.from_string(f"video/x-raw,width={w},height={h},framerate={args.fps}/1"),
-            )
+        elif word in ("size", "rate"):
+            if word == "size":
+                size[:2] = [int(v) for v in arg.split("x")]
+            else:
+                size[2] = int(arg)
+            w, h, fps = size
+            set_("caps", "caps", Gst.Caps.from_string(f"video/x-raw,width={w},height={h},framerate={fps}/1"))
         elif word == "drop":
             set_("loss", "drop-probability", float(arg))
         else:

@@ -155,6 +155,11 @@ class RtspCamera:
         self.size = (width, height)
         self._command(f"size {width}x{height}")
 
+    def set_rate(self, fps: int) -> None:
+        """Frames from now on come at ``fps``."""
+        self.fps = fps
+        self._command(f"rate {fps}")
+
     def set_drop(self, fraction: float) -> None:
         """Drop this fraction of the encoded frames (a damaged stream)."""
         self.drop = fraction

@@ -66,7 +66,14 @@ def jpegs(n: int, size: tuple[int, int]) -> list[bytes]:
 def test_a_window_says_each_cameras_health_and_the_sources_together() -> None:
     health = {
         "door": SourceHealth(
-            outages=2, reopens=1, stalls=1, corrupt=3, size_changes=1, down_s=4.5, since_frame_s=7.25
+            outages=2,
+            reopens=1,
+            stalls=1,
+            corrupt=3,
+            size_changes=1,
+            rate_changes=2,
+            down_s=4.5,
+            since_frame_s=7.25,
         ),
         "yard": SourceHealth(outages=1, reopens=1, down_s=0.5, since_frame_s=0.02),
     }
@@ -81,6 +88,7 @@ def test_a_window_says_each_cameras_health_and_the_sources_together() -> None:
         "stalls": 1,
         "corrupt": 3,
         "size_changes": 1,
+        "rate_changes": 2,
         "down_s": 5.0,
         "since_frame_s": 7.25,
     }

@@ -145,6 +145,24 @@ def test_a_resolution_change_is_followed() -> None:
 
 
 @needs_rtsp
+def test_a_rate_change_is_counted_and_the_stall_rule_follows_it() -> None:
+    with RtspCamera(codec="h264", fps=30) as camera:
+        src = open_source(camera.url)
+        try:
+            assert src.read() is not None and src.info.fps == 30
+            camera.set_rate(5)
+            read_until(src, lambda _: src.counters.rate_changes > 0)
+            # At 5 fps a frame comes every 200 ms: 30 periods would be 6 s, so the rule's 2 s cap
+            # holds, and the camera's own slower pace is not taken for a stall.
+            for _ in range(10):
+                assert src.read() is not None
+            assert src.info.fps == 5 and src.counters.rate_changes == 1
+            assert (src.counters.stalls, src.counters.outages) == (0, 0)
+        finally:
+            src.close()
+
+
+@needs_rtsp
 def test_closing_ends_a_rebuild_wait_at_once() -> None:
     with RtspCamera(codec="h264", width=320, height=240, fps=30) as camera:
         src = open_source(camera.url)

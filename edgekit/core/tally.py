@@ -164,11 +164,12 @@ class SourceHealth:
     stalls: int = 0  # outages with the connection open and no frame coming (the watchdog's)
     corrupt: int = 0  # frames the decoder reported damaged, skipped
     size_changes: int = 0  # times the frame size (resolution) changed mid-stream
+    rate_changes: int = 0  # times the frame rate changed mid-stream (where the decoder says it)
     down_s: float = 0.0  # seconds without frames in outages, the current one included
     since_frame_s: float = 0.0  # seconds since its last frame, now (a gauge, not a count)
 
     #: The fields that are counts (they add up across cameras; the fleet exports each as a counter).
-    COUNTS = ("outages", "reopens", "stalls", "corrupt", "size_changes")
+    COUNTS = ("outages", "reopens", "stalls", "corrupt", "size_changes", "rate_changes")
 
     def add(self, other: SourceHealth) -> None:
         """Fold another source in: counts and time without frames add up, the longest silence wins."""
@@ -197,6 +198,7 @@ class SourceHealth:
             stalls=int(data.get("stalls", 0)),
             corrupt=int(data.get("corrupt", 0)),
             size_changes=int(data.get("size_changes", 0)),
+            rate_changes=int(data.get("rate_changes", 0)),
             down_s=float(data.get("down_s", 0.0)),
             since_frame_s=float(data.get("since_frame_s", 0.0)),
         )

@@ -96,9 +96,9 @@ def read(
             args.append(value)
     where = " WHERE " + " AND ".join(clauses) if clauses else ""
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for f, d, name, at, outages, reopens, stalls, corrupt, size_changes, down_s, since in query(
-        "SELECT fleet, device, camera, stop, outages, reopens, stalls, corrupt, size_changes, down_s, "
-        "since_frame_s FROM camera_health" + where + " ORDER BY fleet, device, camera",
+    for f, d, name, at, outages, reopens, stalls, corrupt, size_changes, rate_changes, down_s, since in query(
+        "SELECT fleet, device, camera, stop, outages, reopens, stalls, corrupt, size_changes, rate_changes, "
+        "down_s, since_frame_s FROM camera_health" + where + " ORDER BY fleet, device, camera",
         args,
     ):
         entry = out.setdefault((str(f), str(d)), {"at": float(at), "cameras": {}})
@@ -109,6 +109,7 @@ def read(
             int(stalls),
             int(corrupt),
             int(size_changes),
+            int(rate_changes),
             float(down_s),
             float(since),
         )

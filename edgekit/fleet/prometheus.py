@@ -218,6 +218,11 @@ HEALTH_FAMILIES: tuple[tuple[str, str, str], ...] = (
         "Times the camera's frame size changed mid-stream.",
     ),
     (
+        "edgekit_camera_rate_changes_total",
+        "rate_changes",
+        "Times the camera's frame rate changed mid-stream.",
+    ),
+    (
         "edgekit_camera_down_seconds_total",
         "down_s",
         "Seconds the camera delivered no frames in outages, the current one included.",

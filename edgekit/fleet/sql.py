@@ -81,7 +81,8 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS camera_health (
         fleet TEXT NOT NULL, device TEXT NOT NULL, camera TEXT NOT NULL, stop {real} NOT NULL,
         outages {int} NOT NULL, reopens {int} NOT NULL, stalls {int} NOT NULL, corrupt {int} NOT NULL,
-        size_changes {int} NOT NULL, down_s {real} NOT NULL, since_frame_s {real} NOT NULL,
+        size_changes {int} NOT NULL, rate_changes {int} NOT NULL, down_s {real} NOT NULL,
+        since_frame_s {real} NOT NULL,
         PRIMARY KEY (fleet, device, camera))""",
     # The sequence numbers rolled up, as ranges: the last seq alone would not do, because a replay
     # may still fill a gap below it, and that late window is new.
@@ -104,10 +105,10 @@ UPSERT_ROLLUP = """INSERT INTO rollups (fleet, device, span, t0, stop, windows, 
 
 # A replayed (older) window does not overwrite a camera's newer health.
 UPSERT_HEALTH = """INSERT INTO camera_health (fleet, device, camera, stop, outages, reopens, stalls, corrupt,
-        size_changes, down_s, since_frame_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        size_changes, rate_changes, down_s, since_frame_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (fleet, device, camera) DO UPDATE SET stop = excluded.stop, outages = excluded.outages,
         reopens = excluded.reopens, stalls = excluded.stalls, corrupt = excluded.corrupt,
-        size_changes = excluded.size_changes, down_s = excluded.down_s, since_frame_s = excluded.since_frame_s
+        size_changes = excluded.size_changes, rate_changes = excluded.rate_changes, down_s = excluded.down_s, since_frame_s = excluded.since_frame_s
     WHERE excluded.stop >= camera_health.stop"""
 
 

@@ -262,12 +262,32 @@ class GstSource(Source):
         if caps is None or buffer is None:
             return None
         s = caps.get_structure(0)
-        if self.info.fps is None and s.has_field("framerate"):
+        if s.has_field("framerate"):
             ok, num, den = s.get_fraction("framerate")
             if ok and num > 0 and den > 0:
-                self.info = SourceInfo(self.info.uri, self.info.kind, self.info.live, num / den)
+                self._follow_rate(num / den)
         frame: np.ndarray | None = self._convert(buffer, layout(buffer, caps))
         return frame
+
+    def _follow_rate(self, fps: float) -> None:
+        """The caps say the stream's rate: the first time it is learnt; a change is counted and followed.
+
+        The stall rule is a number of frame periods, so a camera that drops from 30 to 5 fps must
+        not look stalled between its frames.
+        """
+        was = self.info.fps
+        if was is not None and abs(fps - was) <= 0.01 * was:
+            return
+        self.info = SourceInfo(self.info.uri, self.info.kind, self.info.live, fps)
+        if was is not None:
+            self.counters.rate_changes += 1
+            log.warning(
+                "source %s: the frame rate changed from %.3g to %.3g fps (stall after %.1f s now)",
+                redact_source(self.info.uri),
+                was,
+                fps,
+                stall_timeout_s(fps),
+            )
 
     def _reconnect(self, why: str) -> None:
         """Tear the pipeline down and build it again, with back-off, until a frame comes or close()."""

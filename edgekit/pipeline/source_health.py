@@ -55,6 +55,7 @@ class HealthWatch:
                 stalls=c.stalls,
                 corrupt=c.corrupt,
                 size_changes=self._size_changes[name],
+                rate_changes=c.rate_changes,
                 down_s=down,
                 since_frame_s=since,
             )

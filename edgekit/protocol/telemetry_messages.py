@@ -170,6 +170,7 @@ class Health(WireMessage):
     stalls: Count = Field(default=0, description="outages with the connection open but no frame coming")
     corrupt: Count = Field(default=0, description="frames the decoder reported damaged, skipped")
     size_changes: Count = Field(default=0, description="times the frame size changed mid-stream")
+    rate_changes: Count = Field(default=0, description="times the frame rate changed mid-stream")
     down_s: float = Field(
         default=0.0,
         ge=0,

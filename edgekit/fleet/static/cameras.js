@@ -14,6 +14,7 @@ var HEALTH = [
   ["stalls", "stalls"],
   ["corrupt", "corrupt"],
   ["size_changes", "size changes"],
+  ["rate_changes", "rate changes"],
   ["down_s", "down s"],
   ["since_frame_s", "since frame s"],
 ];
