@@ -211,13 +211,18 @@ class _CaptureSource(Source):
     def _follow_rate(self, fps: float) -> None:
         """The stream's own rate is known now: the stall timeout follows it from the next open on."""
         cv2 = _cv2()
-        self._read_timeout_s = stall_timeout_s(fps)
-        ms = round(self._read_timeout_s * 1000)
+        timeout_s = stall_timeout_s(fps)
+        ms = round(timeout_s * 1000)
         params = self._params
         for i in range(0, len(params) - 1, 2):
             if params[i] == cv2.CAP_PROP_READ_TIMEOUT_MSEC:
                 params[i + 1] = ms
-        self._cap.set(cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms)
+        # OpenCV's FFmpeg takes the read timeout only when opening (set() answers False): the open
+        # capture keeps the one it was opened with, and a stall is judged against that one, or a
+        # stream whose rate reads slower than the guess (MJPEG over HTTP says 25 fps) would never
+        # count its stalls.  The next open takes the new timeout (see _open).
+        if self._cap.set(cv2.CAP_PROP_READ_TIMEOUT_MSEC, ms):
+            self._read_timeout_s = timeout_s
 
     def _open(self) -> Any:
         cv2 = _cv2()
@@ -237,6 +242,10 @@ class _CaptureSource(Source):
         if not cap.isOpened():
             cap.release()
             return None
+        params = self._params
+        for i in range(0, len(params) - 1, 2):
+            if params[i] == cv2.CAP_PROP_READ_TIMEOUT_MSEC:
+                self._read_timeout_s = params[i + 1] / 1000  # the timeout this capture reads with
         if self.info.kind == "camera":
             # One driver buffer: a camera must hand over the newest frame, not a queued stale one.
             cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
