@@ -1,10 +1,11 @@
-"""Why an RTSP camera would not open: one DESCRIBE request, asked without credentials.
+"""Why an RTSP (or plain HTTP) camera would not open: one request, asked without credentials.
 
 OpenCV's FFmpeg says only that it could not open a stream.  A user needs to know which of
 five things went wrong: nothing listens at the address, nothing answers, the camera wants a
 user and password (or refused the ones given), the path names no stream, or the camera
 answered and still sent no video.  ``diagnose`` asks the camera's RTSP server once, over a
-plain TCP connection with a deadline, and turns the answer into a ``SourceError``.
+plain TCP connection with a deadline, and turns the answer into a ``SourceError``.  An
+``http://`` camera (Motion JPEG) is asked the same way with a GET.
 
 The request carries no credentials (they stay with FFmpeg): a 401 to it, when the URL has a
 user and password that FFmpeg could not open the stream with, means the camera refused them.
@@ -21,14 +22,22 @@ from edgekit.core.redact import redact_source
 from edgekit.errors import SourceError
 
 RTSP_PORT = 554
+HTTP_PORT = 80
 _ANSWER_MAX = 4096
 
 
 def _status(host: str, port: int, url: str, timeout_s: float) -> int:
-    """The status code of a DESCRIBE for ``url`` (without credentials); raises OSError."""
-    request = (
-        f"DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\nUser-Agent: edgekit\r\n\r\n"
-    ).encode()
+    """The status code of a DESCRIBE (RTSP) or GET (HTTP) for ``url`` (without credentials); raises OSError."""
+    http = url.lower().startswith("http://")
+    if http:
+        parts = urlsplit(url)
+        path = parts.path or "/"
+        path += f"?{parts.query}" if parts.query else ""
+        request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: edgekit\r\nConnection: close\r\n\r\n".encode()
+    else:
+        request = (
+            f"DESCRIBE {url} RTSP/1.0\r\nCSeq: 1\r\nAccept: application/sdp\r\nUser-Agent: edgekit\r\n\r\n"
+        ).encode()
     deadline = time.monotonic() + timeout_s
     with socket.create_connection((host, port), timeout=timeout_s) as conn:
         conn.sendall(request)
@@ -40,16 +49,19 @@ def _status(host: str, port: int, url: str, timeout_s: float) -> int:
                 break
             answer += chunk
     words = answer.split(b"\r\n", 1)[0].split()
-    if len(words) < 2 or not words[0].startswith(b"RTSP/") or not words[1].isdigit():
-        raise ValueError("not an RTSP answer")
+    protocol = b"HTTP/" if http else b"RTSP/"
+    if len(words) < 2 or not words[0].startswith(protocol) or not words[1].isdigit():
+        raise ValueError(f"not an {protocol[:-1].decode()} answer")
     return int(words[1])
 
 
 def diagnose(url: str, timeout_s: float = 5.0) -> SourceError:
-    """The error to show for an RTSP ``url`` that OpenCV's FFmpeg could not open (asks the camera)."""
+    """The error to show for an RTSP or HTTP ``url`` that OpenCV's FFmpeg could not open (asks the camera)."""
     shown = redact_source(url)
     parts = urlsplit(url)
-    host, port = parts.hostname or "", parts.port or RTSP_PORT
+    http = parts.scheme.lower() == "http"
+    default_port = HTTP_PORT if http else RTSP_PORT
+    host, port = parts.hostname or "", parts.port or default_port
     where = f"{host}:{port}"
     bare = urlunsplit((parts.scheme, where if parts.port else host, parts.path, parts.query, ""))
     try:
@@ -57,7 +69,7 @@ def diagnose(url: str, timeout_s: float = 5.0) -> SourceError:
     except ConnectionRefusedError:
         return SourceError(
             f"cannot open stream {shown!r}: nothing listens at {where} (connection refused)",
-            f"check that the camera is on and its RTSP port (the default is {RTSP_PORT})",
+            f"check that the camera is on and its {parts.scheme.upper()} port (the default is {default_port})",
         )
     except TimeoutError:
         return SourceError(
@@ -66,7 +78,7 @@ def diagnose(url: str, timeout_s: float = 5.0) -> SourceError:
         )
     except (OSError, ValueError) as err:
         return SourceError(
-            f"cannot open stream {shown!r}: {where} did not answer as an RTSP server ({err})",
+            f"cannot open stream {shown!r}: {where} did not answer as an {'HTTP' if http else 'RTSP'} server ({err})",
             "check the URL in a player (ffplay URL)",
         )
     if status == 401 and parts.password is not None:
@@ -77,7 +89,7 @@ def diagnose(url: str, timeout_s: float = 5.0) -> SourceError:
     if status == 401:
         return SourceError(
             f"the camera at {where} wants a user and password for {shown!r}",
-            "write rtsp://USER:PASSWORD@host/path, in a run file only you can read (edgekit run --config)",
+            f"write {parts.scheme}://USER:PASSWORD@host/path, in a run file only you can read (edgekit run --config)",
         )
     if status == 404:
         return SourceError(
@@ -91,5 +103,6 @@ def diagnose(url: str, timeout_s: float = 5.0) -> SourceError:
         )
     return SourceError(
         f"the camera at {where} answered, but no video came from {shown!r} in time",
-        "check the stream in a player (ffplay URL); try the other transport (#transport=udp or tcp)",
+        "check the stream in a player (ffplay URL)"
+        + ("" if http else "; try the other transport (#transport=udp or tcp)"),
     )

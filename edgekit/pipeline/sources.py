@@ -259,7 +259,7 @@ class _CaptureSource(Source):
                 "check that the device exists (v4l2-ctl --list-devices) and that this user may read it "
                 "(the video group)",
             )
-        if kind == "stream" and str(self._target).lower().startswith("rtsp://"):
+        if kind == "stream" and str(self._target).lower().startswith(("rtsp://", "http://")):
             from edgekit.pipeline.rtsp_probe import diagnose
 
             return diagnose(str(self._target), NETWORK_TIMEOUT_MS / 1000)
