@@ -1,12 +1,16 @@
-"""The source matrix: codec x transport x fault against a real RTSP camera, and what edgekit made of each.
+"""The source matrix: kind x codec x transport x fault against a real camera, and what edgekit made of each.
 
-    .venv/bin/python -m benchmarks.source_matrix [--codec h264 --codec h265] [--transport tcp ...] [--json]
+    .venv/bin/python -m benchmarks.source_matrix [--kind rtsp --kind http-mjpeg] [--codec h264 ...]
+        [--transport tcp ...] [--fault ...] [--json]
 
-Each cell starts a camera (gst-rtsp-server on loopback, tests/rtsp_server.py), reads it as a
+The kinds: ``rtsp`` (gst-rtsp-server on loopback, tests/rtsp_server.py, read as open_source reads
+it: GStreamer when PyGObject is here), ``rtsp-ffmpeg`` (the same camera through OpenCV's FFmpeg,
+the path without PyGObject) and ``http-mjpeg`` (tests/mjpeg_server.py, through OpenCV's FFmpeg).
+Each cell starts a camera, reads it as a
 pipeline's capture thread does, and does one fault on the camera's side: the server killed
 for 3 s, the stream paused 4 s with its connection open, 10 % of the encoded frames dropped
 for 3 s, the resolution changed, or wrong credentials.  tests/test_sources_rtsp.py asserts on
-the same cells; this prints them as a table: frames, outages, reopens, stalls, the time to
+the same cells (tests/test_source_kinds.py the other kinds'); this prints them as a table: frames, outages, reopens, stalls, the time to
 notice (detect) and to get frames again after the fault ended (recover), what the user sees.
 """
 
@@ -25,12 +29,19 @@ source_faults: Any = importlib.import_module("source_faults")
 
 
 def render(doc: dict[str, Any]) -> str:
-    head = "| codec | transport | fault | frames | after | outages | reopens | stalls | detect s | recover s | sees |"
+    head = "| kind | codec | transport | fault | frames | after | outages | reopens | stalls | detect s | recover s | sees |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in doc["cells"]:
-        seen = c["error"] or c["sees"]
+        if c["na"]:
+            lines.append(
+                f"| {c['kind']} | {c['codec']} | {c['transport']} | {c['fault']} |"
+                + " - |" * 7
+                + f" {c['na']} |"
+            )
+            continue
+        seen = (c["error"] or c["sees"]).replace("|", "\\|")  # an error's hint follows a "|"
         lines.append(
-            f"| {c['codec']} | {c['transport']} | {c['fault']} | {c['frames']} | {c['frames_after']} "
+            f"| {c['kind']} | {c['codec']} | {c['transport']} | {c['fault']} | {c['frames']} | {c['frames_after']} "
             f"| {c['outages']} | {c['reopens']} | {c['stalls']} | {c['detect_s'] if c['detect_s'] is not None else '-'} "
             f"| {c['recover_s'] if c['recover_s'] is not None else '-'} | {seen} |"
         )
@@ -39,17 +50,20 @@ def render(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__, json_flag=True)
-    ap.add_argument("--codec", action="append", choices=["h264", "h265"])
-    ap.add_argument("--transport", action="append", choices=["tcp", "udp"])
+    ap.add_argument("--kind", action="append", choices=list(source_faults.KINDS))
+    ap.add_argument("--codec", action="append", choices=["h264", "h265", "mjpeg"])
+    ap.add_argument("--transport", action="append", choices=["tcp", "udp", "http"])
     ap.add_argument("--fault", action="append", choices=list(source_faults.FAULTS))
     args = parse(ap, argv)
     cells = []
     with progress_on_stderr(args.json):
-        for codec in args.codec or ["h264", "h265"]:
-            for transport in args.transport or ["tcp", "udp"]:
-                for fault in args.fault or source_faults.FAULTS:
-                    print(f"{codec} {transport} {fault} ...", flush=True)
-                    cells.append(source_faults.run_cell(codec, transport, fault).row())
+        for kind in args.kind or source_faults.KINDS:
+            codecs, transports = source_faults.KIND_AXES[kind]
+            for codec in [c for c in codecs if not args.codec or c in args.codec]:
+                for transport in [t for t in transports if not args.transport or t in args.transport]:
+                    for fault in args.fault or source_faults.FAULTS:
+                        print(f"{kind} {codec} {transport} {fault} ...", flush=True)
+                        cells.append(source_faults.run_cell(codec, transport, fault, kind=kind).row())
     print_doc({"cells": cells}, args.json, render)
     return 0
 

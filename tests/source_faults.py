@@ -1,10 +1,18 @@
-"""Faults done to a real RTSP camera while a source reads it, and what the source made of each.
+"""Faults done to a real camera while a source reads it, and what the source made of each.
 
-Shared by tests/test_sources_rtsp.py (which asserts on each cell) and
-benchmarks/source_matrix.py (which prints the matrix): one cell is a codec, a transport and a
-fault, run against ``RtspCamera`` on loopback.  A reader thread takes frames as a pipeline's
-capture thread does; the fault happens on the camera's side; the cell records the frames before,
-during and after it, the source's counters, and how long frames took to come back.
+Shared by tests/test_sources_rtsp.py and tests/test_source_kinds.py (which assert on each cell)
+and benchmarks/source_matrix.py (which prints the matrix): one cell is a kind of source, a codec,
+a transport and a fault, run against a camera on loopback.  The kinds (``KINDS``):
+
+- ``rtsp``: ``RtspCamera`` (gst-rtsp-server) read as ``open_source`` reads it (GStreamer's
+  appsink when PyGObject is here);
+- ``rtsp-ffmpeg``: the same camera read through OpenCV's FFmpeg, the path taken without PyGObject;
+- ``http-mjpeg``: ``MjpegCamera`` (Motion JPEG over HTTP), read through OpenCV's FFmpeg.
+
+A reader thread takes frames as a pipeline's capture thread does; the fault happens on the
+camera's side; the cell records the frames before, during and after it, the source's counters,
+and how long frames took to come back.  A fault that cannot happen to a kind is a cell marked
+``na`` with the reason.
 """
 
 from __future__ import annotations
@@ -15,9 +23,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+from mjpeg_server import MjpegCamera
 from rtsp_server import RtspCamera
 
 from edgekit.errors import SourceError
+from edgekit.pipeline import sources
 from edgekit.pipeline.sources import Source, open_source
 
 FAULTS = (
@@ -32,10 +43,45 @@ PAUSE_S = 4.0  # the stream sends nothing this long, its connection open
 DOWN_S = 3.0  # the server is gone this long
 LOSS = 0.1  # the share of encoded frames dropped during "packets dropped"
 LOSS_S = 3.0
+KINDS = ("rtsp", "rtsp-ffmpeg", "http-mjpeg")
+# What each kind's camera serves, and over what: (codecs, transports).
+KIND_AXES = {
+    "rtsp": (("h264", "h265"), ("tcp", "udp")),
+    "rtsp-ffmpeg": (("h264", "h265"), ("tcp", "udp")),
+    "http-mjpeg": (("mjpeg",), ("http",)),
+}
+# Faults that cannot happen to a kind, and why.
+NOT_APPLICABLE = {
+    (
+        "http-mjpeg",
+        "packets dropped",
+    ): "MJPEG over HTTP runs on TCP: a lost packet is resent, never a damaged frame",
+}
+USER, PASSWORD = "viewer", "s3cret:p@ss"
+
+
+def open_with_ffmpeg(uri: str) -> Source:
+    """``open_source`` with no stream opener but OpenCV's FFmpeg (the path taken without PyGObject)."""
+    saved = list(sources.STREAM_OPENERS)
+    sources.STREAM_OPENERS.clear()
+    try:
+        return open_source(uri)
+    finally:
+        sources.STREAM_OPENERS[:] = saved
+
+
+def _pattern(width: int = 640, height: int = 480, n: int = 15) -> list[np.ndarray]:
+    """A moving pattern for the MJPEG camera (frames that differ, as a scene's do)."""
+    ramp = np.tile(np.linspace(0, 255, width, dtype=np.uint8), (height, 1))
+    return [
+        np.dstack([np.roll(ramp, 16 * i, axis=1), ramp[:, ::-1], np.full_like(ramp, 17 * i)])
+        for i in range(n)
+    ]
 
 
 @dataclass
 class Cell:
+    kind: str
     codec: str
     transport: str
     fault: str
@@ -51,6 +97,7 @@ class Cell:
     sizes: list[tuple[int, int]] = field(default_factory=list)  # frame sizes seen, in order
     error: str = ""  # what the user sees when the source cannot open
     sees: str = ""  # what the user sees, in words
+    na: str = ""  # why the fault cannot happen to this kind (the cell is not run)
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,13 +144,31 @@ class Reader(threading.Thread):
             time.sleep(0.01)
 
 
-def run_cell(codec: str, transport: str, fault: str, opener: Callable[[str], Source] = open_source) -> Cell:
-    """Run one cell of the matrix against a fresh camera."""
-    cell = Cell(codec, transport, fault)
-    creds = {"user": "viewer", "password": "s3cret:p@ss"} if fault == "wrong credentials" else {}
-    with RtspCamera(codec=codec, **creds) as cam:  # type: ignore[arg-type]
+def run_cell(
+    codec: str,
+    transport: str,
+    fault: str,
+    opener: Callable[[str], Source] | None = None,
+    *,
+    kind: str = "rtsp",
+) -> Cell:
+    """Run one cell of the matrix against a fresh camera of ``kind``."""
+    cell = Cell(kind, codec, transport, fault)
+    if (why := NOT_APPLICABLE.get((kind, fault))) is not None:
+        cell.na = cell.sees = f"n/a: {why}"
+        return cell
+    opener = opener or (open_with_ffmpeg if kind == "rtsp-ffmpeg" else open_source)
+    creds = {"user": USER, "password": PASSWORD} if fault == "wrong credentials" else {}
+    cam: RtspCamera | MjpegCamera
+    if kind == "http-mjpeg":
+        cam = MjpegCamera(_pattern(), fps=30, **creds)  # type: ignore[arg-type]
+        suffix = ""
+    else:
+        cam = RtspCamera(codec=codec, **creds)  # type: ignore[arg-type]
+        suffix = f"#transport={transport}"
+    with cam:
         if fault == "wrong credentials":
-            url = cam.url_as("viewer", "not-it") + f"#transport={transport}"
+            url = cam.url_as(USER, "not-it") + suffix
             try:
                 opener(url).close()
             except SourceError as err:
@@ -112,7 +177,7 @@ def run_cell(codec: str, transport: str, fault: str, opener: Callable[[str], Sou
             else:
                 cell.sees = "opened (the camera did not check the password)"
             return cell
-        source = opener(cam.url + f"#transport={transport}")
+        source = opener(cam.url + suffix)
         reader = Reader(source)
         reader.start()
         try:
@@ -131,7 +196,7 @@ def run_cell(codec: str, transport: str, fault: str, opener: Callable[[str], Sou
     return cell
 
 
-def _fault(cam: RtspCamera, reader: Reader, cell: Cell) -> float:
+def _fault(cam: RtspCamera | MjpegCamera, reader: Reader, cell: Cell) -> float:
     """Do the cell's fault to the camera; when it ended."""
     start = time.monotonic()
     if cell.fault == "none":
@@ -147,6 +212,7 @@ def _fault(cam: RtspCamera, reader: Reader, cell: Cell) -> float:
         cam.resume()
         end = time.monotonic()
     elif cell.fault == "packets dropped":
+        assert isinstance(cam, RtspCamera)
         cam.set_drop(LOSS)
         reader.watch_outage(LOSS_S)
         cam.set_drop(0.0)
