@@ -237,7 +237,9 @@ def _sees(cell: Cell) -> str:
             return "frames at the new size from the next frames on"
         return "frames scaled to the first size (OpenCV's FFmpeg hides the change)"
     parts = []
-    if cell.outages:
+    if cell.stalls:
+        parts.append(f"a stall found by the watchdog ({cell.stalls}), reopened {cell.reopens}x")
+    elif cell.outages:
         parts.append(f"{cell.outages} outage(s) in the log and counters, reopened {cell.reopens}x")
     if cell.corrupt:
         parts.append(f"{cell.corrupt} damaged frames skipped")

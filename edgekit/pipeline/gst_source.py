@@ -45,8 +45,8 @@ from edgekit.device.video_decode import (
 )
 from edgekit.errors import EdgekitError, SourceError
 from edgekit.pipeline import sources
+from edgekit.pipeline.camera_probe import RTSP_PORT, diagnose
 from edgekit.pipeline.gst_frames import APPSINK_CAPS, frame_converter, layout
-from edgekit.pipeline.rtsp_probe import RTSP_PORT, diagnose
 from edgekit.pipeline.sources import (
     REOPEN_FIRST_S,
     REOPEN_MAX_S,

@@ -260,7 +260,7 @@ class _CaptureSource(Source):
                 "(the video group)",
             )
         if kind == "stream" and str(self._target).lower().startswith(("rtsp://", "http://")):
-            from edgekit.pipeline.rtsp_probe import diagnose
+            from edgekit.pipeline.camera_probe import diagnose
 
             return diagnose(str(self._target), NETWORK_TIMEOUT_MS / 1000)
         if kind == "stream":
