@@ -71,7 +71,7 @@ def test_the_ffmpeg_path_is_the_one_taken() -> None:
     with RtspCamera() as cam:
         src = source_faults.open_with_ffmpeg(cam.url)
         try:
-            assert type(src) is sources._CaptureSource and src.read() is not None
+            assert type(src) is sources.CaptureSource and src.read() is not None
         finally:
             src.close()
     assert before == sources.STREAM_OPENERS  # the other openers are put back
