@@ -30,7 +30,9 @@ Why our own and not a library's
 
     None is numpy-only.  AGPL rules boxmot out of anything flashed onto a customer's
     device; norfair's ``numpy < 2`` cannot sit beside a current numpy, and it keeps one
-    Python object and filterpy Kalman filter per tracked object; ByteTrack through
+    Python object and filterpy Kalman filter per tracked object (timed on the same frames
+    of ``benchmarks/tracker_cost.py``, norfair 2.3 IoU tracking took p50 92, 758 and 3492 µs a
+    frame at 1, 20 and 100 objects against this module's 59, 116 and 572); ByteTrack through
     supervision now means two packages and scipy for a few dozen lines of matching.  The
     algorithm is small and well described, so it is written here, vectorised over tracks,
     and measured (``benchmarks/tracker_cost.py``).
