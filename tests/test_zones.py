@@ -146,7 +146,7 @@ def test_inertia_delays_enter_and_leave_and_counts_the_stay_from_the_first_frame
         ("dwell", 18, None),
         ("leave", 32, None),
     ]
-    assert events[-1].since_t == 10 * DT
+    assert events[-1].since_t == 10 * DT and events[-1].dwell_s == 20 * DT  # frames 10..30, as with none
 
 
 def test_inertia_ignores_a_box_flickering_across_the_border() -> None:
@@ -162,6 +162,17 @@ def test_inertia_ignores_a_box_flickering_across_the_border() -> None:
 def test_a_track_that_ends_inside_leaves_when_it_is_gone() -> None:
     events = run(CameraRegions(zones=(BAY,), count_interval_s=None), lambda i: _walk(i) if i < 20 else [], 25)
     assert kinds(events, "enter", "leave") == [("enter", 10, None), ("leave", 20, None)]
+
+
+def test_flush_ends_the_open_stays_and_the_partial_interval() -> None:
+    engine = ZoneEngine("door", CameraRegions(zones=(BAY,), count_interval_s=60.0))
+    for i in range(15):
+        engine.update(_walk(i), i * DT, i, SIZE)
+    events = engine.flush(15 * DT, 15)
+    assert [(e.kind, e.frame_index) for e in events] == [("leave", 15), ("count", 15)]
+    counts = events[1].counts
+    assert counts is not None and counts["zones"]["bay"]["enter"] == {"person": 1}
+    assert counts["zones"]["bay"]["leave"] == {"person": 1}
 
 
 def test_a_predicted_box_inside_does_not_enter() -> None:

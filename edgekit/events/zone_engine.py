@@ -197,7 +197,8 @@ class ZoneEngine:
                         events.append(self._track_event("enter", zone.name, track, t, frame_index))
                         self._tally(self._window_zone(zone.name), "enter", track.name)
                     else:
-                        events.append(self._leave(zone.name, track, stay, t, frame_index))
+                        # The stay lasted until the first frame outside, not until inertia agreed.
+                        events.append(self._leave(zone.name, track, stay, t, frame_index, stay.streak_t))
             if (
                 stay.inside
                 and not stay.dwelt
@@ -217,10 +218,12 @@ class ZoneEngine:
                     )
                 )
 
-    def _leave(self, zone: str, track: TrackLike, stay: _Stay, t: float, frame_index: int) -> Event:
+    def _leave(
+        self, zone: str, track: TrackLike, stay: _Stay, t: float, frame_index: int, left_t: float
+    ) -> Event:
         self._tally(self._window_zone(zone), "leave", track.name)
         return self._track_event(
-            "leave", zone, track, t, frame_index, dwell_s=t - stay.since_t, since_t=stay.since_t
+            "leave", zone, track, t, frame_index, dwell_s=left_t - stay.since_t, since_t=stay.since_t
         )
 
     def _ended(
@@ -232,7 +235,7 @@ class ZoneEngine:
             for zone, stays in zip(self.regions.zones, self._stays, strict=True):
                 stay = stays.pop(key, None)
                 if stay is not None and stay.inside:
-                    events.append(self._leave(zone.name, track, stay, t, frame_index))
+                    events.append(self._leave(zone.name, track, stay, t, frame_index, t))
             for sides in self._sides:
                 sides.pop(key, None)
             self._seq.pop(key, None)
