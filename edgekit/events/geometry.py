@@ -66,17 +66,26 @@ def anchor_points(boxes: FloatArray, anchor: Anchor) -> FloatArray:
     return np.stack((x, y), axis=1)
 
 
-def inside_polygon(points: FloatArray, polygon: FloatArray) -> BoolArray:
-    """Whether each of ``(n, 2)`` points lies inside ``(m, 2)`` ``polygon`` (even-odd ray casting).
+def polygon_edges(polygon: FloatArray) -> FloatArray:
+    """A ``(m, 2)`` polygon's edges as a ``(4, m)`` array of ``x0, y0, x1, y1`` rows.
 
-    A point exactly on an edge may fall either way; zones debounce that with their inertia.
+    Worked out once per zone and frame size, so ``inside_polygon`` does not redo it per frame.
+    """
+    x0, y0 = polygon[:, 0], polygon[:, 1]
+    return np.stack((x0, y0, np.roll(x0, -1), np.roll(y0, -1)))
+
+
+def inside_polygon(points: FloatArray, edges: FloatArray) -> BoolArray:
+    """Whether each of ``(n, 2)`` points lies inside the polygon of ``edges`` (even-odd ray casting).
+
+    ``edges`` is ``polygon_edges(polygon)``.  A point exactly on an edge may fall either way;
+    zones debounce that with their inertia.
     """
     if len(points) == 0:
         return np.zeros(0, dtype=np.bool_)
     px = points[:, 0:1]
     py = points[:, 1:2]
-    x0, y0 = polygon[:, 0], polygon[:, 1]
-    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
+    x0, y0, x1, y1 = edges
     straddles = (y0 > py) != (y1 > py)
     # x where each edge meets the horizontal through the point; edges that do not straddle it
     # are masked out, so their division by a zero height never matters.

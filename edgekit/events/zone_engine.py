@@ -42,6 +42,7 @@ from edgekit.events.geometry import (
     anchor_points,
     inside_polygon,
     paths_cross_segment,
+    polygon_edges,
     signed_distance,
 )
 from edgekit.events.zones import CameraRegions, Line, Zone
@@ -105,7 +106,7 @@ class ZoneEngine:
         self.camera = camera
         self.regions = regions
         self._size: tuple[int, int] | None = None
-        self._polygons: list[FloatArray] = []
+        self._edges: list[FloatArray] = []
         self._segments: list[tuple[Point, Point]] = []
         self._stays: list[dict[TrackKey, _Stay]] = [{} for _ in regions.zones]
         self._sides: list[dict[TrackKey, _Side]] = [{} for _ in regions.lines]
@@ -137,7 +138,7 @@ class ZoneEngine:
                 pts = anchors.get(zone.anchor)
                 if pts is None:
                     pts = anchors[zone.anchor] = anchor_points(boxes, zone.anchor)
-                inside = inside_polygon(pts, self._polygons[zi])
+                inside = inside_polygon(pts, self._edges[zi])
                 self._zone(zi, zone, keys, current, inside, seen, t, frame_index, events)
             for li, line in enumerate(self.regions.lines):
                 pts = anchors.get(line.anchor)
@@ -385,7 +386,7 @@ class ZoneEngine:
     def _resolve(self, size: tuple[int, int]) -> None:
         # Fractions of the frame follow the frame: a camera that changes resolution keeps its zones.
         self._size = size
-        self._polygons = [z.resolve(size) for z in self.regions.zones]
+        self._edges = [polygon_edges(z.resolve(size)) for z in self.regions.zones]
         self._segments = [ln.resolve(size) for ln in self.regions.lines]
 
     def _next(self, track: TrackKey, kind: str, place: str) -> int:
