@@ -12,30 +12,15 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from edgekit.core.stats import percentile
+from edgekit.events.tracking import Track
 from edgekit.events.zone_engine import ZoneEngine
 from edgekit.events.zones import CameraRegions, Line, Zone
 
 W, H = 1280, 720
-
-
-@dataclass(frozen=True, slots=True)
-class Track:
-    """The fields of ``edgekit.events.tracking.Track`` the engine reads, and the rest."""
-
-    id: int
-    class_id: int
-    name: str
-    score: float
-    box: tuple[float, float, float, float]
-    hits: int
-    missed: int
-    first_t: float
-    t: float
 
 
 REGIONS = CameraRegions(

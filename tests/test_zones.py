@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from edgekit.detection.detector import Detection
 from edgekit.errors import EdgekitError
 from edgekit.events.event import Event
+from edgekit.events.tracking import Track, Tracker
 from edgekit.events.zone_engine import ZoneEngine
 from edgekit.events.zones import CameraRegions, Line, Zone, line_from_dict, regions_from_dict, zone_from_dict
 
 SIZE = (640, 480)
 DT = 0.125  # 8 fps: frame times are exact in binary, so "at 1.0 s" is one frame, not a rounding
-
-
-@dataclass(frozen=True, slots=True)
-class Track:
-    """The shape of ``edgekit.events.tracking.Track`` the engine reads."""
-
-    id: int
-    class_id: int
-    name: str
-    score: float
-    box: tuple[float, float, float, float]
-    hits: int
-    missed: int
-    first_t: float
-    t: float
 
 
 def track(tid: int, x: float, bottom: float, i: int, *, name: str = "person", missed: int = 0) -> Track:
@@ -337,3 +324,25 @@ def test_a_zone_and_a_line_may_not_share_a_name() -> None:
                 "lines": {"x": {"a": [0, 0], "b": [1, 1]}},
             }
         )
+
+
+def test_through_the_tracker_a_detection_gap_neither_loses_nor_repeats_a_crossing() -> None:
+    """Detections of a square walking down across the gate, missing on frames 14 to 15 (the crossing)."""
+    tracker = Tracker(max_missed_s=0.4)  # 3 frames at these 8 fps
+    engine = ZoneEngine("door", CameraRegions(zones=(BAY,), lines=(GATE,), count_interval_s=None))
+    events: list[Event] = []
+    for i in range(40):
+        bottom = 100 + 10 * i
+        dets = (
+            []
+            if i in (14, 15)
+            else [Detection(0, "person", 0.9, (190.0, bottom - 40.0, 210.0, float(bottom)))]
+        )
+        events += engine.update(tracker.update(dets, i * DT), i * DT, i, SIZE)
+    ids = {e.track_id for e in events}
+    assert len(ids) == 1  # one track throughout: the gap did not start a second one
+    crossings = kinds(events, "cross")
+    # Clear of the line from frame 15 (y = 250), but that box is the prediction: frame 16 decides.
+    assert crossings == [("cross", 16, "in")]
+    # Into the bay (y 100..300) and out of it again, once each.
+    assert [e.kind for e in events if e.kind in ("enter", "leave")] == ["enter", "leave"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -45,23 +44,8 @@ from edgekit.events.geometry import (
     polygon_edges,
     signed_distance,
 )
+from edgekit.events.tracking import Track
 from edgekit.events.zones import CameraRegions, Line, Zone
-
-
-class TrackLike(Protocol):
-    """What the engine reads of a tracked object (``edgekit.events.tracking.Track`` has it)."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def name(self) -> str: ...
-    @property
-    def box(self) -> tuple[float, float, float, float]: ...
-    @property
-    def missed(self) -> int: ...
-    @property
-    def first_t(self) -> float: ...
-
 
 TrackKey = tuple[int, float]  # (id, first_t): a tracker that reuses an id starts a new track
 
@@ -113,13 +97,13 @@ class ZoneEngine:
         self._presence: list[dict[str, _Presence]] = [{} for _ in regions.zones]
         # Per track, how many events of each (kind, place) it has had: the last part of their ids.
         self._seq: dict[TrackKey, dict[tuple[str, str], int]] = {}
-        self._last: dict[TrackKey, TrackLike] = {}
+        self._last: dict[TrackKey, Track] = {}
         self._window: _Window | None = None
 
     # -- the frame loop ---------------------------------------------------------------------
 
     def update(
-        self, tracks: Sequence[TrackLike], t: float, frame_index: int, size: tuple[int, int]
+        self, tracks: Sequence[Track], t: float, frame_index: int, size: tuple[int, int]
     ) -> list[Event]:
         """This frame's events, given every track the tracker reports for it (seen or predicted)."""
         if size != self._size:
@@ -167,7 +151,7 @@ class ZoneEngine:
         zi: int,
         zone: Zone,
         keys: list[TrackKey],
-        current: dict[TrackKey, TrackLike],
+        current: dict[TrackKey, Track],
         inside: np.ndarray,
         seen: np.ndarray,
         t: float,
@@ -220,16 +204,14 @@ class ZoneEngine:
                 )
 
     def _leave(
-        self, zone: str, track: TrackLike, stay: _Stay, t: float, frame_index: int, left_t: float
+        self, zone: str, track: Track, stay: _Stay, t: float, frame_index: int, left_t: float
     ) -> Event:
         self._tally(self._window_zone(zone), "leave", track.name)
         return self._track_event(
             "leave", zone, track, t, frame_index, dwell_s=left_t - stay.since_t, since_t=stay.since_t
         )
 
-    def _ended(
-        self, current: dict[TrackKey, TrackLike], t: float, frame_index: int, events: list[Event]
-    ) -> None:
+    def _ended(self, current: dict[TrackKey, Track], t: float, frame_index: int, events: list[Event]) -> None:
         gone = [k for k in self._last if k not in current]
         for key in gone:
             track = self._last[key]
@@ -245,7 +227,7 @@ class ZoneEngine:
         self,
         zi: int,
         zone: Zone,
-        current: dict[TrackKey, TrackLike],
+        current: dict[TrackKey, Track],
         t: float,
         frame_index: int,
         events: list[Event],
@@ -285,7 +267,7 @@ class ZoneEngine:
         li: int,
         line: Line,
         keys: list[TrackKey],
-        current: dict[TrackKey, TrackLike],
+        current: dict[TrackKey, Track],
         pts: FloatArray,
         seen: np.ndarray,
         t: float,
@@ -398,7 +380,7 @@ class ZoneEngine:
         self,
         kind: EventKind,
         place: str,
-        track: TrackLike,
+        track: Track,
         t: float,
         frame_index: int,
         *,
