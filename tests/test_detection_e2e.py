@@ -26,8 +26,8 @@ from detector_bundle import blazeface_key, build_blazeface
 from skimage import data
 
 import edgekit
+from edgekit.detection.draw import colour_of, line_width
 from edgekit.preview import start_preview
-from edgekit.preview.draw import colour_of, line_width
 
 from conftest import edgekit as run_cli
 

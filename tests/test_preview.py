@@ -24,9 +24,9 @@ import pytest
 from chromium import drawn_box, image_rect, open_chromium, require_chromium, screenshot_bgr
 
 from edgekit.detection.detector import Detection
+from edgekit.detection.draw import colour_of, line_width
 from edgekit.pipeline.records import FrameRecord, FrameResult
 from edgekit.preview import PreviewError, PreviewFeed, PreviewServer, parse_address
-from edgekit.preview.draw import colour_of, line_width
 from edgekit.preview.server import BOUNDARY
 from edgekit.processing.postprocess import Label
 

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edgekit.preview.draw import draw_detections
+from edgekit.detection.draw import draw_detections
 
 if TYPE_CHECKING:
     from edgekit.pipeline.records import FrameResult

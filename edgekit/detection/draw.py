@@ -1,4 +1,4 @@
-"""Boxes, labels and scores drawn into a copy of a frame: what the preview's stream shows.
+"""Boxes, labels and scores drawn into a copy of a frame: what the preview streams and event proofs keep.
 
 They are drawn into the JPEG itself rather than over it in the page, so every frame of the
 stream carries the boxes of exactly that frame (an overlay fetched beside the stream would
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from edgekit.detection.detector import Detection
+    from edgekit.detection.detector import Box, Detection
 
 # BGR, by class id (cycled).  Saturated primaries-and-mixes that photographs rarely contain, so a
 # box stands out (and a test can find it in a screenshot); class 0 is the conventional green.
@@ -26,6 +26,7 @@ BOX_COLOURS: tuple[tuple[int, int, int], ...] = (
     (0, 0, 255),
 )
 KEYPOINT_COLOUR = (0, 255, 255)  # yellow: landmarks are not box edges
+HIGHLIGHT_COLOUR = (255, 255, 255)  # white: the box an event is about, drawn just outside its edges
 
 
 def colour_of(class_id: int) -> tuple[int, int, int]:
@@ -38,8 +39,14 @@ def line_width(frame_hw: tuple[int, int]) -> int:
     return max(2, round(max(frame_hw) / 320))
 
 
-def draw_detections(frame: np.ndarray, detections: Sequence[Detection]) -> np.ndarray:
-    """A copy of ``frame`` (BGR) with each detection's box, ``name score`` label and keypoints drawn."""
+def draw_detections(
+    frame: np.ndarray, detections: Sequence[Detection], *, highlight: Box | None = None
+) -> np.ndarray:
+    """A copy of ``frame`` (BGR) with each detection's box, ``name score`` label and keypoints drawn.
+
+    ``highlight``: a box (an event's) framed in :data:`HIGHLIGHT_COLOUR` just outside its edges,
+    so a detection drawn on the same box keeps its class colour.
+    """
     import cv2
 
     out: np.ndarray = frame.copy()  # the frame belongs to the pipeline and its other sinks
@@ -70,4 +77,8 @@ def draw_detections(frame: np.ndarray, detections: Sequence[Detection]) -> np.nd
             1,
             cv2.LINE_AA,
         )
+    if highlight is not None:
+        x0, y0, x1, y1 = (round(v) for v in highlight)
+        pad = 2 * thick  # outside the class-coloured line, which is centred on the box edge
+        cv2.rectangle(out, (x0 - pad, y0 - pad), (x1 + pad, y1 + pad), HIGHLIGHT_COLOUR, thick)
     return out
