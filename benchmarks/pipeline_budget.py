@@ -20,7 +20,7 @@ import sys
 
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, run
-from edgekit.pipeline import Summary
+from edgekit.pipeline import Summary, sink
 
 HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
@@ -35,7 +35,7 @@ def measure(model: edgekit.Model, args: argparse.Namespace, title: str) -> tuple
     with edgekit.Pipeline(
         model, args.source, budget_ms=args.budget, policy=args.policy, frames=args.frames
     ) as p:
-        p.add_observer(watch)
+        p.add_sink(sink("watch", lambda r: watch(r.record)))
         summary = p.run()
     d = summary.to_dict()
     lat, c = d["latency_ms"], d["counters"]

@@ -31,6 +31,7 @@ import numpy as np
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, print_json, progress_on_stderr, run, verdict
 from edgekit.core.stats import median
+from edgekit.pipeline import sink
 from edgekit.processing.preprocessing import INTERPOLATIONS, PreprocessSpec, fit, preprocess
 from edgekit.protocol.stages import STAGES
 
@@ -166,7 +167,7 @@ def measure(bundle: Path, args: argparse.Namespace) -> dict[str, Any]:
                 times.append((time.perf_counter_ns() - t0) / 1e6)
             recs: list[edgekit.FrameRecord] = []
             with edgekit.Pipeline(model, args.source, frames=args.frames) as p:
-                p.add_observer(recs.append)
+                p.add_sink(sink("records", lambda r: recs.append(r.record)))  # noqa: B023 - this round only
                 for _ in p:
                     pass
             b, e = median(times), median(rec.latency_ms for rec in recs)

@@ -16,6 +16,7 @@ from pathlib import Path
 import edgekit
 from benchmarks._harness import bundle_of, parse, parser, run, verdict
 from edgekit.core.stats import median, percentile
+from edgekit.pipeline import sink
 from edgekit.telemetry import report
 from edgekit.testing.mosquitto import Mosquitto
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in ("off", "on"):
                 lat: list[float] = []
                 with edgekit.Pipeline(model, args.source, frames=args.frames) as p:
-                    p.add_observer(lambda rec: lat.append(rec.latency_ms))  # noqa: B023 - used in this round only
+                    p.add_sink(sink("latency", lambda r: lat.append(r.record.latency_ms)))  # noqa: B023 - this round only
                     if mode == "on":
                         pub = report(p, broker.url, device_id="bench", interval_s=args.interval)
                     p.run()

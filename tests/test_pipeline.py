@@ -20,6 +20,7 @@ from test_sources import write_video
 
 import edgekit
 from edgekit.errors import EdgekitError, PipelineError
+from edgekit.pipeline.sinks import sink
 
 from conftest import edgekit as run_cli
 
@@ -86,7 +87,7 @@ def test_callbacks_see_every_frame_and_their_time_is_the_sink_stage(model: Any, 
 
     records: list[edgekit.FrameRecord] = []
     with edgekit.Pipeline(model, str(chelsea_clip), frames=10, on_result=slow_sink) as p:
-        p.add_observer(records.append)
+        p.add_sink(sink("records", lambda r: records.append(r.record)))
         summary = p.run()
     assert len(seen) == 10 == len(records) and summary.ended_by == "frames"
     assert all(r.sink_ms >= 15 for r in records)  # a lower bound: the sink slept 20 ms

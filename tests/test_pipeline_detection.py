@@ -20,6 +20,7 @@ import tiny_detector as td
 import edgekit
 from edgekit.bundle import generate_keypair
 from edgekit.errors import EdgekitError, InputError
+from edgekit.pipeline.sinks import sink
 
 import tiny_model
 
@@ -109,19 +110,18 @@ def test_a_classifier_classifies_and_refuses_detect(classifier: edgekit.Model) -
 def test_the_frame_loop_yields_detections_that_follow_the_square(
     detector: edgekit.Model, moving_square: Path
 ) -> None:
-    records: list[edgekit.FrameRecord] = []
     sunk: list[edgekit.FrameResult] = []
-    offered: list[tuple[edgekit.Label, ...]] = []
     with edgekit.Pipeline(detector, str(moving_square)) as p:
-        p.add_observer(records.append)
-        p.add_result_sink(sunk.append)
-        p.add_label_sink(offered.append)  # still called: a detector's frames have no labels
+        p.add_sink(sink("results", sunk.append))
         results = list(p)
+        records = [r.record for r in sunk]
     assert [seen(r.detections) for r in results] == [expected(c) for c in PATH]
     assert all(r.labels == () and r.top is None for r in results)
-    # The result sink saw every result, in order, before the loop body did.
-    assert [id(r) for r in sunk] == [id(r) for r in results]
-    assert offered == [()] * len(PATH)
+    # The sink saw every frame once, in order, with its image, detections and final record.
+    assert all(
+        r.frame is y.frame and r.detections is y.detections for r, y in zip(sunk, results, strict=True)
+    )
+    assert len(sunk) == len(results) and records[-1] is p.last_record
     # The final records carry the same detections (what --records and telemetry read).
     assert [r.index for r in records] == list(range(len(PATH)))
     assert [rec.detections for rec in records] == [r.detections for r in results]
@@ -159,7 +159,7 @@ def test_degrade_measures_and_runs_a_multi_output_alternative(
 def test_a_classifiers_records_carry_its_top_labels(classifier: edgekit.Model, moving_square: Path) -> None:
     records: list[edgekit.FrameRecord] = []
     with edgekit.Pipeline(classifier, str(moving_square), top=3) as p:
-        p.add_observer(records.append)
+        p.add_sink(sink("records", lambda r: records.append(r.record)))
         results = list(p)
     assert len(results) == len(records) == len(PATH)
     for i, (result, record) in enumerate(zip(results, records, strict=True)):
@@ -192,21 +192,22 @@ def test_the_real_blazeface_bundle_finds_the_astronauts_face_through_the_loop(
         assert 150 < x0 < 200 and 60 < y0 < 110 and 250 < x1 < 300 and 160 < y1 < 210
         records: list[edgekit.FrameRecord] = []
         with edgekit.Pipeline(model, str(folder)) as p:
-            p.add_observer(records.append)
+            p.add_sink(sink("records", lambda r: records.append(r.record)))
             results = list(p)
     assert [len(r.detections) for r in results] == [1, 0]
     assert results[0].detections[0].box == pytest.approx(face.box, abs=1e-3)  # PNG is lossless
     assert [rec.detections for rec in records] == [r.detections for r in results]
 
 
-def test_a_slow_result_sink_shows_in_the_sink_stage(detector: edgekit.Model, moving_square: Path) -> None:
-    # The preview and telemetry hand-offs run on the loop thread: their cost is the frame's, not hidden.
+def test_sinks_see_the_final_record(detector: edgekit.Model, moving_square: Path) -> None:
+    # A sink is told a frame once it is finished: its record has the loop body's time and met.
     records: list[edgekit.FrameRecord] = []
     with edgekit.Pipeline(detector, str(moving_square), frames=3) as p:
-        p.add_observer(records.append)
-        p.add_result_sink(lambda _: time.sleep(0.02))
-        list(p)
+        p.add_sink(sink("records", lambda r: records.append(r.record)))
+        for _ in p:
+            time.sleep(0.02)
     assert len(records) == 3 and all(r.sink_ms >= 15 for r in records)  # a lower bound: it slept 20 ms
+    assert records[-1] is p.last_record
 
 
 def test_a_head_that_does_not_fit_the_model_fails_load_and_leaves_nothing(

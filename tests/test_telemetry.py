@@ -19,6 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 import edgekit
 from edgekit.core.sketch import LatencySketch
 from edgekit.errors import TelemetryError
+from edgekit.pipeline.sinks import sink
 from edgekit.telemetry import BrokerConfig, Spool, TelemetryPublisher, report
 from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
 
@@ -222,7 +223,7 @@ def test_a_broker_outage_loses_no_telemetry_and_does_not_slow_frames(
 
         # (duration_s is only a safety net: the killer thread stops the run.)
         with edgekit.Pipeline(model, "synthetic:160x120@30", duration_s=600.0) as p:
-            p.add_observer(records.append)
+            p.add_sink(sink("records", lambda r: records.append(r.record)))
             publisher = report(
                 p, broker.url, device_id="cam-b", fleet="lab", interval_s=0.5, spool=tmp_path / "s.db"
             )
@@ -559,7 +560,6 @@ def test_a_classifiers_labels_topic_and_telemetry_are_as_before_through_the_resu
     while "SUBSCRIBE" not in broker.log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
     with edgekit.Pipeline(model, "synthetic:160x120@30") as p:
-        assert hasattr(p, "add_result_sink")  # report() takes the result sink where the loop has one
         publisher = report(
             p, broker.url, device_id="cam-l", fleet="lab", interval_s=0.5, labels_interval_s=0.0
         )

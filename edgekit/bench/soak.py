@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit.core import resources
 from edgekit.core.stats import percentile
+from edgekit.pipeline.sinks import sink
 
 if TYPE_CHECKING:
     from edgekit.pipeline import Pipeline
@@ -154,7 +155,7 @@ class SoakRecorder:
         self._t0 = 0.0
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="edgekit-soak", daemon=True)
-        pipeline.add_observer(self.observe)
+        pipeline.add_sink(sink("soak", lambda result: self.observe(result.record)))  # inline: counts
 
     # -- on the frame loop's thread ---------------------------------------------------------
 

@@ -31,7 +31,7 @@ from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
     from edgekit.model import Model
-    from edgekit.pipeline import Camera, FrameRecord, FrameResult, Pipeline, Seen, Summary
+    from edgekit.pipeline import Camera, FrameResult, Pipeline, Seen, Summary
 
 PolicyOpt = Annotated[
     str | None,
@@ -62,6 +62,11 @@ RUN_FILE_HELP = (
 )
 
 
+#: Frames the records file's writer may fall behind by before rows are dropped (and counted): each
+#: holds its frame's image until written, so a few dozen, not thousands.
+RECORDS_QUEUE = 64
+
+
 def register(app: typer.Typer) -> None:
     app.command("run")(run_command)
 
@@ -80,15 +85,18 @@ def _quiet_opencv() -> None:
 def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sink: Any = None) -> Summary:
     """Run ``pipeline`` with the live view (terminal), plain lines (pipe) or nothing (``--json``)."""
     from edgekit.commands.live import LiveView
+    from edgekit.pipeline.sinks import FunctionSink
 
     view = LiveView(pipeline)
-    out = records.open("w", encoding="utf-8") if records is not None else None
-    if out is not None:
+    if records is not None:
+        out = records.open("w", encoding="utf-8")
 
-        def write(record: FrameRecord) -> None:
-            out.write(json.dumps(record.to_dict()) + "\n")
+        def write(result: FrameResult) -> None:
+            out.write(json.dumps(result.record.to_dict()) + "\n")
 
-        pipeline.add_observer(write)
+        # Queued: the file's writes (and a slow disk) stay off the frame loop; a full queue drops rows,
+        # counted in the summary's sink_dropped.
+        pipeline.add_sink(FunctionSink("records", write, depth=RECORDS_QUEUE, close=out.close))
 
     def each(result: FrameResult) -> None:
         view.update(result)
@@ -111,8 +119,7 @@ def drive(pipeline: Pipeline, *, as_json: bool, records: Path | None = None, sin
     except KeyboardInterrupt:
         pipeline.ended_by = "interrupt"
     finally:
-        if out is not None:
-            out.close()
+        pipeline.sinks.close()  # the records file written out and closed before the summary
     return pipeline.summary()
 
 
@@ -326,7 +333,7 @@ def run_command(
 
         attach_heartbeat(pipeline)
         seen = Seen(model.task)
-        pipeline.add_observer(seen.observe)
+        pipeline.add_sink(seen)
         if not as_json:
             console.print(
                 f"candidate {model.selection.describe()}", highlight=False, markup=False, soft_wrap=True

@@ -9,6 +9,7 @@ from edgekit.pipeline.policy import Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.run_stats import Summary
 from edgekit.pipeline.seen import Seen
+from edgekit.pipeline.sinks import Sink, sink
 from edgekit.pipeline.sources import Source, SourceInfo, open_source
 from edgekit.protocol.stages import STAGES
 
@@ -21,8 +22,10 @@ __all__ = [
     "Pipeline",
     "Policy",
     "Seen",
+    "Sink",
     "Source",
     "SourceInfo",
     "Summary",
     "open_source",
+    "sink",
 ]

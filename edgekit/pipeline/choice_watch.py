@@ -14,14 +14,13 @@ policy's business.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from edgekit.core.stats import median
 
 if TYPE_CHECKING:
     from edgekit.model import Model
-    from edgekit.pipeline.records import FrameRecord
+    from edgekit.pipeline.records import FrameRecord, FrameResult
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,10 @@ SHARE_OF_BUDGET = 0.1
 
 
 class ChoiceWatch:
-    """A record observer (``Pipeline.add_observer``): marks the kept choice stale once, when contradicted."""
+    """An inline sink (``Pipeline.add_sink``): marks the kept choice stale once, when contradicted."""
+
+    name = "choice-watch"
+    depth = 0  # a list append per frame; the one file write happens once
 
     def __init__(self, candidate: str, measured_p50_ms: float, bundle_sha256: str, budget_ms: float) -> None:
         self.candidate = candidate
@@ -44,7 +46,13 @@ class ChoiceWatch:
         self.stale = ""  # why, once marked
         self._window: list[float] = []
 
-    def __call__(self, record: FrameRecord) -> None:
+    def frame(self, result: FrameResult) -> None:
+        self.observe(result.record)
+
+    def close(self) -> None:
+        pass
+
+    def observe(self, record: FrameRecord) -> None:
         # A batch's time is several frames' (its own rule); another level is the degrade policy's.
         if self.stale or record.candidate != self.candidate or record.batch > 1:
             return
@@ -73,10 +81,10 @@ class ChoiceWatch:
         )
 
 
-def watch_choice(model: Model, budget_ms: float) -> list[Callable[[FrameRecord], None]]:
-    """The observers a pipeline of ``model`` starts with: a ``ChoiceWatch`` when its choice was measured here."""
+def watch_choice(model: Model, budget_ms: float) -> ChoiceWatch | None:
+    """The sink a pipeline of ``model`` starts with: a ``ChoiceWatch`` when its choice was measured here."""
     sel = model.selection
     measured = sel.p50_ms.get(model.candidate)
     if sel.how not in ("measured", "cached") or not sel.bundle_sha256 or not measured:
-        return []
-    return [ChoiceWatch(model.candidate, measured, sel.bundle_sha256, budget_ms)]
+        return None
+    return ChoiceWatch(model.candidate, measured, sel.bundle_sha256, budget_ms)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from edgekit.core.sd_notify import Notifier
+from edgekit.pipeline.sinks import sink
 
 if TYPE_CHECKING:
     from edgekit.pipeline.cameras import LiveCamera
@@ -114,7 +115,7 @@ class FrameHeartbeat:
         return "; ".join(parts)
 
     def stopping(self) -> None:
-        """``STOPPING=1``: the pipeline is closing on purpose (a pipeline closer)."""
+        """``STOPPING=1``: the pipeline is closing on purpose (its sink's close)."""
         if self.ready:
             self.notifier.stopping()
 
@@ -125,5 +126,5 @@ def attach_heartbeat(pipeline: Pipeline, notifier: Notifier | None = None) -> Fr
     if not beat.enabled:
         return None
     pipeline.add_ticker(beat.tick)
-    pipeline.add_closer(beat.stopping)
+    pipeline.add_sink(sink("heartbeat", lambda _: None, close=beat.stopping))  # STOPPING=1 at close
     return beat

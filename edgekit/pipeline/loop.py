@@ -7,12 +7,15 @@
             print(result.top, result.record.latency_ms)
 
 or with a callback: ``Pipeline(model, source, on_result=show).run()`` returns the summary.
+Everything else that consumes frames (records, telemetry, the preview) is a ``Sink``
+(``add_sink``, see ``edgekit.pipeline.sinks``), told each finished frame once.
 A detector's results carry ``result.detections`` (boxes in frame pixels) instead of labels.
 
 The capture thread reads the source into a one-frame slot (see ``capture``); this loop
 takes a frame, prepares it straight into the session's input buffer, runs it, makes
 labels (a detector: decodes its outputs and suppresses overlapping boxes, timed as the
-postprocess stage), and hands the result to your loop body or callback (the *sink* stage).  Each
+postprocess stage), and hands the result to your loop body or callback (the *sink* stage),
+then to each sink with the final record.  Each
 frame's deadline is its capture time plus the budget; the record says which stages took
 how long and whether the deadline was met.
 """
@@ -47,6 +50,7 @@ from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.run_stats import CameraStats, RunStats, Summary
+from edgekit.pipeline.sinks import Sink, Sinks
 from edgekit.pipeline.source_health import HealthWatch, total
 from edgekit.pipeline.sources import Source, open_source
 from edgekit.pipeline.warm import Warmer
@@ -54,14 +58,12 @@ from edgekit.selection.matching import artifact_for
 
 if TYPE_CHECKING:
     from edgekit.model import Model
-    from edgekit.processing.postprocess import Label
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_MS = 33.3
 
 ResultCallback = Callable[[FrameResult], None]
-RecordObserver = Callable[[FrameRecord], None]
 Ticker = Callable[[Mapping[str, LiveCamera]], None]
 
 
@@ -121,7 +123,11 @@ class Pipeline:
         self.duration_s = duration_s
         self.top = top
         self.on_result = on_result
-        self._observers: list[RecordObserver] = watch_choice(model, budget)  # measured choice contradicted?
+        #: Every consumer of finished frames (``add_sink``), with each one's drops and errors.
+        self.sinks = Sinks()
+        watch = watch_choice(model, budget)  # measured choice contradicted?
+        if watch is not None:
+            self.sinks.add(watch)
         if warm not in ("auto", "on", "off"):
             raise PipelineError(f"warm must be auto, on or off, got {warm!r}", "e.g. --warm auto")
         self.warm = warm
@@ -182,9 +188,6 @@ class Pipeline:
         self._stop = threading.Event()
         self._iterated = False
         self._group: CameraGroup | None = None
-        self._closers: list[Callable[[], None]] = []
-        self._label_sinks: list[Callable[[tuple[Label, ...]], None]] = []
-        self._result_sinks: list[ResultCallback] = []
         self._tickers: list[Ticker] = []
         self._started_ns = 0
         self._ended_ns = 0
@@ -219,9 +222,15 @@ class Pipeline:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def add_observer(self, observer: RecordObserver) -> None:
-        """Call ``observer(record)`` on the loop thread with each frame's final record (keep it cheap)."""
-        self._observers.append(observer)
+    def add_sink(self, sink: Sink) -> None:
+        """Tell ``sink`` each finished frame once, its record final (see ``edgekit.pipeline.sinks``).
+
+        An inline sink (``depth`` 0) runs on the loop thread; a queued one on its own, behind a
+        queue of ``depth`` frames that drops when full.  A sink that raises is counted, not fatal:
+        ``pipeline.sinks.dropped`` and ``.errors`` say how often, by sink name.  Sinks close with the
+        pipeline, before its source and sessions.
+        """
+        self.sinks.add(sink)
 
     def add_ticker(self, tick: Ticker) -> None:
         """Call ``tick(cameras)`` on the loop thread every time round the loop, at least every 0.25 s
@@ -299,19 +308,12 @@ class Pipeline:
                     work.append(round((r.preprocess_ms + r.inference_ms + r.postprocess_ms) * 1e6))
                     last_image = frame.image
                 while pending:
-                    result = pending[0]
-                    # Label and result sinks (telemetry, the preview) run on this thread: their time is the
-                    # sink stage, like the loop body's, so a slow one shows in the frame's latency.
-                    for offer in self._label_sinks:
-                        offer(result.labels)
-                    for hand in self._result_sinks:
-                        hand(result)
-                    yield result
-                    self._finish(pending.pop(0).record, time.perf_counter_ns())
+                    yield pending[0]
+                    self._finish(pending.pop(0), time.perf_counter_ns())
         finally:
             # The consumer broke out of its loop: the frame it had, and the rest of its batch, still count.
             for result in pending:
-                self._finish(result.record, time.perf_counter_ns())
+                self._finish(result, time.perf_counter_ns())
             self._ended_ns = time.perf_counter_ns()
             if self._stop.is_set() and not self.ended_by:
                 self.ended_by = "stop"
@@ -362,11 +364,12 @@ class Pipeline:
             for i, f in enumerate(frames)
         ]
 
-    def _finish(self, provisional: FrameRecord, done_ns: int) -> None:
+    def _finish(self, result: FrameResult, done_ns: int) -> None:
         # The sink stage runs from the frame's postprocessing to ``done_ns``: the loop body, the
         # sinks, and for a batch's later frames the earlier frames' sinks, which they waited for.
         from dataclasses import replace
 
+        provisional = result.record
         labelled_ns = provisional.captured_ns + round(provisional.latency_ms * 1e6)
         record = replace(
             provisional,
@@ -396,8 +399,9 @@ class Pipeline:
                     record.index,
                     self.budget_ms,
                 )
-        for observe in self._observers:
-            observe(record)
+        # Inline sinks' time falls between this frame's end and the next frame's start: it shows in
+        # the loop's pace, not in this frame's record (built once, before any sink sees it).
+        self.sinks.tell(replace(result, record=record))
 
     def _sync_counters(self) -> None:
         c, group = self.counters, self._group
@@ -467,23 +471,9 @@ class Pipeline:
             cameras={n: cs.to_dict() for n, cs in self.per_camera.items()},
             batch=batch_summary(self._batcher, self.counters.frames),
             health=total(health).to_dict(),
+            sink_dropped=dict(self.sinks.dropped),
+            sink_errors=dict(self.sinks.errors),
         )
-
-    def add_label_sink(self, sink: Callable[[tuple[Label, ...]], None]) -> None:
-        """Call ``sink(labels)`` with each frame's labels, on the frame loop's thread (keep it cheap).
-
-        A detector's frames have no labels (empty tuples); ``add_result_sink`` sees its detections.
-        """
-        self._label_sinks.append(sink)
-
-    def add_result_sink(self, sink: ResultCallback) -> None:
-        """Call ``sink(result)`` with each frame's ``FrameResult`` (labels or detections, record, frame)
-        on the frame loop's thread, after the label sinks and before your loop body (keep it cheap)."""
-        self._result_sinks.append(sink)
-
-    def add_closer(self, close: Callable[[], None]) -> None:
-        """Call ``close()`` when the pipeline closes, before its source and sessions (a reporter's stop)."""
-        self._closers.append(close)
 
     def birth(self) -> dict[str, Any]:
         """What this pipeline runs: model, artifact, backend, precision, budget, profile, source, policy."""
@@ -511,12 +501,7 @@ class Pipeline:
     def close(self) -> None:
         """Stop, close the source, telemetry, and any session the pipeline opened (not the model: it is yours)."""
         self.stop()
-        for close in self._closers:
-            try:
-                close()
-            except Exception:  # a reporter must not keep the camera and the sessions open
-                log.exception("%r did not stop cleanly", close)
-        self._closers.clear()
+        self.sinks.close()  # each drained and closed; one that raises does not keep the camera open
         for source in self.sources.values():
             source.close()
         for level in self._levels:

@@ -103,6 +103,9 @@ class Summary:
     batch: dict[str, float] = field(default_factory=lambda: {"max": 1, "mean": 1.0})
     #: How the sources kept delivering, together (``SourceHealth.to_dict``): outages, stalls, time without frames.
     health: dict[str, Any] = field(default_factory=lambda: SourceHealth().to_dict())
+    #: Frames each queued sink lost to its full queue, and frames each sink raised on, by sink name.
+    sink_dropped: dict[str, int] = field(default_factory=dict)
+    sink_errors: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stats: RunStats, counters: Counters, duration_s: float, **meta: Any) -> Summary:
@@ -157,6 +160,8 @@ class Summary:
             **({"cameras": self.cameras} if self.cameras else {}),
             "batch": self.batch,
             "health": self.health,
+            **({"sink_dropped": self.sink_dropped} if self.sink_dropped else {}),
+            **({"sink_errors": self.sink_errors} if self.sink_errors else {}),
         }
 
     def render(self) -> str:

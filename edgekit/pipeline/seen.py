@@ -1,8 +1,8 @@
 """What the model saw over a run: a detector's objects per class, or a classifier's top-1 histogram.
 
-``Seen.observe`` is a record observer (``Pipeline.add_observer``): it reads the labels or
-detections each ``FrameRecord`` already carries, so tallying costs a few dict updates per
-frame and nothing is kept per frame.
+``Seen`` is an inline sink (``Pipeline.add_sink``): it reads the labels or detections each
+``FrameRecord`` already carries, so tallying costs a few dict updates per frame and nothing
+is kept per frame.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from edgekit.core.tally import ClassCount, count_detections
-from edgekit.pipeline.records import FrameRecord
+from edgekit.pipeline.records import FrameRecord, FrameResult
 
 
 class Seen:
@@ -22,6 +22,15 @@ class Seen:
         self.frames = 0
         self.top1: Counter[str] = Counter()  # classification: frames whose best label this is
         self.classes: dict[str, ClassCount] = {}  # detection: by class name
+
+    name = "seen"
+    depth = 0  # a few dict updates per frame
+
+    def frame(self, result: FrameResult) -> None:
+        self.observe(result.record)
+
+    def close(self) -> None:
+        pass
 
     def observe(self, record: FrameRecord) -> None:
         self.frames += 1

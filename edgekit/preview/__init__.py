@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edgekit.pipeline.sinks import sink
 from edgekit.preview.address import PreviewError, parse_address
 from edgekit.preview.feed import PreviewFeed
 from edgekit.preview.server import PreviewServer
@@ -22,8 +23,8 @@ def start_preview(pipeline: Pipeline, address: str) -> PreviewServer:
     host, port = parse_address(address)
     manifest = pipeline.model.manifest
     server = PreviewServer(host, port, model=manifest.model.name, task=manifest.model.task)
-    pipeline.add_result_sink(server.offer)
-    pipeline.add_closer(server.close)
+    # Inline: the feed is already a one-frame slot (newest wins) read by the server's own thread.
+    pipeline.add_sink(sink("preview", server.offer, close=server.close))
     return server.start()
 
 

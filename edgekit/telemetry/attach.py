@@ -1,7 +1,7 @@
 """Attach a pipeline to a broker: ``report(pipeline, "mqtt://broker.local", device_id="cam-7")``.
 
-The pipeline knows nothing of MQTT: it offers observers, label sinks and closers, and this
-module plugs a ``TelemetryPublisher`` into them.
+The pipeline knows nothing of MQTT: it tells its sinks each finished frame, and this module
+adds one inline sink that feeds a ``TelemetryPublisher`` (and stops it when the pipeline closes).
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgekit.pipeline.sinks import sink
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.telemetry.publisher import TelemetryPublisher
 from edgekit.telemetry.window import MetricsWindow
 
 if TYPE_CHECKING:
     from edgekit.pipeline import Pipeline
+    from edgekit.pipeline.records import FrameResult
 
 
 def report(
@@ -49,7 +51,6 @@ def report(
     cameras = list(pipeline.per_camera)
     # Each window closes with how the sources kept delivering (asked on the publisher's thread).
     window = MetricsWindow(detections=detector, cameras=cameras, health=pipeline.health)
-    pipeline.add_observer(window.observe)
     publisher = TelemetryPublisher(
         broker,
         device_id=device_id or socket.gethostname(),
@@ -62,12 +63,13 @@ def report(
         labels_interval_s=labels_interval_s,
         format=format,
     )
-    pipeline.add_closer(publisher.stop)
-    if labels_interval_s is not None:
-        # The result sink hands over detections too; a pipeline without one (older frame loop) gives labels.
-        add_result_sink = getattr(pipeline, "add_result_sink", None)
-        if add_result_sink is not None:
-            add_result_sink(lambda result: publisher.offer_result(result, detector))
-        else:
-            pipeline.add_label_sink(publisher.offer_labels)
+    labels = publisher if labels_interval_s is not None else None
+
+    def told(result: FrameResult) -> None:
+        # Inline: a count into the window and a reference swap; the publisher's thread does the rest.
+        window.observe(result.record)
+        if labels is not None:
+            labels.offer_result(result, detector)
+
+    pipeline.add_sink(sink("telemetry", told, close=publisher.stop))
     return publisher.start()
