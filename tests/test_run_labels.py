@@ -86,6 +86,12 @@ def test_a_detectors_records_and_json_say_what_it_found(
     assert summary["seen"] == {"square": {"frames": squares, "objects": squares, "max_score": 1.0}}
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert [row["index"] for row in rows] == list(range(len(PATH)))
+    # The last frames, each with its boxes: the same as their --records lines.
+    assert [f["index"] for f in summary["last_frames"]] == [row["index"] for row in rows[-5:]]
+    assert [f["detections"] for f in summary["last_frames"]] == [row["detections"] for row in rows[-5:]]
+    # Each says which image it was: the folder's file names, in order.
+    assert [row["source_name"] for row in rows] == [f"{i:03d}.png" for i in range(len(PATH))]
+    assert summary["last_frames"][-1]["source_name"] == f"{len(PATH) - 1:03d}.png"
     for row, cell in zip(rows, PATH, strict=True):
         want = (
             [{"class_id": 0, "name": "square", "score": 1.0, "box": list(td.cell_box(*cell))}] if cell else []

@@ -107,3 +107,31 @@ def test_the_old_hook_lists_are_gone() -> None:
         f"{p.relative_to(root)}:{m.group(0)}" for p in root.rglob("*.py") for m in old.finditer(p.read_text())
     ]
     assert hits == []
+
+
+def test_each_record_says_which_frame_it_is(classifier: edgekit.Model, folder: Path, tmp_path: Path) -> None:
+    from test_sources import write_video
+
+    from edgekit.pipeline import Source, SourceInfo
+
+    # A folder's frames are its files (an unreadable one skipped, not misnamed); a video file's, its
+    # name with the record's index; a stream's, its URI without the password.
+    (folder.parent / "mixed").mkdir(exist_ok=True)
+    mixed = folder.parent / "mixed"
+    cv2.imwrite(str(mixed / "a.png"), td.square_frame(0, 0))
+    (mixed / "b.png").write_bytes(b"not a png")
+    cv2.imwrite(str(mixed / "c.png"), td.square_frame(1, 1))
+    with edgekit.Pipeline(classifier, str(mixed)) as p:
+        names = [r.record.source_name for r in p]
+    assert names == ["a.png", "c.png"]
+    clip = write_video(tmp_path / "clip.avi", [td.square_frame(i % 4, 0) for i in range(3)])
+    with edgekit.Pipeline(classifier, str(clip)) as p:
+        rows = [r.record.to_dict() for r in p]
+    assert [(r["source_name"], r["index"]) for r in rows] == [("clip.avi", i) for i in range(3)]
+
+    class Stream(Source):
+        def _read(self) -> None:
+            return None
+
+    live = Stream(SourceInfo("rtsp://admin:secret@cam.local/stream", "stream", live=True))
+    assert "secret" not in live.frame_name() and "cam.local/stream" in live.frame_name()

@@ -408,7 +408,11 @@ def _report(
     summary: Summary, as_json: bool, extra: dict[str, Any] | None = None, seen: Seen | None = None
 ) -> None:
     # What the model saw ends both forms, after the timings.
-    saw = {"task": seen.task, "seen": seen.to_dict()} if seen is not None else {}
+    saw: dict[str, Any] = {}
+    if seen is not None:
+        if seen.task == "detection":  # which frames, and their boxes: the counts alone do not say where
+            saw["last_frames"] = seen.last_frames()
+        saw |= {"task": seen.task, "seen": seen.to_dict()}
     data = summary.to_dict() | (extra or {}) | saw
     if as_json:
         print_json(data)  # the document still goes out: it says what happened (frames 0, outages)

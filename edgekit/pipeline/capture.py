@@ -36,6 +36,7 @@ class Frame:
     captured_at: float  # time.time() at the same moment, for people and other machines
     dropped_before: int  # frames dropped by the slot since the previous frame was taken
     camera: str = ""  # which camera it came from (a pipeline of many; "" for a single source)
+    name: str = ""  # which frame it is to people: the image file's name, a video file's name, a camera's URI
 
 
 class FrameSlot:
@@ -149,7 +150,8 @@ class CaptureThread(threading.Thread):
                 if image is None:
                     break
                 now_ns, now = time.perf_counter_ns(), time.time()
-                if not self.slot.put(Frame(image, index, now_ns, now, 0, self.camera)):
+                name = self.source.frame_name()
+                if not self.slot.put(Frame(image, index, now_ns, now, 0, self.camera, name)):
                     break
                 index += 1
         except EdgekitError as err:

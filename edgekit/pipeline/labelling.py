@@ -63,6 +63,7 @@ def result_of(
         dropped_before=frame.dropped_before,
         candidate=level.name,
         camera=frame.camera,
+        source_name=frame.name,
         batch=batch,
         # The same tuples as the result's (immutable): a record costs two references, not a copy.
         labels=labels,

@@ -38,6 +38,9 @@ class FrameRecord:
     labels: tuple[Label, ...] = ()
     detections: tuple[Detection, ...] = ()
     camera: str = ""  # the camera it came from, in a pipeline of many ("" for one source)
+    # Which frame it is to people: an image's file name (a folder), a video file's name (with
+    # ``index``, its position), a live source's URI (redacted).
+    source_name: str = ""
     batch: int = 1  # the frames inferred together with it, itself included (``pipeline.batching``)
 
     def stage_ms(self) -> dict[str, float]:
@@ -50,6 +53,8 @@ class FrameRecord:
         out = {f: getattr(self, f) for f in _SCALARS}
         if self.camera:
             out["camera"] = self.camera
+        if self.source_name:
+            out["source_name"] = self.source_name
         if self.batch > 1:
             out["batch"] = self.batch
         out["labels"] = [{"id": lab.id, "name": lab.name, "score": lab.score} for lab in self.labels]
@@ -58,7 +63,9 @@ class FrameRecord:
 
 
 _SCALARS = tuple(
-    f.name for f in fields(FrameRecord) if f.name not in ("labels", "detections", "camera", "batch")
+    f.name
+    for f in fields(FrameRecord)
+    if f.name not in ("labels", "detections", "camera", "source_name", "batch")
 )
 
 

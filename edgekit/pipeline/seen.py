@@ -1,17 +1,20 @@
 """What the model saw over a run: a detector's objects per class, or a classifier's top-1 histogram.
 
 ``Seen`` is an inline sink (``Pipeline.add_sink``): it reads the labels or detections each
-``FrameRecord`` already carries, so tallying costs a few dict updates per frame and nothing
-is kept per frame.
+``FrameRecord`` already carries, so tallying costs a few dict updates per frame; of a
+detector's frames it keeps only the last ``LAST`` (which frame, and its boxes) for ``run --json``.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 from edgekit.core.tally import ClassCount, count_detections
 from edgekit.pipeline.records import FrameRecord, FrameResult
+
+#: A detector's last frames ``run --json`` lists with their boxes.
+LAST = 5
 
 
 class Seen:
@@ -22,6 +25,7 @@ class Seen:
         self.frames = 0
         self.top1: Counter[str] = Counter()  # classification: frames whose best label this is
         self.classes: dict[str, ClassCount] = {}  # detection: by class name
+        self._last: deque[FrameRecord] = deque(maxlen=LAST)
 
     name = "seen"
     depth = 0  # a few dict updates per frame
@@ -32,12 +36,25 @@ class Seen:
     def close(self) -> None:
         pass
 
+    def last_frames(self) -> list[dict[str, Any]]:
+        """A detector's last frames: which frame (index, camera, source name) and its detections (boxes in frame pixels)."""
+        return [
+            {
+                "index": r.index,
+                **({"camera": r.camera} if r.camera else {}),
+                **({"source_name": r.source_name} if r.source_name else {}),
+                "detections": [d.to_dict() for d in r.detections],
+            }
+            for r in self._last
+        ]
+
     def observe(self, record: FrameRecord) -> None:
         self.frames += 1
         if self.task != "detection":
             if record.labels:
                 self.top1[record.labels[0].name] += 1
             return
+        self._last.append(record)
         count_detections(self.classes, ((d.name, d.score) for d in record.detections))
 
     def to_dict(self) -> dict[str, Any]:

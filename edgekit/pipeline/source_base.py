@@ -14,6 +14,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgekit.core.redact import redact_source
@@ -100,6 +101,14 @@ class Source(ABC):
         if converted:
             self.counters.converted += 1
         return image
+
+    def frame_name(self) -> str:
+        """What the frame ``read()`` just returned is called (the records' ``source_name``): a file's or a
+        stream's name here; a folder's source says which image.  A password in a URI never shows."""
+        uri = self.info.uri
+        if self.info.live or "://" in uri or not uri:
+            return redact_source(uri)
+        return Path(uri).name or uri
 
     def down_now_s(self) -> float:
         """Seconds without frames in the outage in progress; 0.0 while the source delivers."""

@@ -107,6 +107,10 @@ class FolderSource(Source):
                 "give a folder of image files, a video file, a camera or a URL",
             )
         self._next = 0
+        self._name = ""
+
+    def frame_name(self) -> str:
+        return self._name  # the image just read
 
     def _read(self) -> np.ndarray | None:
         cv2 = _cv2()
@@ -115,6 +119,7 @@ class FolderSource(Source):
             self._next += 1
             image: np.ndarray | None = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
             if image is not None:
+                self._name = path.name
                 return image
             self.counters.unreadable += 1
             log.warning("skipping %s: not a readable image", path)
