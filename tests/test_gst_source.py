@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import cv2
@@ -160,6 +161,32 @@ def test_a_rate_change_is_counted_and_the_stall_rule_follows_it() -> None:
             assert (src.counters.stalls, src.counters.outages) == (0, 0)
         finally:
             src.close()
+
+
+@needs_rtsp
+def test_frames_a_late_reader_misses_are_counted_and_keep_their_place() -> None:
+    from edgekit.pipeline.capture import CaptureThread, FrameSlot
+    from edgekit.pipeline.policy import Policy
+
+    with RtspCamera(codec="h264", fps=30) as camera:
+        src = open_source(camera.url)
+        slot = FrameSlot(Policy.BLOCK)  # the capture thread waits for the loop: the appsink fills
+        thread = CaptureThread(src, slot)
+        thread.start()
+        try:
+            first = slot.take(timeout=30)
+            assert first is not None
+            time.sleep(1.0)  # a loop busy for 30 frame periods: the camera's queue overflows
+            # The frames already read before the overflow come first, then the step over it.
+            frames = [slot.take(timeout=30) for _ in range(4)]
+        finally:
+            thread.stop()
+    indices = [first.index] + [f.index for f in frames if f is not None]
+    steps = [b - a - 1 for a, b in pairwise(indices)]
+    # Most of that second's frames went while the queue was full, each counted, and each frame
+    # kept its place in the source: the indices step over the frames dropped unseen.  (More may
+    # go after the last frame was read, while the test ends.)
+    assert 10 <= max(steps) <= src.counters.skipped, (indices, src.counters.skipped)
 
 
 @needs_rtsp

@@ -135,6 +135,7 @@ class CaptureThread(threading.Thread):
 
     def run(self) -> None:
         index = 0
+        skipped = 0  # the source's own count of frames it dropped before we read them
         t0 = time.monotonic()
         try:
             while not self._halt.is_set():
@@ -153,7 +154,11 @@ class CaptureThread(threading.Thread):
                 name = self.source.frame_name()
                 if not self.slot.put(Frame(image, index, now_ns, now, 0, self.camera, name)):
                     break
-                index += 1
+                # A frame's index is its position in the source: frames the source itself
+                # dropped for a late reader count, as the slot's drops do.
+                now_skipped = self.source.counters.skipped
+                index += 1 + now_skipped - skipped
+                skipped = now_skipped
         except EdgekitError as err:
             self.slot.finish(err)
         except Exception as err:  # a runtime's error on the capture thread must reach the loop

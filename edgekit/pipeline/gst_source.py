@@ -4,7 +4,7 @@ opencv-python-headless has no GStreamer, so the pipeline is run through PyGObjec
 frames are taken from an ``appsink``::
 
     rtspsrc protocols=tcp latency=200 ! decodebin ! [nvvidconv ! video/x-raw,format=BGRx !]
-        videoconvert ! video/x-raw,format={I420,NV12,BGRx,BGR} ! appsink max-buffers=1 drop=true sync=false
+        videoconvert ! video/x-raw,format={I420,NV12,BGRx,BGR} ! appsink max-buffers=4 drop=true sync=false
 
 decodebin picks the decoder the profile's ``decoder`` path names (``edgekit.device.video_decode``
 raises its rank; a hardware decoder missing here falls back to ``avdec_h264``/``avdec_h265``,
@@ -64,6 +64,10 @@ log = logging.getLogger(__name__)
 TRANSPORTS = ("tcp", "udp")
 #: rtspsrc's jitter buffer: enough to reorder UDP packets, small enough for a live camera.
 DEFAULT_LATENCY_MS = 200
+# Frames a live camera's appsink holds for a capture thread that is late (133 ms at 30 fps); past
+# that the oldest is dropped and counted (SourceCounters.skipped).  One would lose a frame at
+# every hiccup of a busy CPU without a trace; more would only add latency.
+LIVE_QUEUE = 4
 #: How long opening (or reopening) may wait for the first frame.
 OPEN_TIMEOUT_S = sources.NETWORK_TIMEOUT_MS / 1000
 # The slice a pull waits before it looks at the bus and the close event again.
@@ -78,8 +82,10 @@ def pipeline_description(kind: str, plan: dict[str, DecoderChoice], live: bool) 
     """
     front = "rtspsrc name=src" if kind == "stream" else "filesrc name=src"
     convert = next((c.convert for c in plan.values() if c.convert), "")
-    # A live camera hands over its newest frame (drop); a file waits for the reader (no frame lost).
-    sink = f"appsink name=sink max-buffers=1 drop={'true' if live else 'false'} sync=false"
+    # A live camera's frames wait in a short queue for a capture thread that is late for a moment
+    # (a busy CPU), and the oldest is dropped, counted, past that; a file waits for the reader.
+    queue, drop = (LIVE_QUEUE, "true") if live else (1, "false")
+    sink = f"appsink name=sink max-buffers={queue} drop={drop} sync=false"
     return " ! ".join(
         x for x in (front, "decodebin name=dec", convert, "videoconvert", APPSINK_CAPS, sink) if x
     )
@@ -122,6 +128,8 @@ class GstSource(Source):
         self._pipeline: Any = None
         self._sink: Any = None
         self._pending: Any = None  # the first sample, pulled while opening
+        # Samples the appsink received and those taken from it, this pipeline (see _arrived).
+        self._arrivals = self._taken = 0
         self._convert = frame_converter()
         if not self._start():
             reason = self._last_error or "no frame came"
@@ -148,7 +156,18 @@ class GstSource(Source):
             # Video only: an audio track left unlinked would stop the whole session.
             src.connect("select-stream", _video_only)
         pipeline.get_by_name("dec").connect("deep-element-added", self._element_added)
+        if self.info.live:
+            sink_pad = pipeline.get_by_name("sink").get_static_pad("sink")
+            sink_pad.add_probe(self._gst.PadProbeType.BUFFER, self._arrived)
         return pipeline
+
+    def _arrived(self, _pad: Any, _info: Any) -> Any:
+        """A decoded frame reaches the appsink (its streaming thread): if its queue is full, the oldest
+        goes, unseen, so it is counted here.  (GStreamer 1.22's appsink counts none of its drops.)"""
+        if self._arrivals - self._taken >= LIVE_QUEUE:
+            self.counters.skipped += 1
+        self._arrivals += 1
+        return self._gst.PadProbeReturn.OK
 
     def _element_added(self, _bin: Any, _sub: Any, element: Any) -> None:
         factory = element.get_factory()
@@ -172,6 +191,7 @@ class GstSource(Source):
             if self.closed:
                 return False
             self._pipeline, self._sink = pipeline, pipeline.get_by_name("sink")
+            self._arrivals = self._taken = 0
         if pipeline.set_state(self._gst.State.PLAYING) == self._gst.StateChangeReturn.FAILURE:
             self._drain_bus()
             self._last_error = self._last_error or "the pipeline would not start"
@@ -202,6 +222,7 @@ class GstSource(Source):
                 return None, "closed"
             sample = sink.try_pull_sample(int(_PULL_SLICE_S * gst.SECOND))
             if sample is not None:
+                self._taken += 1
                 return sample, ""
             why = self._drain_bus()
             if why:

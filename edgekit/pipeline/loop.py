@@ -416,6 +416,7 @@ class Pipeline:
             ("source_reopens", "reopens"),
             ("source_stalls", "stalls"),
             ("source_corrupt", "corrupt"),
+            ("source_skipped", "skipped"),
             ("converted", "converted"),
             ("unreadable", "unreadable"),
         ):

@@ -95,6 +95,7 @@ class Counters:
     source_reopens: int = 0
     source_stalls: int = 0  # outages with the connection open and no frame coming (the watchdog's)
     source_corrupt: int = 0  # frames the decoder reported damaged, skipped
+    source_skipped: int = 0  # frames decoded that a late capture thread never took (counted by the source)
     converted: int = 0  # grayscale / BGRA / 16-bit frames converted to BGR
     unreadable: int = 0  # folder images skipped
     size_changes: int = 0  # frame size changed mid-stream (followed, logged)

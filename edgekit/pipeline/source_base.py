@@ -54,6 +54,7 @@ class SourceCounters:
     converted: int = 0  # frames converted to BGR uint8 (grayscale, BGRA, 16-bit)
     unreadable: int = 0  # folder images that could not be decoded (skipped)
     stale: int = 0  # frames a network stream queued between opening and the first read (skipped)
+    skipped: int = 0  # frames decoded that a late reader never took (a live queue's oldest, dropped)
     rate_changes: int = 0  # times the stream's frame rate changed mid-stream (the stall rule follows)
     down_s: float = 0.0  # seconds without frames in outages that ended (see ``Source.down_now_s``)
 
