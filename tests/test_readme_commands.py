@@ -135,6 +135,16 @@ SKIPPED = {
     "edgekit bench B --threads 2 --min-duration 3 --min-queries 20 --max-duration 8 --fps 0": (
         "a measurement's recipe (docs/measurements)"
     ),
+    # Soaks: an hour (or minutes) of four live cameras; tests/test_soak.py runs the CI-sized soak.
+    "python -m benchmarks.soak --minutes 60 --cameras 4 --fps 30 --restart-every 180 --json > soak.json": (
+        "an hour-long soak; tests/test_soak.py runs the CI-sized one"
+    ),
+    "python -m benchmarks.soak --minutes 60 --json > soak.json": (
+        "an hour-long soak (docs/measurements); tests/test_soak.py runs the CI-sized one"
+    ),
+    "python -m benchmarks.soak --minutes 1.75 --window 10 --restart-every 20 --warmup 20 --p99-every 35": (
+        "a measurement's recipe (docs/measurements); tests/test_soak.py runs the CI-sized soak"
+    ),
 }
 
 
