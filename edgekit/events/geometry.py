@@ -8,7 +8,7 @@ not 100.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -32,17 +32,7 @@ Anchor = Literal[
     "bottom_left",
     "bottom_right",
 ]
-ANCHORS: tuple[Anchor, ...] = (
-    "bottom_center",
-    "center",
-    "top_center",
-    "center_left",
-    "center_right",
-    "top_left",
-    "top_right",
-    "bottom_left",
-    "bottom_right",
-)
+ANCHORS: tuple[Anchor, ...] = get_args(Anchor)  # the Literal's values, in its order: one list
 
 # Each anchor as (weight of x0, weight of y0): x = x0 * wx + x1 * (1 - wx), likewise y.
 _WEIGHTS: dict[str, tuple[float, float]] = {
