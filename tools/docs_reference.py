@@ -148,7 +148,8 @@ def wire_page() -> str:
         "`edgekit/protocol/schema/`. Those files are generated from the pydantic models in "
         "`edgekit.protocol.messages` (`python -m edgekit.protocol.schemas`; a test fails while one "
         "is out of date). Each payload names its kind in its `schema` field: `edgekit/v1/<kind>`. "
-        "Topics: `edgekit/v1/<fleet>/<device>/status`, `telemetry`, `labels`, `agent`, `cmd` and "
+        "Topics: `edgekit/v1/<fleet>/<device>/status`, `telemetry`, `labels`, `events` (kind `event`), "
+        "`agent`, `cmd` and "
         "`cmd/result` (see [Telemetry](../guides/telemetry.md) and [Deploy](../guides/deploy.md)).\n\n"
     )
     files = sorted(SCHEMA_DIR.glob("*.schema.json"))

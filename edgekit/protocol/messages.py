@@ -3,6 +3,7 @@
     telemetry   ``Telemetry``    a reporting window (sketches, counters, gauges)
     status      ``Status``       a device online (with its birth facts) or offline
     labels      ``Labels``       what the model said lately
+    event       ``EventMessage`` one zone or line event (on the ``events`` topic)
     cmd         ``Command``      a deploy or rollback command for an agent
     cmd-result  ``Result``       an agent's progress and final answer to a command
     agent       ``AgentStatus``  a deploy agent's status
@@ -29,6 +30,7 @@ from edgekit.protocol.control_messages import (
     NoHealth,
     Result,
 )
+from edgekit.protocol.event_messages import EVENT_KINDS, EventCounts, EventMessage
 from edgekit.protocol.telemetry_messages import (
     MAX_CAMERA_NAME,
     MAX_CAMERAS,
@@ -59,6 +61,7 @@ KINDS: dict[str, type[BaseModel]] = {
     "telemetry": Telemetry,
     "status": Status,
     "labels": Labels,
+    "event": EventMessage,
     "cmd": Command,
     "cmd-result": Result,
     "agent": AgentStatus,
@@ -85,6 +88,7 @@ def first_error(err: ValidationError) -> str:
 
 
 __all__ = [
+    "EVENT_KINDS",
     "KINDS",
     "MAX_CAMERAS",
     "MAX_CAMERA_NAME",
@@ -100,6 +104,8 @@ __all__ = [
     "Command",
     "DeployId",
     "DetectionCount",
+    "EventCounts",
+    "EventMessage",
     "Gauges",
     "Health",
     "HealthDetection",

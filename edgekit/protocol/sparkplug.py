@@ -8,13 +8,20 @@ pipeline on it the *device* ``pipeline``::
     spBv1.0/<fleet>/DBIRTH/<device-id>/pipeline   every metric DDATA will carry, with the model facts
     spBv1.0/<fleet>/DDATA/<device-id>/pipeline    each window: counters, percentiles, sketches, gauges
                                                   (and per camera, of many: frames, misses, drops, percentiles),
-                                                  the sources' health (``health/<field>``, per camera too)
+                                                  the sources' health (``health/<field>``, per camera too);
+                                                  or one zone or line event (``event/...``, see below)
     spBv1.0/<fleet>/NCMD/<device-id>              commands; ``Node Control/Rebirth = true`` is honoured
 
 DDATA goes out with QoS 1, not the QoS 0 the specification asks for: it leaves the device's
 spool only on the broker's PUBACK, so a link that drops silently loses no window (a host
 application cannot tell the publisher's QoS; it may see a window twice, with the same
 ``telemetry/seq`` metric).  Births stay QoS 0: every connect sends them again.
+
+An event (``edgekit.protocol.event_messages``) is a DDATA of its own on the same device, with the
+metrics ``EVENT_METRICS`` names: ``event/json`` (the whole JSON event message, what a fleet
+collector reads) and, for SCADA tools, ``event/id``, ``event/kind``, ``event/camera``,
+``event/zone`` (``""`` for none) and ``event/t``.  DBIRTH declares them (blank) with the rest.
+A host drops a repeated event by ``event/id``.
 
 ``seq`` runs 0..255 over every message of the node after NBIRTH (which has 0); ``bdSeq``
 rises with every MQTT session and is kept in the spool.  The payload schema is
@@ -328,3 +335,42 @@ def birth_facts(metrics: Mapping[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"property {name!r} under a plain value")
             group[path[1]] = value
     return facts
+
+
+#: The metrics an event's DDATA carries, with the blank value (of each one's type) DBIRTH declares.
+EVENT_METRICS: dict[str, Any] = {
+    "event/json": "",
+    "event/id": "",
+    "event/kind": "",
+    "event/camera": "",
+    "event/zone": "",
+    "event/t": 0.0,
+}
+
+
+def event_metrics(body: Mapping[str, Any]) -> dict[str, Any]:
+    """DDATA metrics from a JSON event message (``edgekit/v1/event``): the message itself and its key fields."""
+    return {
+        "event/json": json.dumps(body, separators=(",", ":")),
+        "event/id": str(body["id"]),
+        "event/kind": str(body["kind"]),
+        "event/camera": str(body["camera"]),
+        "event/zone": str(body.get("zone") or ""),
+        "event/t": float(body["t"]),
+    }
+
+
+def is_event(metrics: Mapping[str, Any]) -> bool:
+    """Whether a DDATA's metrics are an event's (else a telemetry window's)."""
+    return "event/json" in metrics
+
+
+def event_body(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON event message an event DDATA carries (parsed only: the caller checks it against its model).
+
+    Raises ``ValueError`` when ``event/json`` is not a JSON object.
+    """
+    body = _loads(_typed(metrics, "event/json", str))
+    if not isinstance(body, dict):
+        raise ValueError("metric 'event/json' is not a JSON object")
+    return body

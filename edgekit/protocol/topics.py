@@ -3,6 +3,7 @@
     edgekit/v1/<fleet>/<device>/status       retained: online/offline and the birth facts (telemetry)
     edgekit/v1/<fleet>/<device>/telemetry    every interval: sketches, counters, gauges
     edgekit/v1/<fleet>/<device>/labels       optional: what the model said
+    edgekit/v1/<fleet>/<device>/events       each zone or line event (at least once; dedupe on its id)
     edgekit/v1/<fleet>/<device>/agent        retained: the deploy agent's status
     edgekit/v1/<fleet>/<device>/cmd          a deploy or rollback command
     edgekit/v1/<fleet>/<device>/cmd/result   progress and the result of each command
@@ -30,6 +31,7 @@ def schema(kind: str) -> str:
 SCHEMA_TELEMETRY = schema("telemetry")
 SCHEMA_STATUS = schema("status")
 SCHEMA_LABELS = schema("labels")
+SCHEMA_EVENT = schema("event")
 SCHEMA_COMMAND = schema("cmd")
 SCHEMA_RESULT = schema("cmd-result")
 SCHEMA_AGENT = schema("agent")
