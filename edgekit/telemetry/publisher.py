@@ -8,12 +8,15 @@ Topics (JSON payloads: the models ``Status``, ``Telemetry`` and ``Labels`` of
     edgekit/v1/<fleet>/<device>/telemetry  QoS 1, every interval: seq, window, sketches, counters, gauges
     edgekit/v1/<fleet>/<device>/labels     QoS 0, optional, at most once per labels interval: a
                                            classifier's top labels, or a detector's detections
+    edgekit/v1/<fleet>/<device>/events     QoS 1, through the spool: each zone or line event
+                                           handed to ``publish_event`` (Sparkplug: a DDATA of its own)
 
 The frame loop never waits on any of this: it only adds each frame to a ``MetricsWindow``.
 On the timer this thread closes the window, writes the message to the spool, and
 publishes the spool in order while connected; a message leaves the spool only when
 the broker acknowledged it.  After an outage the spool is replayed in order.  A message
-may then arrive twice (sent, PUBACK lost); subscribers de-duplicate on ``(device, seq)``.
+may then arrive twice (sent, PUBACK lost); subscribers de-duplicate on ``(device, seq)``
+(events: on ``(device, id)``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from edgekit.protocol.broker import BrokerConfig, drop_unsent
 from edgekit.protocol.messages import Status, Telemetry, checked, first_error
 from edgekit.protocol.topics import SCHEMA_STATUS, SCHEMA_TELEMETRY, topic
 from edgekit.telemetry.continuity import Continuity
+from edgekit.telemetry.event_queue import EventQueue, event_body
 from edgekit.telemetry.gauges import Gauges
 from edgekit.telemetry.labels import labels_payload
 from edgekit.telemetry.spool import Spool, default_spool
@@ -45,6 +49,7 @@ from edgekit.telemetry.window import MetricsWindow, Window
 
 if TYPE_CHECKING:
     from edgekit.detection.detector import Detection
+    from edgekit.events.event import Event
     from edgekit.pipeline.records import FrameResult
     from edgekit.processing.postprocess import Label
 
@@ -124,6 +129,10 @@ class TelemetryPublisher:
         self.status_topic = topic(self.fleet, self.device_id, "status")
         self.telemetry_topic = topic(self.fleet, self.device_id, "telemetry")
         self.labels_topic = topic(self.fleet, self.device_id, "labels")
+        self.events_topic = topic(self.fleet, self.device_id, "events")
+        self.events = EventQueue()
+        self.events_spooled = 0  # only goes up
+        self.events_invalid = 0  # only goes up: events a receiver would refuse, logged and not sent
         self.format = format
         self.sparkplug = format == "sparkplug"
         # Sparkplug: bdSeq numbers MQTT sessions (kept in the spool), seq every message 0..255.
@@ -206,7 +215,7 @@ class TelemetryPublisher:
         gauges: dict[str, Any] = dict.fromkeys(KNOWN_GAUGES, math.nan) | self._last_gauges
         # And every camera seen so far (all of them when report() named them up front).
         empty = self._payload(self.window.blank(now), seq=max(self.last_seq, 0), gauges=gauges)
-        template = sp.window_metrics(empty) | self._late_metrics
+        template = sp.window_metrics(empty) | sp.EVENT_METRICS | self._late_metrics
         facts: dict[str, Any] = {}
         for key, value in self.birth.items():
             if isinstance(value, dict):
@@ -325,6 +334,15 @@ class TelemetryPublisher:
             detections = result.detections if detector else None
             self._labels[result.record.camera] = (time.time(), result.labels, detections)
 
+    def publish_event(self, event: Event | Mapping[str, Any]) -> None:
+        """Send a zone or line event at least once (from any thread: only queued here, never waits).
+
+        The publisher's thread writes it to the spool; it leaves the spool when the broker
+        acknowledged it, and is sent again after an outage.  A receiver drops a repeat by its id.
+        """
+        self.events.put(event)
+        self._wake.set()
+
     def _run(self) -> None:
         next_tick = time.monotonic() + self.interval_s
         while not self._stop.is_set():
@@ -348,6 +366,7 @@ class TelemetryPublisher:
             self._inflight.clear()
             self._sent_upto = 0
         self._take_acks()
+        self._spool_events()
         if self._connected.is_set() and self._birth_due.is_set():
             self._birth_due.clear()
             self._announce()
@@ -387,6 +406,34 @@ class TelemetryPublisher:
             log.exception("telemetry: could not write a report")
             self.spool.repair(err)
 
+    def _spool_events(self) -> None:
+        """Number the queued events, check them and write them to the spool (this thread only)."""
+        for event in self.events.take():
+            try:
+                seq = self.spool.next_sequence("events")
+                body = event_body(
+                    event,
+                    device=self.device_id,
+                    fleet=self.fleet,
+                    session=self.session,
+                    epoch=self._epoch,
+                    seq=seq,
+                )
+            except ValidationError as err:
+                self.events_invalid += 1
+                log.error("telemetry: not sending event %s: %s", event.get("id"), first_error(err))
+                continue
+            data = json.dumps(body, separators=(",", ":"))
+            if self.sparkplug:
+                from edgekit.protocol import sparkplug as sp
+
+                row = {"ts": int(body["sent_at"] * 1000), "metrics": sp.event_metrics(body)}
+                ddata = sp.topic(self.fleet, "DDATA", self.device_id, sp.DEVICE)
+                self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=1)
+            else:
+                self.spool.push(self.events_topic, data.encode(), qos=1)
+            self.events_spooled += 1
+
     def telemetry_payload(self) -> dict[str, Any]:
         """Close the current window and describe it (also what ``--json`` tools can print)."""
         w = self.window.take()
@@ -398,6 +445,7 @@ class TelemetryPublisher:
     def _payload(self, w: Window, seq: int, gauges: dict[str, Any] | None = None) -> dict[str, Any]:
         counters = dict(self.counters())
         counters |= {"mqtt_connects": self.connects, "mqtt_disconnects": self.disconnects}
+        counters |= {"events_dropped": self.events.dropped + self.events_invalid}
         counters = self.continuity.totals(counters)  # and restarts
         counters |= {"spool_dropped": self.spool.dropped, "spool_set_aside": self.spool.set_aside}
         return {
@@ -480,6 +528,7 @@ class TelemetryPublisher:
             if self._thread.is_alive():
                 self._thread.join(timeout)
             if not self._thread.is_alive():  # never two threads on the spool at once
+                self._spool_events()
                 self._report()
                 deadline = time.monotonic() + timeout
                 while len(self.spool) and self._connected.is_set() and time.monotonic() < deadline:
