@@ -271,6 +271,7 @@ def test_compaction_keeps_counts_and_percentiles_and_is_idempotent(store: FleetS
         "rollups": 0,
         "rollups_deleted": 0,
         "gaps_deleted": 0,
+        "events_deleted": 0,
     }
     assert store.merged().count == before[0].count
 

@@ -1,6 +1,6 @@
 """``Collector``: turns what devices publish into the fleet's state, rejecting bad input without falling over.
 
-Two wire formats arrive: edgekit's JSON (``edgekit/v1/<fleet>/<device>/{status,telemetry,labels}``)
+Two wire formats arrive: edgekit's JSON (``edgekit/v1/<fleet>/<device>/{status,telemetry,labels,events}``)
 and Sparkplug B (``spBv1.0/<fleet>/{NBIRTH,NDEATH,DBIRTH,DDATA}/<device>[/pipeline]``, see
 ``edgekit.protocol.sparkplug``).  A Sparkplug DDATA is turned into the JSON telemetry body,
 so the store, the listener and the dashboard treat both alike.
@@ -11,7 +11,9 @@ is evaluated or unpickled), the schema version, that the payload names the devic
 topic, and then the whole payload against its model (``edgekit.protocol.messages``): every
 number and sketch a later query would trip over.  A rejected message is
 counted by reason and logged; the collector stays up.  Telemetry is de-duplicated on
-``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.  What one device,
+``(fleet, device, epoch, seq)``; a jump in ``seq`` is recorded as a gap.  Zone and line events
+(the ``events`` topic, or a Sparkplug DDATA with ``event/json``) are de-duplicated on their id by the
+store's insert: a replay after an outage stores nothing twice.  What one device,
 credential or fleet may cost is bounded by ``edgekit.fleet.quotas`` (devices per credential,
 fleets, devices, messages and bytes per device per minute; quiet devices aged out to make
 room), and only the schema's fields are stored: unknown ones are dropped first.
@@ -37,13 +39,15 @@ from edgekit.core.redact import redact_source
 from edgekit.core.sketch import LatencySketch
 from edgekit.fleet.quotas import Gate, Key, LogThrottle, Quotas, Rejected, known_fields
 from edgekit.fleet.store import FleetStore
-from edgekit.protocol.messages import Labels, Sketch, Status, Telemetry, first_error
-from edgekit.protocol.topics import SCHEMA_STATUS, schema
+from edgekit.protocol.messages import EventMessage, Labels, Sketch, Status, Telemetry, first_error
+from edgekit.protocol.topics import SCHEMA_EVENT, SCHEMA_STATUS, schema
 
 log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 256 * 1024
-LEAVES = ("status", "telemetry", "labels")
+LEAVES = ("status", "telemetry", "labels", "events")
+# The schema each leaf's payloads carry, where it is not ``edgekit/v1/<leaf>``.
+LEAF_SCHEMAS = {"events": SCHEMA_EVENT}
 # The deploy channel shares the tree (agent status, commands and their results): seen, not stored here.
 DEPLOY_LEAVES = ("agent", "cmd")
 SPARKPLUG = "spBv1.0"
@@ -78,7 +82,8 @@ class CollectorListener(Protocol):
     Called from the thread that called ``Collector.handle``, after the collector's lock is
     released (so a listener may read ``Collector.stats()``); an exception it raises is logged.
     A listener may also have ``gap(fleet, device)``: called when a device's sequence jumps;
-    and ``forget(fleet, device)``: the device was aged out (``edgekit.fleet.quotas``).
+    ``forget(fleet, device)``: the device was aged out (``edgekit.fleet.quotas``); and
+    ``event(fleet, device, body, at)``: a new (not duplicate) zone or line event.
     """
 
     def window(self, fleet: str, device: str, body: dict[str, Any], at: float) -> None:
@@ -319,7 +324,7 @@ class Collector:
                 raise Rejected("bad-id", f"fleet {parts[2]!r} / device {parts[3]!r}")
             return parts[2], parts[3], "deploy"
         if len(parts) != 5 or parts[0] != "edgekit" or parts[1] != "v1" or parts[4] not in LEAVES:
-            raise Rejected("topic", "not edgekit/v1/<fleet>/<device>/{status,telemetry,labels}")
+            raise Rejected("topic", "not edgekit/v1/<fleet>/<device>/{status,telemetry,labels,events}")
         fleet, device, leaf = parts[2], parts[3], parts[4]
         if not (safe_name(fleet) and safe_name(device)):
             raise Rejected("bad-id", f"fleet {fleet!r} / device {device!r}")
@@ -341,7 +346,7 @@ class Collector:
             raise Rejected("malformed-json", str(err)[:120]) from None
         if type(body) is not dict:
             raise Rejected("malformed-json", "not a JSON object")
-        if body.get("schema") != schema(leaf):
+        if body.get("schema") != LEAF_SCHEMAS.get(leaf, schema(leaf)):
             raise Rejected("schema-version", f"schema {str(body.get('schema'))[:60]!r} on a {leaf} topic")
         if body.get("device") != device:
             raise Rejected("device-mismatch", f"payload says {str(body.get('device'))[:60]!r}")
@@ -353,6 +358,8 @@ class Collector:
         if leaf == "labels":
             _valid(Labels, body)
             return "labels"
+        if leaf == "events":
+            return self._event(fleet, device, body, bytes(payload).decode(), at)
         # The stored text is what the device sent (valid UTF-8: the parser checked).
         return self._telemetry(fleet, device, body, bytes(payload).decode(), at)
 
@@ -400,6 +407,27 @@ class Collector:
         self._events.append(("window", fleet, device, body, at))
         return "telemetry"
 
+    def _event(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> str:
+        """A zone or line event: stored once by its id (``event``), a repeat is ``duplicate-event``."""
+        message = _valid(EventMessage, body)
+        known = known_fields(message, body, self.seen)
+        if known is not None:  # padding or a newer device's fields: neither is stored
+            body, raw = known, _dumps(known).decode()
+        track = self._track(fleet, device)
+        if track is None or track.state == "offline":
+            self._set_state(fleet, device, "online", at, None)
+        self.gate.add((fleet, device), at)
+        failures: tuple[type[BaseException], ...] = (*self.store.errors, OverflowError, ValueError, TypeError)
+        try:
+            new = self.store.add_event(fleet, device, body, raw, at)
+        except failures as err:
+            log.error("collector: could not store event %s of %s/%s: %s", message.id, fleet, device, err)
+            raise Rejected("store-error", str(err)[:120]) from None
+        if not new:
+            return "duplicate-event"
+        self._events.append(("event", fleet, device, body, at))
+        return "event"
+
     # -- Sparkplug B -----------------------------------------------------------------------
 
     def _sparkplug(self, topic: str, payload: bytes, at: float) -> str:
@@ -425,7 +453,12 @@ class Collector:
             raise Rejected("oversized", f"{len(payload)} bytes > {MAX_PAYLOAD}")
         try:
             ts_ms, metrics = sp.read_metrics(payload)
-            if kind == "DDATA":
+            if kind == "DDATA" and sp.is_event(metrics):
+                body = sp.event_body(metrics)
+                if body.get("schema") != SCHEMA_EVENT or body.get("device") != device:
+                    raise ValueError(f"event/json is not an {SCHEMA_EVENT} message of {device}")
+                raw = _dumps(body).decode()
+            elif kind == "DDATA":
                 node = self._nodes.get((fleet, device))
                 session = str(node.facts.get("session", "")) if node is not None else ""
                 body = sp.telemetry_body(metrics, fleet=fleet, device=device, ts_ms=ts_ms, session=session)
@@ -441,6 +474,8 @@ class Collector:
                 facts = sp.birth_facts(metrics)
         except (DecodeError, ValueError, TypeError, KeyError, RecursionError) as err:
             raise Rejected("sparkplug-parse", f"{kind}: {str(err)[:120]}") from None
+        if kind == "DDATA" and body.get("schema") == SCHEMA_EVENT:
+            return self._event(fleet, device, body, raw, at)
         if kind == "DDATA":
             return self._telemetry(fleet, device, body, raw, at)
         if kind == "NBIRTH":

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 # FastAPI reads the route signatures' annotations at run time: these names must be module globals.
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -32,6 +32,7 @@ from starlette.types import Scope
 from edgekit.core.names import safe_name
 from edgekit.fleet.access import LOOPBACK_NAMES, access_middleware
 from edgekit.fleet.view import FleetView
+from edgekit.protocol.messages import EVENT_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,31 @@ def create_app(
         if page is None:
             raise HTTPException(404, f"no device {fleet}/{device} has reported to this collector")
         return json_response(page)
+
+    def checked_names(fleet: str, device: str, camera: str | None = None) -> None:
+        if not (safe_name(fleet) and safe_name(device)) or (camera is not None and not safe_name(camera)):
+            raise HTTPException(400, "fleet, device and camera are names of A-Z a-z 0-9 . _ - (no '..')")
+
+    @app.get("/api/device/{fleet}/{device}/events")
+    async def device_events(
+        fleet: str,
+        device: str,
+        camera: str | None = None,
+        kind: Annotated[list[str] | None, Query()] = None,
+        limit: int = Query(100, ge=1, le=1000),
+    ) -> Response:
+        checked_names(fleet, device, camera)
+        if kind and not set(kind) <= set(EVENT_KINDS):
+            raise HTTPException(400, f"kind is one of {', '.join(EVENT_KINDS)}")
+        page = await asyncio.to_thread(view.device_events, fleet, device, camera, kind, limit)
+        return json_response(page)
+
+    @app.get("/api/device/{fleet}/{device}/zones")
+    async def zone_counts(
+        fleet: str, device: str, camera: str | None = None, window: int = Query(3600, ge=1, le=30 * 86400)
+    ) -> Response:
+        checked_names(fleet, device, camera)
+        return json_response(await asyncio.to_thread(view.zone_counts, fleet, device, window, camera))
 
     @app.get("/api/events")
     async def events(request: Request, window: int = Query(300, ge=1, le=30 * 86400)) -> Response:

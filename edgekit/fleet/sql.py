@@ -89,6 +89,14 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS compacted (
         fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_seq {int} NOT NULL,
         last_seq {int} NOT NULL, stop {real} NOT NULL, PRIMARY KEY (fleet, device, epoch, first_seq))""",
+    # Zone and line events (``edgekit.fleet.zone_events``): the event's own id is the key, so a replay is
+    # dropped by the insert.  ``t`` is the capture time the event reports, ``received`` when it arrived.
+    """CREATE TABLE IF NOT EXISTS events (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, id TEXT NOT NULL, camera TEXT NOT NULL,
+        kind TEXT NOT NULL, zone TEXT, t {real} NOT NULL, received {real} NOT NULL, payload TEXT NOT NULL,
+        PRIMARY KEY (fleet, device, id))""",
+    "CREATE INDEX IF NOT EXISTS events_by_camera ON events (fleet, device, camera, t)",
+    "CREATE INDEX IF NOT EXISTS events_by_time ON events (t)",
 )
 
 INSERT_WINDOW = """INSERT INTO windows (fleet, device, epoch, seq, session, start, stop, frames, missed, payload)

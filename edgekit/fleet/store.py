@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from edgekit.core.sketch import LatencySketch
 from edgekit.core.tally import ClassCount
-from edgekit.fleet import camera_health, camera_rollups
+from edgekit.fleet import camera_health, camera_rollups, zone_events
 from edgekit.fleet.sql import (
     INSERT_WINDOW,
     SCHEMA,
@@ -265,6 +265,33 @@ class FleetStore:
         out.sort()
         return out
 
+    # -- zone and line events ---------------------------------------------------------------------
+
+    def add_event(self, fleet: str, device: str, body: dict[str, Any], raw: str, at: float) -> bool:
+        """Store one event message (``raw`` its JSON as received at ``at``); ``False`` if its id is already stored."""
+        with self._lock:
+            return self._execute(zone_events.INSERT, zone_events.event_row(fleet, device, body, raw, at)) == 1
+
+    def events(
+        self,
+        fleet: str,
+        device: str,
+        camera: str | None = None,
+        kinds: list[str] | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """A device's newest events, newest first (see ``edgekit.fleet.zone_events.recent``)."""
+        with self._lock:
+            return zone_events.recent(self._query, fleet, device, camera, kinds, since, limit)
+
+    def zone_counts(
+        self, fleet: str, device: str, since: float, until: float, step_s: float, camera: str | None = None
+    ) -> dict[str, Any]:
+        """Counts per zone and line over time, from ``count`` events (see ``edgekit.fleet.zone_events.zone_counts``)."""
+        with self._lock:
+            return zone_events.zone_counts(self._query, fleet, device, since, until, step_s, camera)
+
     # -- reading sketches -------------------------------------------------------------------------
 
     def merged(
@@ -368,11 +395,12 @@ class FleetStore:
         it; the raw windows are deleted in the same transaction, and their seqs remembered so a
         replay of one is still a duplicate.  Rollups, rolled-up seq ranges and gaps older than
         ``now - keep_s`` are deleted.  Running it again changes nothing.  Returns the counts:
-        ``windows`` rolled up, ``rollups`` written, ``rollups_deleted``, ``gaps_deleted``.
+        ``windows`` rolled up, ``rollups`` written, ``rollups_deleted``, ``gaps_deleted``, and
+        ``events_deleted``: zone and line events are kept as long as rollups (by the time they report).
         """
         if not rollup_s > 0 or raw_keep_s < 0 or keep_s < 0:
             raise ValueError("compact needs rollup_s > 0, raw_keep_s >= 0 and keep_s >= 0")
-        counts = {"windows": 0, "rollups": 0, "rollups_deleted": 0, "gaps_deleted": 0}
+        counts = {"windows": 0, "rollups": 0, "rollups_deleted": 0, "gaps_deleted": 0, "events_deleted": 0}
         cutoff = now - raw_keep_s
         while True:
             with self._lock, self._transaction():
@@ -392,6 +420,7 @@ class FleetStore:
             # new raw, and the next compaction rolls it into a rollup that is dropped at once.
             self._execute("DELETE FROM compacted WHERE stop < ?", (horizon,))
             counts["gaps_deleted"] = self._execute("DELETE FROM gaps WHERE noticed < ?", (horizon,))
+            counts["events_deleted"] = self._execute("DELETE FROM events WHERE t < ?", (horizon,))
         return counts
 
     def _compact_chunk(self, cutoff: float, span: float) -> tuple[int, int]:

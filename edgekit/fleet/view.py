@@ -335,6 +335,31 @@ class FleetView:
             "now": now,
         }
 
+    def device_events(
+        self,
+        fleet: str,
+        device: str,
+        camera: str | None = None,
+        kinds: list[str] | None = None,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        """A device's newest zone and line events (of one camera, of some kinds), newest first, from the store."""
+        events = (
+            self.store.events(fleet, device, camera, kinds, None, limit) if self.store is not None else []
+        )
+        return {"fleet": fleet, "device": device, "camera": camera, "events": events, "now": self.clock()}
+
+    def zone_counts(
+        self, fleet: str, device: str, window_s: int = 3600, camera: str | None = None
+    ) -> dict[str, Any]:
+        """Counts per zone and line of a device's cameras over the last ``window_s``, per step, from the store."""
+        window_s = _window(window_s)
+        now, step = self.clock(), _step(window_s)
+        out: dict[str, Any] = {"step_s": step, "cameras": {}}
+        if self.store is not None:
+            out = self.store.zone_counts(fleet, device, now - window_s, now, step, camera)
+        return {"fleet": fleet, "device": device, "window_s": window_s, "now": now, **out}
+
     def _build(
         self,
         devices: list[_Device],
