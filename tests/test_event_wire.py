@@ -169,7 +169,7 @@ def test_the_store_keeps_each_event_once_lists_them_and_counts_zones(store: Flee
     assert [s["occupancy"] for s in bay] == [0, 2]  # the highest, not a sum
     assert bay[1]["classes"]["person"]["leave"] == 2
     stop = counts["cameras"]["gate"]["lines"]["stop"]
-    assert [s["in"] for s in stop] == [3, 6]
+    assert [s["in"] for s in stop] == [3, 6] and [s["out"] for s in stop] == [0, 0]
     assert "yard" not in counts["cameras"]
 
     # Kept as long as rollups, by the time they report.
@@ -235,12 +235,16 @@ def test_events_across_a_broker_outage_are_stored_once_each(tmp_path: Path, form
     pub = publisher(broker, tmp_path / "spool.db", format)
     try:
         with collecting(broker, store) as collector:
+            subscribed = time.time()
             pub.start()
             stored = lambda: len(store.events("lab", "cam-1", limit=1000))  # noqa: E731
             for n in range(10):
                 pub.publish_event(crossing(n))
             assert wait_until(lambda: stored() == 10), collector.stats()
-            time.sleep(1.2)  # the broker's autosave (1 s) has the collector's session
+            # The broker keeps the collector's session (and what it queues for it) across the kill only
+            # once its autosave (every second or two) wrote the subscription down.
+            saved = tmp_path / "mosquitto.db"
+            assert wait_until(lambda: saved.exists() and saved.stat().st_mtime > subscribed, 10)
             broker.kill()
             assert wait_until(lambda: not pub.connected, 10)
             for n in range(10, 30):  # during the outage: spooled
@@ -329,3 +333,53 @@ def test_the_web_app_lists_events_per_camera_and_counts_per_zone() -> None:
         assert client.get("/api/device/lab/cam-1/events?camera=a..b").status_code == 400
         assert client.get("/api/device/lab/cam-1/events?limit=5000").status_code == 422
         assert client.get("/api/device/lab/nobody/events").json()["events"] == []
+
+
+def test_the_fleet_server_shows_a_device_s_events_on_its_page(tmp_path: Path) -> None:
+    """`edgekit fleet serve` collects events from a real broker; its JSON and the device page show them."""
+    browser_test = pytest.importorskip("test_fleet_browser", reason="selenium and chromium are needed")
+    import urllib.request
+
+    from chromium import open_chromium
+
+    broker = Mosquitto(tmp_path).start()
+    procs = browser_test.Processes(tmp_path)
+    driver = None
+    pub = publisher(broker, tmp_path / "spool.db", "json")
+    try:
+        url = browser_test._serve(procs, broker.url, tmp_path / "fleet.db")
+        pub.start()
+        now = time.time()
+        for n in range(1, 4):
+            pub.publish_event(crossing(n, t=now - 10))
+        pub.publish_event(count(now - 70, enter=4, cars_in=7))
+
+        def listed() -> list[dict[str, Any]]:
+            with urllib.request.urlopen(url + "/api/device/lab/cam-1/events", timeout=5) as resp:
+                events: list[dict[str, Any]] = json.loads(resp.read())["events"]
+            return events
+
+        assert wait_until(lambda: len(listed()) == 4), listed()
+        assert [e["kind"] for e in listed()] == ["cross", "cross", "cross", "count"]  # newest first
+
+        driver = open_chromium(tmp_path)
+        driver.get(url + "/#/device/lab/cam-1")
+
+        def rows(table: str) -> list[list[str]]:
+            found = driver.find_elements("css selector", f"#{table} tbody tr")
+            return [[td.text for td in tr.find_elements("tag name", "td")] for tr in found]
+
+        assert wait_until(lambda: len(rows("dev-events-table")) == 4, 30), rows("dev-events-table")
+        newest = rows("dev-events-table")[0]
+        assert newest[1:4] == ["gate", "cross", "stop"] and "car #3" in newest[4]
+        zones = {r[1]: r for r in rows("dev-zones-table")}
+        assert zones["bay"][2:5] == ["4", "1", "1"] and zones["stop"][5:] == ["7", "0"]
+        assert driver.find_element("id", "dev-events").is_displayed()
+        assert browser_test._js_errors(driver) == []
+        browser_test._save(driver, tmp_path, "events")
+    finally:
+        if driver is not None:
+            driver.quit()
+        pub.stop(timeout=1.0)
+        procs.stop_all()
+        broker.stop()

@@ -25,6 +25,7 @@ from edgekit.fleet import camera_health
 from edgekit.fleet.camera_totals import camera_table
 from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
 from edgekit.fleet.detections import class_table
+from edgekit.fleet.zone_events import zone_totals
 from edgekit.protocol.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ STEP_S = 10  # the live resolution
 LIVE_S = 3600  # kept in memory; longer windows come from the store
 REFRESH_S = 5.0  # a quiet fleet still gets a fresh snapshot this often
 WINDOWS_S = (300, 900, 3600, 6 * 3600, 24 * 3600)  # what the dashboard offers
+PAGE_EVENTS = 20  # the newest zone and line events a device page lists
 
 
 @dataclass
@@ -314,11 +316,16 @@ class FleetView:
                 camera_health.row(n, h, online, self.slo.stalled_s) for n, h in sorted(d.health.items())
             ]
         gaps: list[tuple[int, int]] = []
+        events: list[dict[str, Any]] = []
+        zones: list[dict[str, Any]] = []
         if self.store is not None:
             try:
                 gaps = self.store.gaps(fleet, device)[-50:]
+                if hasattr(self.store, "events"):
+                    events = self.store.events(fleet, device, limit=PAGE_EVENTS)
+                    zones = zone_totals(self.store.zone_counts(fleet, device, now - window_s, now, window_s))
             except Exception:  # a store hiccup must not take the page down
-                log.exception("view: reading gaps of %s/%s failed", fleet, device)
+                log.exception("view: reading gaps and events of %s/%s failed", fleet, device)
         return {
             "device": snap["devices"][0],
             "birth": d.birth,
@@ -331,6 +338,8 @@ class FleetView:
             "detections": detections,
             "cameras": cameras,
             "health": health,
+            "events": events,
+            "zones": zones,
             "window_s": window_s,
             "now": now,
         }

@@ -108,8 +108,11 @@ def zone_counts(
         places = cameras.setdefault(str(cam), {"zones": {}, "lines": {}})
         for group in ("zones", "lines"):
             for place, by_what in (counts.get(group) or {}).items():
-                step = places[group].setdefault(place, {}).setdefault(t0, {"t0": t0, "classes": {}})
+                step = (
+                    places[group].setdefault(place, {}).setdefault(t0, {"t0": t0, "classes": {}, "what": {}})
+                )
                 for what, by_class in by_what.items():
+                    step["what"][what] = 0  # a direction nothing crossed in is still a 0
                     for cls, n in by_class.items():
                         per_class = step["classes"].setdefault(cls, {})
                         if what == "occupancy":
@@ -125,12 +128,32 @@ def zone_counts(
                 series = []
                 for t0 in sorted(steps):
                     step = steps[t0]
-                    totals: dict[str, int] = {}
+                    totals: dict[str, int] = dict(step["what"])
                     for per_class in step["classes"].values():
                         for what, n in per_class.items():
                             totals[what] = totals.get(what, 0) + n
                     if group == "zones":
                         totals = {"enter": 0, "leave": 0, "occupancy": 0} | totals
-                    series.append({"t0": t0, **totals, "classes": step["classes"]})
+                    series.append({**totals, "t0": t0, "classes": step["classes"]})
                 out[cam][group][place] = series
     return {"step_s": step_s, "cameras": out}
+
+
+def zone_totals(counts: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``zone_counts`` of one step over the whole range as rows for a table: per camera, zone or line.
+
+    A zone's row has ``enter``, ``leave`` and ``occupancy`` (the highest); a line's one entry per
+    direction.  Sorted by camera, zones before lines, then name.
+    """
+    rows = []
+    for camera, places in sorted((counts.get("cameras") or {}).items()):
+        for group in ("zones", "lines"):
+            for name, series in sorted((places.get(group) or {}).items()):
+                row: dict[str, Any] = {"camera": camera, "type": group[:-1], "name": name}
+                for step in series:
+                    for what, n in step.items():
+                        if what in ("t0", "classes"):
+                            continue
+                        row[what] = max(row.get(what, 0), n) if what == "occupancy" else row.get(what, 0) + n
+                rows.append(row)
+    return rows

@@ -6,6 +6,7 @@ import { fetchDevicePage } from "./api.js";
 import { drawLatency, drawStages } from "./charts.js";
 import { renderCameras } from "./cameras.js";
 import { renderDetections } from "./detections.js";
+import { renderEvents } from "./events.js";
 import { $, clear, el } from "./dom.js";
 import { fmtAgo, fmtClock, fmtDuration, fmtFps, fmtInt, fmtMs, fmtPct, isNum, latClass, missClass } from "./format.js";
 import { deviceKey } from "./route.js";
@@ -22,11 +23,12 @@ export function showDevice(fleet, device) {
   $("dev-badge").textContent = "";
   $("dev-badge").removeAttribute("data-state");
   $("dev-sub").textContent = "loading…";
-  ["dev-kpis", "dev-birth", "dev-alerts", "dev-gaps", "dev-stage-bars", "dev-detections-body", "dev-cameras-body"].forEach(function (id) {
+  ["dev-kpis", "dev-birth", "dev-alerts", "dev-gaps", "dev-stage-bars", "dev-detections-body", "dev-cameras-body", "dev-events-body"].forEach(function (id) {
     clear($(id));
   });
   $("dev-detections").hidden = true;
   $("dev-cameras").hidden = true;
+  $("dev-events").hidden = true;
   $("dev-missing").hidden = true;
   fetchDevice();
   if (deviceTimer) clearInterval(deviceTimer);
@@ -113,6 +115,7 @@ export function renderDevicePage(page) {
   renderStageBars($("dev-stage-bars"), page.stages, page.stage_names);
   renderDetections($("dev-detections"), $("dev-detections-body"), page.detections);
   renderCameras($("dev-cameras"), $("dev-cameras-body"), page.cameras, page.health);
+  renderEvents($("dev-events"), $("dev-events-body"), page.zones, page.events);
 
   var bdl = $("dev-birth");
   clear(bdl);
