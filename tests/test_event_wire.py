@@ -333,6 +333,21 @@ def test_the_web_app_lists_events_per_camera_and_counts_per_zone() -> None:
         assert client.get("/api/device/lab/cam-1/events?camera=a..b").status_code == 400
         assert client.get("/api/device/lab/cam-1/events?limit=5000").status_code == 422
         assert client.get("/api/device/lab/nobody/events").json()["events"] == []
+        metrics = client.get("/metrics").text
+    crossed = 'edgekit_events_total{fleet="lab",device="cam-1",camera="gate",zone="stop",kind="cross"} 3'
+    assert crossed in metrics.splitlines()
+    assert 'edgekit_events_total{fleet="lab",device="cam-1",camera="gate",zone="",kind="count"} 1' in metrics
+    parser = pytest.importorskip("prometheus_client.parser", reason="pip install prometheus-client")
+    kinds = {f.name: f.type for f in parser.text_string_to_metric_families(metrics)}
+    assert kinds["edgekit_events"] == "counter"
+    # A duplicate is not counted again; places a device makes up without end are bounded.
+    collector.handle(topic, json.dumps(body_of(crossing(1, t=T + 300), seq=99)).encode(), T + 500)
+    for i in range(300):
+        view.event("lab", "cam-1", {"camera": "gate", "zone": f"z{i}", "kind": "enter"}, T)
+    totals = {(d.fleet, d.device): d for d in view.prometheus_state()}[("lab", "cam-1")].events
+    assert totals[("gate", "stop", "cross")] == 3
+    # 256 places, then one "other" per kind.
+    assert len(totals) == 256 + 1 and totals[("other", "other", "enter")] == 300 - (256 - 3)
 
 
 def test_the_fleet_server_shows_a_device_s_events_on_its_page(tmp_path: Path) -> None:

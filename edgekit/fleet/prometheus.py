@@ -245,6 +245,7 @@ def series_of(d: DeviceTotals) -> int:
         + len(FRAME_BUCKETS)
         + 3
         + (len(STAGE_BUCKETS) + 3) * len(d.stages)
+        + len(d.events)
     )
 
 
@@ -322,6 +323,12 @@ def render(
                 "gauge",
                 "Seconds since the camera's last frame, as the device last said (0 while frames flow).",
             ),
+            (
+                "edgekit_events_total",
+                "counter",
+                "Zone and line events the device sent since the server started, by camera, zone or line "
+                "(none for count events) and kind; each event once, however often it arrived.",
+            ),
             ("edgekit_frame_latency_seconds", "histogram", "Frame latency, capture to sink."),
             ("edgekit_stage_latency_seconds", "histogram", "Latency of each stage of a frame."),
             (
@@ -365,6 +372,9 @@ def render(
             for metric, field, _ in HEALTH_FAMILIES:
                 f[metric].add(at, getattr(health, field))
             f[SINCE_FRAME].add(at, health.since_frame_s)
+        # Cameras and zones come from devices: bounded in number by the view, escaped and cut by escape_label.
+        for (camera_name, zone, kind), n in sorted(d.events.items()):
+            f["edgekit_events_total"].add((*who, ("camera", camera_name), ("zone", zone), ("kind", kind)), n)
         f["edgekit_frame_latency_seconds"].histogram(who, d.latency, FRAME_BUCKETS)
         for stage, sketch in sorted(d.stages.items()):
             f["edgekit_stage_latency_seconds"].histogram((*who, ("stage", stage)), sketch, STAGE_BUCKETS)

@@ -35,6 +35,10 @@ LIVE_S = 3600  # kept in memory; longer windows come from the store
 REFRESH_S = 5.0  # a quiet fleet still gets a fresh snapshot this often
 WINDOWS_S = (300, 900, 3600, 6 * 3600, 24 * 3600)  # what the dashboard offers
 PAGE_EVENTS = 20  # the newest zone and line events a device page lists
+# Event counters per device for /metrics: (camera, zone, kind) keys come from the device, so they are
+# bounded; past this many, new places count under camera and zone "other" (one more key per kind).
+MAX_EVENT_KEYS = 256
+OTHER = "other"
 
 
 @dataclass
@@ -63,6 +67,8 @@ class DeviceTotals(Tally):
     gaps: int = 0
     #: Each camera's latest health (a single source's under ``""``): gauges and the device's own counts.
     health: dict[str, SourceHealth] = field(default_factory=dict)
+    #: Zone and line events received, by (camera, zone or line, kind); a count event's zone is ``""``.
+    events: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +90,9 @@ class _Device:
     breach_detail: str = ""
     health: dict[str, SourceHealth] = field(default_factory=dict)  # each camera's latest (replaced whole)
     health_stop: float = -math.inf  # the end of the window it came from
+    events: Counter[tuple[str, str, str]] = field(
+        default_factory=Counter
+    )  # (camera, zone, kind) -> new events
 
     @property
     def key(self) -> str:
@@ -146,6 +155,15 @@ class FleetView:
         """The collector saw a jump in a device's sequence."""
         with self._lock:
             self._device(fleet, device, self.clock()).gaps += 1
+
+    def event(self, fleet: str, device: str, body: dict[str, Any], at: float) -> None:
+        """A new (not duplicate) zone or line event: counted for /metrics (the store keeps the event)."""
+        key = (str(body["camera"]), str(body.get("zone") or ""), str(body["kind"]))
+        with self._lock:
+            d = self._device(fleet, device, at)
+            if key not in d.events and len(d.events) >= MAX_EVENT_KEYS:
+                key = (OTHER, OTHER, key[2])
+            d.events[key] += 1
 
     def forget(self, fleet: str, device: str) -> None:
         """The collector aged the device out (``edgekit.fleet.quotas``): it leaves the dashboard and /metrics."""
@@ -543,6 +561,7 @@ class FleetView:
                     windows=d.windows,
                     gaps=d.gaps,
                     health=dict(d.health),  # replaced whole on news, never changed in place
+                    events=dict(d.events),
                 )
                 t.merge(d.totals)  # a copy, read outside the lock: merging copies classes and cameras
                 out.append(t)
