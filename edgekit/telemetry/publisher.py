@@ -1,6 +1,6 @@
 """``TelemetryPublisher``: reports a device's measurements to an MQTT broker from its own thread.
 
-Topics (JSON payloads: the models ``Status``, ``Telemetry`` and ``Labels`` of
+Topics (JSON payloads: the models ``Status``, ``Telemetry``, ``Labels`` and ``EventMessage`` of
 ``edgekit.protocol.messages``; their schemas are in ``edgekit/protocol/schema/``)::
 
     edgekit/v1/<fleet>/<device>/status     retained, QoS 1: "online" and the birth facts on every
@@ -423,7 +423,6 @@ class TelemetryPublisher:
                 self.events_invalid += 1
                 log.error("telemetry: not sending event %s: %s", event.get("id"), first_error(err))
                 continue
-            data = json.dumps(body, separators=(",", ":"))
             if self.sparkplug:
                 from edgekit.protocol import sparkplug as sp
 
@@ -431,7 +430,7 @@ class TelemetryPublisher:
                 ddata = sp.topic(self.fleet, "DDATA", self.device_id, sp.DEVICE)
                 self.spool.push(ddata, json.dumps(row, separators=(",", ":")).encode(), qos=1)
             else:
-                self.spool.push(self.events_topic, data.encode(), qos=1)
+                self.spool.push(self.events_topic, json.dumps(body, separators=(",", ":")).encode(), qos=1)
             self.events_spooled += 1
 
     def telemetry_payload(self) -> dict[str, Any]:
