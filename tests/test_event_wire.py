@@ -106,6 +106,13 @@ def test_an_event_message_is_checked_and_bounded() -> None:
         EventMessage.model_validate(body_of(count(T)) | {"counts": None})
 
 
+def test_an_event_cannot_speak_for_another_device() -> None:
+    forged = crossing(1).to_dict() | {"device": "cam-9", "seq": 10**6, "schema": "edgekit/v1/telemetry"}
+    body = event_body(forged, device="cam-1", fleet="lab", session="s1", epoch="e1", seq=3)
+    assert (body["device"], body["seq"], body["schema"]) == ("cam-1", 3, "edgekit/v1/event")
+    assert next(iter(body)) == "schema"
+
+
 def test_the_queue_is_bounded_and_counts_what_it_dropped() -> None:
     queue = EventQueue(max_events=3)
     for n in range(5):

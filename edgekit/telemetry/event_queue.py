@@ -59,7 +59,7 @@ def event_body(
     event: Mapping[str, Any], *, device: str, fleet: str, session: str, epoch: str, seq: int
 ) -> dict[str, Any]:
     """The ``edgekit/v1/event`` message of ``event`` (checked: ``ValidationError`` if a receiver would refuse it)."""
-    body = {
+    head = {
         "schema": SCHEMA_EVENT,
         "device": device,
         "fleet": fleet,
@@ -67,6 +67,6 @@ def event_body(
         "epoch": epoch,
         "seq": seq,
         "sent_at": round(time.time(), 3),
-        **event,
     }
-    return checked(EventMessage, body)
+    # Who sends it and its number are the publisher's to say, whatever keys the event's dict has.
+    return checked(EventMessage, head | {k: v for k, v in event.items() if k not in head})
