@@ -200,6 +200,22 @@ def test_a_bad_event_is_rejected_and_counted(store: FleetStore) -> None:
     assert store.events("lab", "cam-1") == []
 
 
+def test_a_sparkplug_event_is_stored_once_and_a_forged_one_refused() -> None:
+    store = FleetStore()
+    collector = Collector(store)
+    ddata = "spBv1.0/lab/DDATA/cam-1/pipeline"
+    body = body_of(crossing(2))
+    assert collector.handle(ddata, sp.encode(sp.event_metrics(body), 1)) == "event"
+    assert collector.handle(ddata, sp.encode(sp.event_metrics(body | {"seq": 5}), 2)) == "duplicate-event"
+    other = sp.encode(sp.event_metrics(body_of(crossing(3), device="cam-9")), 3)
+    assert collector.handle(ddata, other) == "rejected:sparkplug-parse"
+    not_an_object = sp.encode(sp.event_metrics(body) | {"event/json": "[1, 2]"}, 4)
+    assert collector.handle(ddata, not_an_object) == "rejected:sparkplug-parse"
+    bad_field = sp.encode(sp.event_metrics(body_of(crossing(4)) | {"kind": "teleport"}), 5)
+    assert collector.handle(ddata, bad_field) == "rejected:bad-field"
+    assert [e["track_id"] for e in store.events("lab", "cam-1")] == [2]
+
+
 # -- a real broker, a real outage ----------------------------------------------------------------
 
 
