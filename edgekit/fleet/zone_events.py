@@ -94,8 +94,9 @@ def zone_counts(
     ``{"step_s", "cameras": {camera: {"zones": {zone: [{"t0", "enter", "leave", "occupancy",
     "classes": {class: {"enter", "leave", "occupancy"}}}]}, "lines": {line: [{"t0", "<direction>": n,
     "classes": {class: {direction: n}}}]}}}}``, each list in time order.  An interval counts in
-    the step its end falls in; enters, leaves and crossings are added up, occupancy is the
-    highest any interval of the step ended with.
+    the step its end falls in; enters, leaves and crossings are added up.  A class's occupancy is
+    the highest any interval of the step ended with, and the step's the sum of its classes' (an
+    upper bound when classes peaked at different intervals).
     """
     if not step_s > 0:
         raise ValueError(f"step_s must be > 0, not {step_s}")
