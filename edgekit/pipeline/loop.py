@@ -45,6 +45,7 @@ from edgekit.pipeline.cameras import (
 )
 from edgekit.pipeline.capture import Frame
 from edgekit.pipeline.choice_watch import watch_choice
+from edgekit.pipeline.event_sink import EventOutlet, EventSink
 from edgekit.pipeline.labelling import result_of
 from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
@@ -57,6 +58,12 @@ from edgekit.pipeline.warm import Warmer
 from edgekit.selection.matching import artifact_for
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from edgekit.events.event import Event
+    from edgekit.events.proof import ProofConfig
+    from edgekit.events.tracking import Tracker
+    from edgekit.events.zones import CameraRegions
     from edgekit.model import Model
 
 log = logging.getLogger(__name__)
@@ -189,6 +196,9 @@ class Pipeline:
         self._iterated = False
         self._group: CameraGroup | None = None
         self._tickers: list[Ticker] = []
+        #: Zones, lines and their events (``add_events``); None until asked for.
+        self.event_sink: EventSink | None = None
+        self._event_outlets: list[EventOutlet] = []
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
@@ -236,6 +246,91 @@ class Pipeline:
         """Call ``tick(cameras)`` on the loop thread every time round the loop, at least every 0.25 s
         while it waits for frames (keep it cheap): a loop that is stuck calls nothing (``heartbeat``)."""
         self._tickers.append(tick)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def add_events(
+        self,
+        regions: CameraRegions | Mapping[str, CameraRegions],
+        *,
+        proof_dir: Path | None = None,
+        proof: ProofConfig | None = None,
+        tracker: Callable[[], Tracker] | None = None,
+    ) -> EventSink:
+        """Track each camera's objects and turn its zones and lines into events (``events()``).
+
+        ``regions``: one camera's (a pipeline of one source) or a mapping of camera name to
+        regions (``edgekit.events.zones.regions_from_dict`` reads a run file's table).  With
+        ``proof_dir``, each event of a moment (not ``count``) gets a JPEG snapshot with the boxes
+        drawn and a clip around it, written there off the frame thread (``proof`` sets the roll,
+        caps and retention).  ``tracker`` makes each camera's tracker (defaults: ``Tracker()``).
+        """
+        from edgekit.events.tracking import Tracker
+        from edgekit.events.zones import CameraRegions
+
+        if self.event_sink is not None:
+            raise PipelineError("this pipeline already has its events", "call add_events once")
+        if isinstance(regions, CameraRegions):
+            if len(self.sources) > 1:
+                raise PipelineError(
+                    "one camera's zones given to a pipeline of many cameras",
+                    "give a mapping of camera name to its zones and lines",
+                )
+            regions = {next(iter(self.sources)): regions}
+        unknown = sorted(set(regions) - set(self.sources))
+        if unknown:
+            raise PipelineError(
+                f"zones for camera(s) {', '.join(map(repr, unknown))}, which this pipeline does not have",
+                f"its cameras: {', '.join(map(repr, self.sources))}",
+            )
+        if self.model.task != "detection":
+            raise PipelineError(
+                f"zones and lines need a detector's boxes; {self.model.name} is a classifier",
+                "run a detection bundle",
+            )
+        writer = None
+        if proof_dir is not None:
+            from edgekit.events.proof import ProofWriter
+
+            writer = ProofWriter(proof_dir, proof).start()
+        # A live camera's clock is its capture time; a file's, its own frame rate.
+        media_fps = {
+            n: None if s.info.live else (self._pace[n] or s.info.fps or 30.0) for n, s in self.sources.items()
+        }
+        sink = EventSink(
+            regions,
+            media_fps=media_fps,
+            proof=writer,
+            tracker=tracker or Tracker,
+        )
+        sink.outlets = self._event_outlets  # the same list: on_event works before or after add_events
+        self.event_sink = sink
+        self.add_sink(sink)
+        return sink
+
+    def on_event(self, outlet: EventOutlet) -> None:
+        """Call ``outlet(event)`` with every zone and line event, on the loop thread, in frame order.
+
+        Telemetry's ``report`` sends them this way (``publish_event``: queued, spooled, at least once).
+        """
+        self._event_outlets.append(outlet)
+
+    def events(self) -> Iterator[Event]:
+        """Run the pipeline and yield its events as the frames that decide them finish::
+
+            pipeline.add_events(regions)
+            for event in pipeline.events():
+                print(event.kind, event.zone, event.track_id)
+
+        At the end of the source, the open stays' ``leave`` and the last interval's ``count``.
+        """
+        sink = self.event_sink
+        if sink is None:
+            raise PipelineError("this pipeline has no zones or lines", "pipeline.add_events(regions) first")
+        for _ in self:
+            yield from sink.take()
+        sink.flush()
+        yield from sink.take()
 
     def __iter__(self) -> Iterator[FrameResult]:
         if self._iterated:
@@ -319,6 +414,10 @@ class Pipeline:
                 self.ended_by = "stop"
             group.stop()
             self._sync_counters()
+            if self.event_sink is not None:
+                # The run is over: open stays leave, the last interval is counted, while every
+                # outlet (telemetry's publisher) still takes events: sinks close after this.
+                self.event_sink.flush()
 
     def _warm_pass(self, warmer: Warmer, image: Any) -> None:
         # The last frame again, through preprocessing and the session, then the session again on

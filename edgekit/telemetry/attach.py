@@ -72,4 +72,7 @@ def report(
             labels.offer_result(result, detector)
 
     pipeline.add_sink(sink("telemetry", told, close=publisher.stop))
+    # Zone and line events (``pipeline.add_events``, before or after this): queued for the
+    # publisher's thread, spooled, sent at least once on the events topic.
+    pipeline.on_event(publisher.publish_event)
     return publisher.start()
