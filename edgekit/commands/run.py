@@ -30,6 +30,7 @@ from edgekit.device.pacing import WARM_MAX_DUTY, WARM_MAX_PASSES
 from edgekit.errors import PipelineError
 
 if TYPE_CHECKING:
+    from edgekit.events.event import Event
     from edgekit.model import Model
     from edgekit.pipeline import Camera, FrameResult, Pipeline, Seen, Summary
 
@@ -56,7 +57,9 @@ _PARAM_OF = {"sources": "source", "budget_ms": "budget", "duration_s": "duration
 RUN_FILE_HELP = (
     "Read the cameras and settings from this TOML run file. Keys (all optional): sources "
     '(a list, ["0", "rtsp://..."] -> cam0, cam1, ..., or a \\[sources] table of name = source), '
-    "budget_ms, policy, fps, realtime, batch, warm, duration_s, frames, top; e.g. "
+    "budget_ms, policy, fps, realtime, batch, warm, duration_s, frames, top, and a detector's "
+    "zones and lines ([zones.NAME], [lines.NAME], or [cameras.CAM.zones.NAME] per camera), "
+    "count_interval_s, proof_dir, clips; e.g. "
     'sources = ["0", "/dev/video2"] and budget_ms = 33 on two lines. Options given on the command '
     "line win; --source replaces the file's sources."
 )
@@ -268,6 +271,22 @@ def run_command(
         ),
     ] = "auto",
     config: Annotated[Path | None, typer.Option("--config", "-c", help=RUN_FILE_HELP)] = None,
+    events: Annotated[
+        bool,
+        typer.Option(
+            "--events",
+            help="Print each zone and line event as it happens (the run file's zones and lines; "
+            "with --json, the events are in the document).",
+        ),
+    ] = False,
+    proof_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--proof-dir",
+            help="Keep a JPEG snapshot (boxes drawn) and a short clip of each zone or line event "
+            "in this folder (7 days, 1 GiB at most; the oldest go first).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Label frames from a source with a bundle (or find objects in them), each within the frame budget;
@@ -299,6 +318,7 @@ def run_command(
             "duration": duration,
             "frames": frames,
             "top": top,
+            "proof_dir": proof_dir,
         },
     )
     sources: list[str] | dict[str, str | Camera] = opts["source"] or [os.environ.get("EDGEKIT_SOURCE") or "0"]
@@ -306,6 +326,7 @@ def run_command(
         _load(bundle, device, key, allow_unsigned, measure) as model,
         _open_pipeline(model, sources, opts, run_file) as pipeline,
     ):
+        event_log = _add_events(pipeline, run_file, opts, print_events=events and not as_json)
         if mqtt is not None:
             from edgekit.telemetry import report
 
@@ -339,7 +360,69 @@ def run_command(
                 f"candidate {model.selection.describe()}", highlight=False, markup=False, soft_wrap=True
             )
         summary = drive(pipeline, as_json=as_json, records=records)
-    _report(summary, as_json, {"selection": model.selection.to_dict()}, seen=seen)
+    extra: dict[str, Any] = {"selection": model.selection.to_dict()}
+    if event_log is not None:
+        extra["events"] = event_log.to_dict(with_events=events)
+    _report(summary, as_json, extra, seen=seen)
+
+
+def _add_events(
+    pipeline: Pipeline, run_file: RunConfig | None, opts: dict[str, Any], *, print_events: bool
+) -> EventLog | None:
+    """The run file's zones and lines as the pipeline's events (None when it has none)."""
+    regions = run_file.regions(list(pipeline.sources)) if run_file is not None else {}
+    if not regions:
+        if print_events:
+            raise PipelineError(
+                "--events, but no zones or lines to make events of",
+                "give a run file (--config run.toml) with [zones.<name>] or [lines.<name>] tables",
+            )
+        return None
+    from edgekit.events.proof import ProofConfig
+
+    proof_dir = opts.get("proof_dir")
+    proof = ProofConfig(clips=bool(opts.get("clips", True)))
+    pipeline.add_events(regions, proof_dir=Path(proof_dir) if proof_dir else None, proof=proof)
+    log_ = EventLog(print_events)
+    pipeline.on_event(log_.add)
+    return log_
+
+
+class EventLog:
+    """The run's events for its summary (counts, the last ones) and, with ``--events``, one line each."""
+
+    KEEP = 200
+
+    def __init__(self, print_each: bool) -> None:
+        from collections import Counter, deque
+
+        self.print_each = print_each
+        self.counts: Counter[str] = Counter()
+        self.last: deque[Event] = deque(maxlen=self.KEEP)
+
+    def add(self, event: Event) -> None:
+        self.counts[event.kind] += 1
+        self.last.append(event)
+        if self.print_each:
+            console.print(_event_line(event), highlight=False, markup=False, soft_wrap=True)
+
+    def to_dict(self, *, with_events: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"counts": dict(sorted(self.counts.items()))}
+        if with_events:
+            out["last"] = [e.to_dict() for e in self.last]
+        return out
+
+
+def _event_line(e: Event) -> str:
+    """``12.4 s  cam0  gate  cross in  car #7`` -- one line, what a person scans for."""
+    where = " ".join(p for p in (e.camera, e.zone or "") if p)
+    what = e.kind + (f" {e.direction}" if e.direction else "")
+    if e.dwell_s is not None:
+        what += f" {e.dwell_s:.1f} s"
+    who = f"{e.class_name or ''} #{e.track_id}" if e.track_id is not None else (e.class_name or "")
+    if e.kind == "count" and e.counts:
+        who = json.dumps(e.counts, separators=(",", ":"), sort_keys=True)
+    return f"frame {e.frame_index:>6}  {where:<16} {what:<14} {who}".rstrip()
 
 
 def _open_pipeline(

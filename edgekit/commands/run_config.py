@@ -13,6 +13,21 @@ A small TOML file; every key is optional::
     duration_s = 600          # stop after S seconds
     frames = 10000            # stop after N frames
     top = 5                   # labels per frame (a classifier's)
+    proof_dir = "proofs"      # a snapshot and a clip of each zone or line event, kept here
+    clips = true              # the clips (false: snapshots only)
+
+A detector's zones and lines, for the one camera of the run::
+
+    [zones.bay]               # a polygon in frame pixels, or fractions of the frame
+    polygon = [[0.1, 0.5], [0.9, 0.5], [0.9, 1.0], [0.1, 1.0]]
+    dwell_s = 30
+
+    [lines.gate]              # crossing it left to right of a->b is "in"
+    a = [0, 400]
+    b = [1280, 400]
+
+or per camera by name (``[cameras.door.zones.bay]``, ``[cameras.door.lines.gate]``,
+``[cameras.door] count_interval_s = 60``); ``edgekit.events.zones`` documents their keys.
 
 or the cameras by name, as a table, where a camera may have a budget and policy of its own::
 
@@ -42,6 +57,7 @@ else:  # pragma: no cover - Python 3.10
 from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
+    from edgekit.events.zones import CameraRegions
     from edgekit.pipeline.cameras import Camera
 
 #: A run file is a few lines; anything larger is not one (a video or a model given by mistake).
@@ -66,6 +82,14 @@ def _is_str(v: Any) -> bool:
 
 def _is_bool(v: Any) -> bool:
     return isinstance(v, bool)
+
+
+def _is_table(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_tables(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(x, dict) for x in v.values())
 
 
 def _is_batch(v: Any) -> bool:
@@ -115,7 +139,20 @@ KEYS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "duration_s": (_is_number, "a number of seconds", "duration_s = 60"),
     "frames": (_is_int, "a whole number", "frames = 1000"),
     "top": (_is_int, "a whole number", "top = 5"),
+    "zones": (_is_tables, "a table of named zones", "[zones.bay] polygon = [[0, 0], [1, 0], [1, 1]]"),
+    "lines": (_is_tables, "a table of named lines", "[lines.gate] a = [0, 400] and b = [1280, 400]"),
+    "count_interval_s": (_is_number, "a number of seconds", "count_interval_s = 60"),
+    "cameras": (
+        _is_tables,
+        "a table of cameras by name, each with its zones and lines",
+        "[cameras.door.zones.bay] polygon = [[0, 0], [1, 0], [1, 1]]",
+    ),
+    "proof_dir": (_is_str, "a folder", 'proof_dir = "proofs"'),
+    "clips": (_is_bool, "true or false", "clips = false"),
 }
+
+#: The keys that say where events come from: the run's one camera's, or per camera.
+REGION_KEYS = ("zones", "lines", "count_interval_s")
 
 
 @dataclass(frozen=True)
@@ -135,6 +172,46 @@ class RunConfig:
         from edgekit.pipeline.cameras import Camera
 
         return {n: v if isinstance(v, str) else Camera(**v) for n, v in s.items()}
+
+    def regions(self, cameras: list[str]) -> dict[str, CameraRegions]:
+        """Each camera's zones and lines (only cameras that have some), checked against ``cameras``."""
+        from edgekit.events.zones import regions_from_dict
+
+        top = {k: self.values[k] for k in REGION_KEYS if k in self.values}
+        per = dict(self.values.get("cameras", {}))
+        if "zones" in top or "lines" in top:
+            if len(cameras) != 1:
+                raise RunConfigError(
+                    f"the run file {self.path} has zones or lines but the run has {len(cameras)} cameras",
+                    "say whose they are: [cameras.<name>.zones.<zone>] (names: "
+                    + ", ".join(repr(c) for c in cameras)
+                    + ")",
+                )
+            per.setdefault(cameras[0], {})
+            per[cameras[0]] = top | per[cameras[0]]
+        unknown = sorted(set(per) - set(cameras))
+        if unknown:
+            raise RunConfigError(
+                f"the run file {self.path} has zones for camera {unknown[0]!r}, which the run does not have",
+                "its cameras: " + ", ".join(repr(c) for c in cameras),
+            )
+        out: dict[str, CameraRegions] = {}
+        for name, table in per.items():
+            extra = sorted(set(table) - set(REGION_KEYS))
+            if extra:
+                raise RunConfigError(
+                    f"unknown key {extra[0]!r} for camera {name!r} in the run file {self.path}",
+                    f"a camera's table has {', '.join(REGION_KEYS)}",
+                )
+            try:
+                regions = regions_from_dict(table)
+            except EdgekitError as err:
+                raise RunConfigError(
+                    f"{err.message} (camera {name!r} of the run file {self.path})", err.hint
+                ) from None
+            if regions.zones or regions.lines:
+                out[name] = regions
+        return out
 
 
 def load_run_config(path: Path) -> RunConfig:
