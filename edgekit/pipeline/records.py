@@ -78,6 +78,16 @@ class FrameResult:
     frame: np.ndarray
     detections: tuple[Detection, ...] = ()  # a detector's objects, best first, boxes in frame pixels
 
+    def supervision(self) -> Any:
+        """The detections as ``supervision.Detections`` (supervision is an extra: ``edgekit[supervision]``).
+
+        For tracker ids, ``as_supervision(pipeline.event_sink.tracks(camera))``
+        (``edgekit.events.sv_detections``).
+        """
+        from edgekit.events.sv_detections import as_supervision
+
+        return as_supervision(self.detections)
+
     @property
     def top(self) -> Label | None:
         return self.labels[0] if self.labels else None
