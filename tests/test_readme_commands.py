@@ -454,7 +454,7 @@ def _expanded(word: str, folder: Folder) -> str:
 
 
 def _readers_files(work: Path) -> None:
-    """What run.md reads that is the reader's own: ``clip.mp4`` (one second) and ``photos/``."""
+    """What the guides read that is the reader's own: ``clip.mp4`` (one second), ``photos/``, ``run.toml``."""
     import cv2
     from skimage import data
 
@@ -463,6 +463,11 @@ def _readers_files(work: Path) -> None:
     for i, image in enumerate(photos):
         cv2.imwrite(str(work / "photos" / f"{i}.jpg"), image)
     _yolov8n_stand_in(work / "yolov8n.onnx")
+    # run.toml is the events guide's, as written there (its first toml block).
+    guide = (ROOT / "docs" / "guides" / "events.md").read_text()
+    toml = re.search(r"^```toml\n(.*?)^```", guide, re.DOTALL | re.MULTILINE)
+    assert toml is not None, "docs/guides/events.md lost its run.toml block"
+    (work / "run.toml").write_text(toml.group(1))
     writer = cv2.VideoWriter(str(work / "clip.mp4"), cv2.VideoWriter.fourcc(*"mp4v"), 30.0, (320, 240))
     assert writer.isOpened()
     for i in range(30):

@@ -27,6 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.core.redact import redact_source
@@ -58,8 +59,6 @@ from edgekit.pipeline.warm import Warmer
 from edgekit.selection.matching import artifact_for
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from edgekit.events.event import Event
     from edgekit.events.proof import ProofConfig
     from edgekit.events.tracking import Tracker
@@ -253,7 +252,7 @@ class Pipeline:
         self,
         regions: CameraRegions | Mapping[str, CameraRegions],
         *,
-        proof_dir: Path | None = None,
+        proof_dir: str | Path | None = None,
         proof: ProofConfig | None = None,
         tracker: Callable[[], Tracker] | None = None,
     ) -> EventSink:
@@ -292,7 +291,7 @@ class Pipeline:
         if proof_dir is not None:
             from edgekit.events.proof import ProofWriter
 
-            writer = ProofWriter(proof_dir, proof).start()
+            writer = ProofWriter(Path(proof_dir), proof).start()
         # A live camera's clock is its capture time; a file's, its own frame rate.
         media_fps = {
             n: None if s.info.live else (self._pace[n] or s.info.fps or 30.0) for n, s in self.sources.items()
