@@ -30,7 +30,6 @@ is done again).
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING
 from edgekit.bundle.keys import signature_valid
 from edgekit.core.io import write_atomic
 from edgekit.errors import DeployError, EdgekitError
-from edgekit.protocol.control import Command, loads_strict, parse_command, signed_bytes
+from edgekit.protocol.control import Command, loads_strict, signed_bytes, with_signature
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -64,13 +63,7 @@ class CommandRefused(DeployError):
 
 def sign_command(cmd: Command, key: Ed25519PrivateKey) -> Command:
     """``cmd`` with its ``signature``: Ed25519 over ``signed_bytes`` of its wire form."""
-    if cmd.expires_at is None or cmd.nonce is None:
-        raise DeployError(
-            "a command to sign needs expires_at and a nonce", "build it with a ttl_s (deploy_message)"
-        )
-    body = cmd.to_dict()
-    body["signature"] = base64.b64encode(key.sign(signed_bytes(body))).decode("ascii")
-    return parse_command(json.dumps(body, separators=(",", ":")).encode(), cmd.device, cmd.fleet)
+    return with_signature(cmd, key.sign)
 
 
 def load_signing_key(path: Path) -> Ed25519PrivateKey:

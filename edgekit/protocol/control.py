@@ -2,8 +2,9 @@
 
 Topics (JSON payloads; the schemas are in ``edgekit/protocol/schema/``)::
 
-    edgekit/v1/<fleet>/<device>/cmd          QoS 1: a deploy or rollback command (``Command``)
+    edgekit/v1/<fleet>/<device>/cmd          QoS 1: a deploy, rollback or proof command (``Command``)
     edgekit/v1/<fleet>/<device>/cmd/result   QoS 1: progress steps and one final result per command
+                                             (a proof command's answer comes first: ``proof_messages``)
     edgekit/v1/<fleet>/<device>/agent        retained: the agent's status; its Will says offline
 
 A command comes from the network, so ``parse_command`` trusts nothing in it: a size cap
@@ -19,10 +20,12 @@ still reaches an older agent.  Who sent a command is the agent's check
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,14 +34,23 @@ from edgekit.errors import DeployError
 from edgekit.protocol.control_messages import (
     ACTIONS,
     DEPLOY_ID_PATTERN,
+    MAX_LISTED,
     MAX_SIGNATURE_CHARS,
     MAX_URL_CHARS,
     AgentStatus,
     Command,
+    ProofFile,
     Result,
 )
 from edgekit.protocol.messages import checked
-from edgekit.protocol.topics import SCHEMA_AGENT, SCHEMA_COMMAND, SCHEMA_RESULT
+from edgekit.protocol.proof_messages import MAX_ANSWER_BYTES, ProofChunk, ProofList
+from edgekit.protocol.topics import (
+    SCHEMA_AGENT,
+    SCHEMA_COMMAND,
+    SCHEMA_PROOF_CHUNK,
+    SCHEMA_PROOF_LIST,
+    SCHEMA_RESULT,
+)
 
 __all__ = [
     "ACTIONS",
@@ -49,16 +61,20 @@ __all__ = [
     "CommandError",
     "check_deploy_id",
     "deploy_message",
+    "fetch_proof_message",
+    "list_proofs_message",
     "loads_strict",
     "new_deploy_id",
     "new_nonce",
     "parse_agent_status",
+    "parse_answer",
     "parse_command",
     "parse_result",
     "result_message",
     "rollback_message",
     "safe_deploy_id",
     "signed_bytes",
+    "with_signature",
 ]
 
 # A command is a few hundred bytes; anything much bigger is a mistake or an attack.
@@ -105,6 +121,20 @@ def signed_bytes(body: dict[str, Any]) -> bytes:
     return json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def with_signature(cmd: Command, sign: Callable[[bytes], bytes]) -> Command:
+    """``cmd`` with its ``signature``: base64 of ``sign(signed_bytes(...))`` (an Ed25519 key's ``sign``).
+
+    Only a command that expires and carries a nonce is signed: an agent refuses a signed one without.
+    """
+    if cmd.expires_at is None or cmd.nonce is None:
+        raise DeployError(
+            "a command to sign needs expires_at and a nonce", "build it with a ttl_s (deploy_message)"
+        )
+    body = cmd.to_dict()
+    body["signature"] = base64.b64encode(sign(signed_bytes(body))).decode("ascii")
+    return parse_command(json.dumps(body, separators=(",", ":")).encode(), cmd.device, cmd.fleet)
+
+
 def deploy_message(
     deploy_id: str, device: str, url: str, sha256: str, size: int, ttl_s: float | None = None, *, fleet: str
 ) -> Command:
@@ -121,6 +151,31 @@ def rollback_message(deploy_id: str, device: str, ttl_s: float | None = None, *,
     """A rollback command: switch ``fleet``/``device`` back to its other complete slot."""
     body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": deploy_id, "action": "rollback"}
     body |= {"fleet": fleet, "device": device}
+    return _stamped(body, ttl_s)
+
+
+def list_proofs_message(
+    command_id: str,
+    device: str,
+    ttl_s: float,
+    *,
+    fleet: str,
+    camera: str | None = None,
+    limit: int | None = None,
+) -> Command:
+    """Ask ``fleet``/``device``'s agent which event proofs it keeps (the newest ``limit``, of ``camera``)."""
+    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": command_id, "action": "list-proofs"}
+    body |= {"fleet": fleet, "device": device}
+    body |= {k: v for k, v in (("camera", camera), ("limit", limit)) if v is not None}
+    return _stamped(body, ttl_s)
+
+
+def fetch_proof_message(
+    command_id: str, device: str, event: str, file: ProofFile, ttl_s: float, *, fleet: str
+) -> Command:
+    """Ask ``fleet``/``device``'s agent for ``file`` (snapshot or clip) of ``event``'s proof."""
+    body: dict[str, Any] = {"schema": SCHEMA_COMMAND, "id": command_id, "action": "fetch-proof"}
+    body |= {"fleet": fleet, "device": device, "event": event, "file": file}
     return _stamped(body, ttl_s)
 
 
@@ -173,7 +228,11 @@ def _short(value: object) -> str:
 _URL_HINT = "send a plain http(s) URL"
 # What to say about a field the Command model refused, and what to do about it.
 _REFUSALS: dict[str, tuple[str, str]] = {
-    "action": ("unknown action {}", "use deploy or rollback"),
+    "action": ("unknown action {}", "use deploy, rollback, list-proofs or fetch-proof"),
+    "event": ("event {} is not an event id (a lower-case UUID)", "name the event by the id it was sent with"),
+    "file": ("file {} is not snapshot or clip", "ask for the snapshot or the clip"),
+    "camera": ("camera {} is not a camera name", "a camera name as the device reports it"),
+    "limit": (f"limit {{}} is not 1-{MAX_LISTED}", f"ask for at most {MAX_LISTED} proofs"),
     "url": ("a deploy command needs the bundle's url", "http(s)://host:port/artifacts/<name>.tar.gz"),
     "sha256": ("sha256 {} is not 64 lower-case hex digits", "sha256sum the bundle archive"),
     "size": ("size {} is not a positive number of bytes", "the archive's size in bytes"),
@@ -316,6 +375,28 @@ def parse_result(payload: bytes) -> dict[str, Any] | None:
     except ValidationError:
         return None
     return body
+
+
+def parse_answer(payload: bytes) -> ProofList | ProofChunk | Result | None:
+    """A ``cmd/result`` message as its model: a proof list, a proof chunk or a result; else None."""
+    try:
+        body = loads_strict(payload, limit=MAX_ANSWER_BYTES)
+    except ValueError:
+        return None
+    if type(body) is not dict:
+        return None
+    models: dict[str, type[ProofList | ProofChunk | Result]] = {
+        SCHEMA_PROOF_CHUNK: ProofChunk,
+        SCHEMA_PROOF_LIST: ProofList,
+        SCHEMA_RESULT: Result,
+    }
+    model = models.get(str(body.get("schema")))
+    if model is None:
+        return None
+    try:
+        return model.model_validate(body)
+    except ValidationError:
+        return None
 
 
 def parse_agent_status(payload: bytes) -> dict[str, Any] | None:

@@ -16,9 +16,18 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from edgekit.protocol.telemetry_messages import Count, Name, WireMessage
+from edgekit.protocol.event_messages import EVENT_ID_PATTERN
+from edgekit.protocol.telemetry_messages import CameraName, Count, Name, WireMessage
 
-ACTIONS = ("deploy", "rollback")
+#: What a command may ask: change what runs (deploy, rollback), or read event proof (list, fetch one).
+ACTIONS = ("deploy", "rollback", "list-proofs", "fetch-proof")
+PROOF_ACTIONS = ("list-proofs", "fetch-proof")
+#: The files of an event's proof an agent sends: the JPEG snapshot, the Motion JPEG AVI clip.
+PROOF_FILES = ("snapshot", "clip")
+ProofFile = Literal["snapshot", "clip"]
+Action = Literal["deploy", "rollback", "list-proofs", "fetch-proof"]
+#: The most proofs one ``list-proofs`` answer names (the newest).
+MAX_LISTED = 200
 MAX_URL_CHARS = 2048
 MAX_SIGNATURE_CHARS = 4096
 # Deploy ids name files (deploys/<id>.json): no separators, no "." or "..", no wildcards.
@@ -47,7 +56,7 @@ def check_url(url: str) -> str:
 
 
 class Command(BaseModel):
-    """A deploy or rollback command for one agent (``edgekit/v1/<fleet>/<device>/cmd``, QoS 1).
+    """A command for one agent (``edgekit/v1/<fleet>/<device>/cmd``, QoS 1): deploy, rollback, or proof.
 
     At most 16 KiB of UTF-8 JSON, no duplicate keys, no NaN.  Fields this version does not
     know are ignored, so a newer sender still reaches an older agent.  A deploy names the
@@ -62,6 +71,10 @@ class Command(BaseModel):
     the signature against its trusted keys, and refuses unsigned commands unless run with
     ``--allow-unsigned-commands``.
 
+    ``list-proofs`` and ``fetch-proof`` read the event proof the device keeps
+    (``edgekit.protocol.proof_messages``): the newest ``limit`` proofs (of ``camera``), or one
+    ``file`` of one ``event``; they change nothing, and are signed like the others.
+
     Versioning: ``fleet`` was added to ``edgekit/v1/cmd`` as a required field.  A newer sender
     still reaches an older agent (which ignores it, as it ignores every unknown field); a
     command from an older sender (no ``fleet``) is refused by a newer agent with a message
@@ -74,23 +87,34 @@ class Command(BaseModel):
         allow_inf_nan=False,
         extra="ignore",
         frozen=True,
-        # What _deploy_names_its_bundle checks, said in the schema.
+        # What _names_what_it_needs checks, said in the schema.
         json_schema_extra={
-            "if": {"properties": {"action": {"const": "deploy"}}},
-            "then": {
-                "required": ["url", "sha256", "size"],
-                "properties": {
-                    "url": {"type": "string"},
-                    "sha256": {"type": "string"},
-                    "size": {"type": "integer"},
+            "allOf": [
+                {
+                    "if": {"properties": {"action": {"const": "deploy"}}},
+                    "then": {
+                        "required": ["url", "sha256", "size"],
+                        "properties": {
+                            "url": {"type": "string"},
+                            "sha256": {"type": "string"},
+                            "size": {"type": "integer"},
+                        },
+                    },
                 },
-            },
+                {
+                    "if": {"properties": {"action": {"const": "fetch-proof"}}},
+                    "then": {
+                        "required": ["event", "file"],
+                        "properties": {"event": {"type": "string"}, "file": {"type": "string"}},
+                    },
+                },
+            ]
         },
     )
 
     schema_: Literal["edgekit/v1/cmd"] = Field(alias="schema")
     id: DeployId
-    action: Literal["deploy", "rollback"]
+    action: Action
     fleet: Name = Field(
         description="the fleet the command is for: signed with the rest, so a command signed for one "
         "fleet cannot be replayed onto a device of the same id in another"
@@ -118,8 +142,22 @@ class Command(BaseModel):
         default=None, pattern=NONCE_PATTERN, description="random, once per command: a replay is refused"
     )
 
+    event: str | None = Field(
+        default=None, pattern=EVENT_ID_PATTERN, description="the event whose proof to send (fetch-proof)"
+    )
+    file: ProofFile | None = Field(default=None, description="which file of its proof (fetch-proof)")
+    camera: CameraName | None = Field(default=None, description="only this camera's proofs (list-proofs)")
+    limit: int | None = Field(
+        default=None, ge=1, le=MAX_LISTED, description="at most this many, the newest (list-proofs)"
+    )
+
     @model_validator(mode="after")
-    def _deploy_names_its_bundle(self) -> Command:
+    def _names_what_it_needs(self) -> Command:
+        if self.action == "fetch-proof":
+            if self.event is None:
+                raise ValueError("a fetch-proof command needs the proof's event")
+            if self.file is None:
+                raise ValueError("a fetch-proof command needs the proof's file")
         if self.action == "deploy":
             if self.url is None:
                 raise ValueError("a deploy command needs the bundle's url")
@@ -199,7 +237,7 @@ class Result(WireMessage):
     schema_: Literal["edgekit/v1/cmd-result"] = Field(alias="schema")
     id: DeployId | None = None
     device: Name
-    action: Literal["deploy", "rollback"] | None = None
+    action: Action | None = None
     step: str = Field(
         default="", description="command, download, signature, hashes, unpack, health, switch, done ..."
     )

@@ -30,7 +30,8 @@ from edgekit.protocol.telemetry_messages import (
 #: What happened: entered or left a zone, stayed in it (dwell), crossed a line, was present for
 #: N frames, or a per-interval count of a camera's zones and lines.
 EVENT_KINDS = ("enter", "leave", "dwell", "cross", "present", "count")
-_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+#: An event's id: a lower-case UUID (safe as a file name: the device names its proof files with it).
+EVENT_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 #: class name -> how many.
 ClassCounts = Annotated[dict[ClassName, Count], Field(max_length=MAX_MAP_KEYS)]
@@ -65,7 +66,9 @@ class EventMessage(WireMessage):
     epoch: str = Field(default="", max_length=32, description="the device spool's epoch: seq is unique in it")
     seq: Count = Field(description="numbers the device's event messages (a gap is a lost event)")
     sent_at: float | None = Field(default=None, description="seconds since the epoch")
-    id: str = Field(pattern=_UUID, description="the event's stable id: the same event always has the same")
+    id: str = Field(
+        pattern=EVENT_ID_PATTERN, description="the event's stable id: the same event always has the same"
+    )
     kind: Literal["enter", "leave", "dwell", "cross", "present", "count"]
     camera: CameraName
     zone: Key | None = Field(default=None, description="the zone or line; absent for a count event")

@@ -4,9 +4,11 @@
     status      ``Status``       a device online (with its birth facts) or offline
     labels      ``Labels``       what the model said lately
     event       ``EventMessage`` one zone or line event (on the ``events`` topic)
-    cmd         ``Command``      a deploy or rollback command for an agent
+    cmd         ``Command``      a deploy, rollback or proof command for an agent
     cmd-result  ``Result``       an agent's progress and final answer to a command
     agent       ``AgentStatus``  a deploy agent's status
+    proof-list  ``ProofList``    the event proofs an agent keeps (on ``cmd/result``)
+    proof-chunk ``ProofChunk``   a piece of one proof file an agent sends (on ``cmd/result``)
     health      ``HealthReport`` what an agent's health gate measured (inside a result)
     sketch      ``Sketch``       a latency sketch (inside telemetry)
 
@@ -31,6 +33,7 @@ from edgekit.protocol.control_messages import (
     Result,
 )
 from edgekit.protocol.event_messages import EVENT_KINDS, EventCounts, EventMessage
+from edgekit.protocol.proof_messages import ProofChunk, ProofItem, ProofList
 from edgekit.protocol.telemetry_messages import (
     MAX_CAMERA_NAME,
     MAX_CAMERAS,
@@ -65,6 +68,8 @@ KINDS: dict[str, type[BaseModel]] = {
     "cmd": Command,
     "cmd-result": Result,
     "agent": AgentStatus,
+    "proof-list": ProofList,
+    "proof-chunk": ProofChunk,
     "health": HealthReport,
     "sketch": Sketch,
 }
@@ -114,6 +119,9 @@ __all__ = [
     "Labels",
     "ModelFacts",
     "NoHealth",
+    "ProofChunk",
+    "ProofItem",
+    "ProofList",
     "Result",
     "Sketch",
     "SpoolState",

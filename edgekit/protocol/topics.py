@@ -6,7 +6,8 @@
     edgekit/v1/<fleet>/<device>/events       each zone or line event (at least once; dedupe on its id)
     edgekit/v1/<fleet>/<device>/agent        retained: the deploy agent's status
     edgekit/v1/<fleet>/<device>/cmd          a deploy or rollback command
-    edgekit/v1/<fleet>/<device>/cmd/result   progress and the result of each command
+    edgekit/v1/<fleet>/<device>/cmd/result   progress and the result of each command (and a proof
+                                             command's answer: a proof list, a proof file's chunks)
 
 Each JSON payload says which of these it is in its ``schema`` field: ``edgekit/v1/<kind>``.
 """
@@ -35,3 +36,5 @@ SCHEMA_EVENT = schema("event")
 SCHEMA_COMMAND = schema("cmd")
 SCHEMA_RESULT = schema("cmd-result")
 SCHEMA_AGENT = schema("agent")
+SCHEMA_PROOF_LIST = schema("proof-list")
+SCHEMA_PROOF_CHUNK = schema("proof-chunk")
