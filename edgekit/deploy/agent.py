@@ -10,10 +10,11 @@ One process per device (systemd unit ``edgekit-agent.service``)::
                       replayed id from deploys/<id>.json, download from an allowed origin with
                       Range resume into incoming/ (edgekit.deploy.download), install() /
                       rollback() (edgekit.deploy.install; rollbacks rate-limited), report each
-                      step and the outcome on cmd/result, restart the pipeline after a switch
+                      step and the outcome on cmd/result, restart the pipeline after a switch;
+                      or list the event proofs in proofs/ and send one (edgekit.deploy.agent_proofs)
     supervisor        ``edgekit run <active bundle> --mqtt ... --fleet F --device-id D``
-                      as a child (edgekit.deploy.supervisor); restarted after a switch, and
-                      with back-off when it crashes
+                      as a child (edgekit.deploy.supervisor), writing event proofs to proofs/;
+                      restarted after a switch, and with back-off when it crashes
     main thread       says READY=1 to systemd, pets its watchdog while the supervisor and the
                       worker run (the supervisor watches the child's own heartbeats:
                       edgekit.deploy.child_watch), waits for SIGTERM/SIGINT, then stops the
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.core.sd_notify import Notifier
+from edgekit.deploy.agent_proofs import PROOF_DIR, ProofRefused, chunks, proof_items, read_proof
 from edgekit.deploy.agent_wire import agent_client_id, connect_kwargs, plain, status_payload
 from edgekit.deploy.child_watch import ChildHeartbeats
 from edgekit.deploy.command_trust import (
@@ -60,6 +62,8 @@ from edgekit.deploy.recovery import recover
 from edgekit.deploy.supervisor import PipelineSupervisor, child_environment
 from edgekit.errors import EdgekitError
 from edgekit.protocol.control import Command, CommandError, parse_command, result_message
+from edgekit.protocol.control_messages import MAX_LISTED, PROOF_ACTIONS
+from edgekit.protocol.proof_messages import proof_list_message
 from edgekit.protocol.topics import topic
 
 if TYPE_CHECKING:
@@ -72,6 +76,7 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 1.0
 SESSION_EXPIRY_S = 7 * 86400  # MQTT 5: how long the broker keeps our queue while we are away
 QUEUE_SIZE = 32  # commands waiting for the worker; more are dropped
+CHUNK_ACK_S = 10.0  # how long one proof chunk may wait for the broker's PUBACK before the send is given up
 
 
 @dataclass
@@ -111,6 +116,8 @@ class Agent:
         self.cmd_topic = topic(config.fleet, config.device_id, "cmd")
         self.result_topic = topic(config.fleet, config.device_id, "cmd/result")
         self.agent_topic = topic(config.fleet, config.device_id, "agent")
+        # The pipeline child writes event proofs here; the agent lists and sends them.
+        self.proof_root = Path(root.path) / PROOF_DIR
         self.handled = 0
         self.refused = 0
         self.dropped = 0
@@ -263,6 +270,7 @@ class Agent:
         argv += ["--telemetry-interval", f"{c.telemetry_interval_s:g}"]
         # In the state root: the one place the agent's unit lets it write, kept across restarts.
         argv += ["--spool", str(Path(self.root.path) / "telemetry.db")]
+        argv += ["--proof-dir", str(self.proof_root)]
         b = self.broker
         for flag, path in (
             ("--mqtt-ca", b.ca_file),
@@ -315,6 +323,8 @@ class Agent:
         except CommandRefused as err:
             return self._refuse(cmd, payload, err)
         self.handled += 1
+        if cmd.action in PROOF_ACTIONS:  # reads only: no deploy record, no busy status
+            return self._proof_command(cmd, payload)
         recorded = self._recorded(cmd.id)
         if recorded is not None:
             log.info(
@@ -363,6 +373,51 @@ class Agent:
         self.refused += 1
         log.warning("agent: refused %s %s (%d bytes): %s", cmd.action, cmd.id, len(payload), err.message)
         return self._final(cmd.id, cmd.action, "command", ok=False, reason=err.message, hint=err.hint)
+
+    def _proof_command(self, cmd: Command, payload: bytes) -> dict[str, Any]:
+        """``list-proofs`` or ``fetch-proof``: the answer on cmd/result, then the final result."""
+        try:
+            self.guard.take_nonce(cmd)
+        except CommandRefused as err:
+            return self._refuse(cmd, payload, err)
+        try:
+            if cmd.action == "list-proofs":
+                items, more = proof_items(self.proof_root, cmd.camera, cmd.limit or MAX_LISTED)
+                self._publish(
+                    self.result_topic, proof_list_message(self.config.device_id, cmd.id, items, more)
+                )
+                return self._final(
+                    cmd.id, cmd.action, "done", ok=True, info={"proofs": len(items), "more": more}
+                )
+            assert cmd.event is not None and cmd.file is not None
+            data = read_proof(self.proof_root, cmd.event, cmd.file)
+            sent = 0
+            for body in chunks(self.config.device_id, cmd.id, cmd.event, cmd.file, data):
+                if not self._publish_acked(body):
+                    raise ProofRefused(
+                        "refused",
+                        f"the broker did not take chunk {sent} of the {cmd.file} in {CHUNK_ACK_S:g} s",
+                        "ask again",
+                    )
+                sent += 1
+            log.info(
+                "agent: sent the %s of event %s (%d bytes, %d chunks)", cmd.file, cmd.event, len(data), sent
+            )
+            info = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "chunks": sent}
+            return self._final(cmd.id, cmd.action, "done", ok=True, info=info)
+        except ProofRefused as err:
+            log.info("agent: %s %s: %s", cmd.action, cmd.id, err.message)
+            return self._final(cmd.id, cmd.action, err.step, ok=False, reason=err.message, hint=err.hint)
+        finally:
+            self.guard.settle(cmd)
+
+    def _publish_acked(self, body: dict[str, Any]) -> bool:
+        """Publish ``body`` on cmd/result and wait for the broker to take it: one chunk in memory at a time."""
+        data = json.dumps(body, separators=(",", ":")).encode()
+        info = self._client.publish(self.result_topic, data, qos=1)
+        with contextlib.suppress(RuntimeError, ValueError):
+            info.wait_for_publish(CHUNK_ACK_S)
+        return bool(info.is_published())
 
     def _run_command(self, cmd: Command) -> dict[str, Any]:
         self._progress(cmd, "received", {})
