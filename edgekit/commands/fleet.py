@@ -152,6 +152,14 @@ def serve_command(
     metrics_max_series: Annotated[
         int, typer.Option("--metrics-max-series", help="At most this many device samples in /metrics.")
     ] = 250_000,
+    sign_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign-key",
+            help="Sign the proof commands (list an event's snapshot and clip, fetch one) with this key; "
+            "the agents trust its .pub.pem, as for edgekit deploy --sign-key.",
+        ),
+    ] = None,
 ) -> None:
     """Collect fleet telemetry from MQTT and serve the dashboard (http://HOST:PORT/) and /metrics."""
     try:
@@ -166,6 +174,7 @@ def serve_command(
     from edgekit.fleet.dashboard import Ticker, create_app
     from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.open_store import open_store
+    from edgekit.fleet.proofs import ProofFetcher
     from edgekit.fleet.quotas import Quotas
     from edgekit.fleet.view import FleetView, SloPolicy
     from edgekit.protocol.broker import BrokerConfig
@@ -243,6 +252,11 @@ def serve_command(
         bytes_per_min=_bytes(device_bytes),
         quiet_s=parse_seconds(quiet, "--quiet"),
     )
+    sign = None
+    if sign_key is not None:
+        from edgekit.deploy.command_trust import load_signing_key
+
+        sign = load_signing_key(sign_key).sign
     store = open_store(db)
     view = FleetView(store, slo=slo)
     view.load()
@@ -264,6 +278,13 @@ def serve_command(
     except BaseException:
         store.close()
         raise
+    try:
+        # Event proof stays on the devices: asked for when the dashboard shows it (edgekit.fleet.proofs).
+        proofs = ProofFetcher(broker, sign, client_id=f"{client_id}-proofs").start()
+    except BaseException:
+        subscriber.stop()
+        store.close()
+        raise
     view.stats = lambda: {**collector.stats(), "link": subscriber.stats()}
     app = create_app(
         view,
@@ -273,6 +294,7 @@ def serve_command(
         allowed_hosts=hosts,
         max_sse=max_streams,
         metrics_max_series=metrics_max_series,
+        proofs=proofs,
     )
     bundles = None
     if artifacts_port is not None:
@@ -298,6 +320,7 @@ def serve_command(
     finally:
         if bundles is not None:
             bundles.should_exit = True
+        proofs.stop()
         subscriber.stop()
         collector.flush()
         store.close()

@@ -16,12 +16,13 @@ import asyncio
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 # FastAPI reads the route signatures' annotations at run time: these names must be module globals.
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -32,7 +33,13 @@ from starlette.types import Scope
 from edgekit.core.names import safe_name
 from edgekit.fleet.access import LOOPBACK_NAMES, access_middleware
 from edgekit.fleet.view import FleetView
+from edgekit.protocol.event_messages import EVENT_ID_PATTERN
 from edgekit.protocol.messages import EVENT_KINDS
+from edgekit.protocol.proof_messages import PROOF_MEDIA
+
+if TYPE_CHECKING:
+    from edgekit.fleet.proofs import ProofFetcher
+    from edgekit.protocol.control_messages import ProofFile
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +146,7 @@ def create_app(
     allowed_hosts: list[str] | None = None,
     max_sse: int = MAX_SSE,
     metrics_max_series: int | None = None,
+    proofs: ProofFetcher | None = None,
 ) -> Any:
     """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app.
 
@@ -146,6 +154,8 @@ def create_app(
     With ``token`` every request but ``/healthz`` needs it; only ``allowed_hosts`` (default: loopback's
     names) are answered; at most ``max_sse`` event streams are open at once; ``/metrics`` has at most
     ``metrics_max_series`` device samples (``edgekit.fleet.prometheus.MAX_SERIES`` by default).
+    With ``proofs`` a device's events say which have proof, and
+    ``/api/device/<fleet>/<device>/events/<id>/{snapshot.jpg,clip.avi}`` fetch it from the device.
     """
     from edgekit.fleet import prometheus
 
@@ -202,6 +212,8 @@ def create_app(
         page = await asyncio.to_thread(view.device_page, fleet, device, window)
         if page is None:
             raise HTTPException(404, f"no device {fleet}/{device} has reported to this collector")
+        if proofs is not None:
+            proofs.annotate(fleet, device, page.get("events") or [])
         return json_response(page)
 
     def checked_names(fleet: str, device: str, camera: str | None = None) -> None:
@@ -220,7 +232,38 @@ def create_app(
         if kind and not set(kind) <= set(EVENT_KINDS):
             raise HTTPException(400, f"kind is one of {', '.join(EVENT_KINDS)}")
         page = await asyncio.to_thread(view.device_events, fleet, device, camera, kind, limit)
+        if proofs is not None:
+            proofs.annotate(fleet, device, page["events"])
         return json_response(page)
+
+    async def proof(fleet: str, device: str, event_id: str, file: ProofFile) -> Response:
+        checked_names(fleet, device)
+        if not re.fullmatch(EVENT_ID_PATTERN, event_id):
+            raise HTTPException(400, "an event id is a lower-case UUID")
+        if proofs is None:
+            raise HTTPException(404, "this server fetches no event proof")
+        from edgekit.fleet.proofs import ProofUnavailable
+
+        try:
+            data = await asyncio.to_thread(proofs.fetch, fleet, device, event_id, file)
+        except ProofUnavailable as err:
+            return Response(err.message + "\n", status_code=err.status, media_type="text/plain")
+        suffix = ".jpg" if file == "snapshot" else ".avi"
+        headers = {
+            # A proof never changes: the page, redrawn every few seconds, asks for it once.
+            "Cache-Control": "private, max-age=86400, immutable",
+            "Content-Disposition": f'inline; filename="{event_id}{suffix}"',
+            "X-Content-Type-Options": "nosniff",
+        }
+        return Response(data, media_type=PROOF_MEDIA[file], headers=headers)
+
+    @app.get("/api/device/{fleet}/{device}/events/{event_id}/snapshot.jpg")
+    async def snapshot(fleet: str, device: str, event_id: str) -> Response:
+        return await proof(fleet, device, event_id, "snapshot")
+
+    @app.get("/api/device/{fleet}/{device}/events/{event_id}/clip.avi")
+    async def clip(fleet: str, device: str, event_id: str) -> Response:
+        return await proof(fleet, device, event_id, "clip")
 
     @app.get("/api/device/{fleet}/{device}/zones")
     async def zone_counts(
