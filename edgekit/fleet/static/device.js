@@ -115,7 +115,7 @@ export function renderDevicePage(page) {
   renderStageBars($("dev-stage-bars"), page.stages, page.stage_names);
   renderDetections($("dev-detections"), $("dev-detections-body"), page.detections);
   renderCameras($("dev-cameras"), $("dev-cameras-body"), page.cameras, page.health);
-  renderEvents($("dev-events"), $("dev-events-body"), page.zones, page.events);
+  renderEvents($("dev-events"), $("dev-events-body"), page.zones, page.events, state.route.fleet, state.route.device);
 
   var bdl = $("dev-birth");
   clear(bdl);

@@ -1,5 +1,6 @@
 /* A device's zone and line events on its device page: what its zones and lines counted over the
- * window (enters, leaves, the highest occupancy; crossings per direction), then its newest events.
+ * window (enters, leaves, the highest occupancy; crossings per direction), then its newest events,
+ * each with its snapshot (loaded when scrolled to) and a link to its clip where the device keeps them.
  * Names come from the device: text only (el() sets textContent). */
 
 import { clear, el } from "./dom.js";
@@ -42,8 +43,29 @@ function detail(e) {
   return parts.join(" · ");
 }
 
+/** The URL of an event's proof file on the fleet server, which fetches it from the device. */
+function proofUrl(fleet, device, e, name) {
+  return ["/api/device", encodeURIComponent(fleet), encodeURIComponent(device), "events", encodeURIComponent(e.id), name].join("/");
+}
+
+/** The snapshot thumbnail (a link to the full size) and a clip link of an event the device has proof of. */
+function proofCell(fleet, device, e) {
+  var td = el("td", { class: "proof" });
+  var p = e.proof || {};
+  if (p.snapshot != null) {
+    var url = proofUrl(fleet, device, e, "snapshot.jpg");
+    var a = el("a", { href: url, target: "_blank", rel: "noopener" });
+    a.appendChild(el("img", { src: url, loading: "lazy", alt: "snapshot", class: "proof-thumb" }));
+    td.appendChild(a);
+  }
+  if (p.clip != null) {
+    td.appendChild(el("a", { href: proofUrl(fleet, device, e, "clip.avi"), class: "proof-clip" }, "clip"));
+  }
+  return td;
+}
+
 /** Fill the panel `box` from page.zones and page.events; hidden when the device sent no event. */
-export function renderEvents(box, body, zones, events) {
+export function renderEvents(box, body, zones, events, fleet, device) {
   clear(body);
   zones = zones || [];
   events = events || [];
@@ -89,6 +111,7 @@ export function renderEvents(box, body, zones, events) {
       { text: "event" },
       { text: "zone or line" },
       { text: "" },
+      { text: "proof" },
     ]);
     var eb = el("tbody");
     events.forEach(function (e) {
@@ -98,6 +121,7 @@ export function renderEvents(box, body, zones, events) {
       tr.appendChild(el("td", null, e.kind));
       tr.appendChild(el("td", { class: "name" }, e.zone || ""));
       tr.appendChild(el("td", { class: "muted" }, detail(e)));
+      tr.appendChild(proofCell(fleet, device, e));
       eb.appendChild(tr);
     });
     et.appendChild(eb);
