@@ -9,6 +9,7 @@ Layout (default ``/var/lib/edgekit``)::
     floor.json           the anti-rollback floor (also kept in each slot.json: edgekit.deploy.floor)
     state.json           the last operation and its health numbers
     incoming/            downloads in progress (the MQTT agent's)
+    proofs/              event proof the pipeline child writes (edgekit.deploy.agent_proofs)
     agent.lock           flock: one install, rollback or recovery at a time
 
 Crash safety rests on three rules.  A slot is *complete* only when its ``slot.json`` exists,
