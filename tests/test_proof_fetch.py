@@ -45,6 +45,15 @@ def until(check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
     return None
 
 
+def store_events(site: Site, *events: Event) -> None:
+    """The device sends ``events`` (the collector takes them as from the broker)."""
+    from edgekit.telemetry.event_queue import event_body
+
+    for seq, e in enumerate(events):
+        body = event_body(e.to_dict(), device=DEVICE, fleet=FLEET, session="s1", epoch="e1", seq=seq)
+        site.collector.handle(f"edgekit/v1/{FLEET}/{DEVICE}/events", json.dumps(body).encode())
+
+
 def crossing(n: int, camera: str = "gate") -> Event:
     return Event(
         id=event_id(camera, "cross", "stop", n, T, 1),
@@ -74,6 +83,7 @@ class Site:
     client: TestClient
     private_key: Path
     collector: Any
+    view: Any
 
 
 @pytest.fixture
@@ -99,7 +109,7 @@ def site(tmp_path: Path, broker: Mosquitto) -> Iterator[Site]:
     collector = Collector(store, listener=view)
     try:
         with TestClient(create_app(view, proofs=fetcher), base_url="http://127.0.0.1") as client:
-            yield Site(broker, agent.proof_root, agent, fetcher, client, private, collector)
+            yield Site(broker, agent.proof_root, agent, fetcher, client, private, collector, view)
     finally:
         fetcher.stop()
         agent.stop(timeout_s=5)
@@ -144,15 +154,11 @@ def test_the_dashboard_fetches_a_snapshot_and_a_clip_from_the_agent_byte_for_byt
 
 
 def test_the_events_of_a_device_say_which_have_a_snapshot_and_a_clip(site: Site) -> None:
-    from edgekit.telemetry.event_queue import event_body
-
     with_both, snapshot_only, without = crossing(1), crossing(2), crossing(3)
     snap = snapshot_of(site.proofs, with_both)
     clip = clip_of(site.proofs, with_both, frames=3)
     snapshot_of(site.proofs, snapshot_only)
-    for seq, e in enumerate((with_both, snapshot_only, without)):
-        body = event_body(e.to_dict(), device=DEVICE, fleet=FLEET, session="s1", epoch="e1", seq=seq)
-        site.collector.handle(f"edgekit/v1/{FLEET}/{DEVICE}/events", json.dumps(body).encode())
+    store_events(site, with_both, snapshot_only, without)
 
     def events() -> dict[str, Any] | None:
         page = site.client.get(f"/api/device/{FLEET}/{DEVICE}/events").json()["events"]
@@ -164,6 +170,51 @@ def test_the_events_of_a_device_say_which_have_a_snapshot_and_a_clip(site: Site)
     assert marked[with_both.id] == {"snapshot": snap.stat().st_size, "clip": clip.stat().st_size}
     assert marked[snapshot_only.id]["clip"] is None and marked[snapshot_only.id]["snapshot"] > 0
     assert marked[without.id] is None
+
+
+def test_the_device_page_shows_the_snapshot_and_links_the_clip(site: Site, tmp_path: Path) -> None:
+    """In headless Chromium: the Events panel's thumbnail is the device's snapshot, loaded through the server."""
+    import uvicorn
+    from chromium import open_chromium, require_chromium
+
+    from edgekit.fleet.dashboard import create_app
+    from edgekit.testing.mosquitto import free_port
+
+    require_chromium()
+    event = crossing(1)
+    snapshot_of(site.proofs, event)
+    clip_of(site.proofs, event, frames=3)
+    store_events(site, event)
+    site.view.tick()
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(site.view, proofs=site.fetcher), host="127.0.0.1", port=port, log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    driver = None
+    try:
+        assert until(lambda: server.started, 20)
+        driver = open_chromium(tmp_path)
+        driver.get(f"http://127.0.0.1:{port}/#/device/{FLEET}/{DEVICE}")
+        loaded = (
+            "var i = document.querySelector('#dev-events-table img.proof-thumb');"
+            "return i && i.complete ? [i.naturalWidth, i.getAttribute('loading'), i.getAttribute('src')] : null;"
+        )
+        shown = until(lambda: driver.execute_script(loaded), 30)
+        clip = driver.execute_script(
+            "var a = document.querySelector('#dev-events-table a.proof-clip'); return a && a.href;"
+        )
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.should_exit = True
+        thread.join(10)
+    assert shown is not None, "no thumbnail was shown"
+    assert shown == [320, "lazy", proof_url(event.id, "snapshot.jpg")]  # the noise frame's width: it decoded
+    assert clip and clip.endswith(proof_url(event.id, "clip.avi"))
 
 
 # -- what is refused, and how it is said -----------------------------------------------------------
