@@ -158,6 +158,12 @@ def test_the_events_of_a_device_say_which_have_a_snapshot_and_a_clip(site: Site)
     snap = snapshot_of(site.proofs, with_both)
     clip = clip_of(site.proofs, with_both, frames=3)
     snapshot_of(site.proofs, snapshot_only)
+    # A proof someone else put there, its camera no name: left out, not a reason to send no list.
+    stray, odd = event_dir(site.proofs, with_both), crossing(5).id
+    (stray / f"{odd}.jpg").write_bytes(snap.read_bytes())
+    (stray / f"{odd}.json").write_text(
+        json.dumps({"event": {"camera": "", "t": T}, "snapshot": f"{odd}.jpg"})
+    )
     store_events(site, with_both, snapshot_only, without)
 
     def events() -> dict[str, Any] | None:
@@ -170,6 +176,8 @@ def test_the_events_of_a_device_say_which_have_a_snapshot_and_a_clip(site: Site)
     assert marked[with_both.id] == {"snapshot": snap.stat().st_size, "clip": clip.stat().st_size}
     assert marked[snapshot_only.id]["clip"] is None and marked[snapshot_only.id]["snapshot"] > 0
     assert marked[without.id] is None
+    listed = site.fetcher.proofs_of(FLEET, DEVICE)
+    assert listed is not None and set(listed) == {with_both.id, snapshot_only.id}
 
 
 def test_the_device_page_shows_the_snapshot_and_links_the_clip(site: Site, tmp_path: Path) -> None:

@@ -408,6 +408,11 @@ class Agent:
         except ProofRefused as err:
             log.info("agent: %s %s: %s", cmd.action, cmd.id, err.message)
             return self._final(cmd.id, cmd.action, err.step, ok=False, reason=err.message, hint=err.hint)
+        except Exception as err:  # a bug: still answer, so the dashboard does not wait for nothing
+            log.exception("agent: %s %s failed", cmd.action, cmd.id)
+            return self._final(
+                cmd.id, cmd.action, "agent", ok=False, reason=f"the agent failed: {err}", hint="see its log"
+            )
         finally:
             self.guard.settle(cmd)
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from edgekit.errors import DeployError
 from edgekit.events.proof_store import list_proofs
 from edgekit.protocol.event_messages import EVENT_ID_PATTERN
@@ -33,6 +35,7 @@ from edgekit.protocol.proof_messages import (
     MAX_LISTED,
     MAX_PROOF_BYTES,
     PROOF_SUFFIX,
+    ProofItem,
     proof_chunk_message,
 )
 
@@ -60,20 +63,19 @@ def proof_items(
     root: Path, camera: str | None = None, limit: int = MAX_LISTED
 ) -> tuple[list[dict[str, Any]], bool]:
     """The newest ``limit`` proofs under ``root`` (of ``camera``), newest first, as ``ProofItem`` bodies; and
-    whether there are more."""
+    whether there are more.  A proof whose names a receiver would refuse (a file someone else put
+    there) is left out, not sent to break the whole list."""
     entries = list_proofs(root, camera)
     newest = entries[::-1][: max(1, min(limit, MAX_LISTED))]
     items = []
     for e in newest:
-        item: dict[str, Any] = {
-            "event": e.event_id,
-            "camera": e.camera,
-            "kind": e.kind[:32],
-            "t": max(0.0, e.t),
-        }
+        item: dict[str, Any] = {"event": e.event_id, "camera": e.camera, "kind": e.kind, "t": e.t}
         item |= {"snapshot": _size(e.snapshot), "clip": _size(e.clip)}
-        if _EVENT_ID.fullmatch(e.event_id):  # a file someone else put there is not listed
-            items.append(item)
+        try:
+            ProofItem.model_validate(item)
+        except ValidationError:
+            continue
+        items.append(item)
     return items, len(entries) > len(newest)
 
 
