@@ -31,34 +31,13 @@ from benchmarks.zone_cost import REGIONS
 from edgekit.core.stats import label, percentile
 from edgekit.events.proof import ProofConfig, ProofWriter
 from edgekit.pipeline.event_sink import EventSink
-from edgekit.pipeline.records import FrameRecord, FrameResult
+from edgekit.pipeline.records import FrameResult
 from edgekit.pipeline.sinks import sink
+from edgekit.testing.frames import finished_frame
 
 COUNTS = (1, 20, 100)
 FPS = 30.0
 W, H = 640, 480  # the end-to-end video
-
-
-def _result(index: int, t: float, frame: np.ndarray, detections: list[Any]) -> FrameResult:
-    ns = round(t * 1e9)
-    record = FrameRecord(
-        index=index,
-        captured_at=t,
-        captured_ns=ns,
-        deadline_ns=ns + 33_000_000,
-        capture_wait_ms=0.0,
-        preprocess_ms=0.0,
-        inference_ms=0.0,
-        postprocess_ms=0.0,
-        sink_ms=0.0,
-        latency_ms=0.0,
-        met=True,
-        dropped_before=0,
-        candidate="bench",
-        detections=tuple(detections),
-        camera="bench",
-    )
-    return FrameResult((), record, frame, tuple(detections))
 
 
 def per_frame(objects: int, frames: int, proof_root: Path | None) -> dict[str, Any]:
@@ -71,7 +50,8 @@ def per_frame(objects: int, frames: int, proof_root: Path | None) -> dict[str, A
         writer = ProofWriter(proof_root, ProofConfig(clips=True, queue_size=1 << 16))
     sink = EventSink({"bench": REGIONS}, proof=writer, outlets=[lambda e: None])
     results = [
-        _result(f, 1e6 + f / FPS, frame, dets) for f, dets in enumerate(scene(objects, frames, objects))
+        finished_frame(f, frame, dets, t=1e6 + f / FPS, camera="bench")
+        for f, dets in enumerate(scene(objects, frames, objects))
     ]
     times: list[float] = []
     for r in results:

@@ -25,10 +25,11 @@ from chromium import drawn_box, image_rect, open_chromium, require_chromium, scr
 
 from edgekit.detection.detector import Detection
 from edgekit.detection.draw import colour_of, line_width
-from edgekit.pipeline.records import FrameRecord, FrameResult
+from edgekit.pipeline.records import FrameResult
 from edgekit.preview import PreviewError, PreviewFeed, PreviewServer, parse_address
 from edgekit.preview.server import BOUNDARY
 from edgekit.processing.postprocess import Label
+from edgekit.testing.frames import finished_frame
 
 FACE = Detection(0, "face", 0.93, (200.0, 120.0, 360.0, 330.0))
 
@@ -37,23 +38,7 @@ def result(
     index: int, frame: np.ndarray | None = None, detections: tuple[Detection, ...] = (FACE,)
 ) -> FrameResult:
     image = frame if frame is not None else np.full((480, 640, 3), 128, np.uint8)
-    record = FrameRecord(
-        index=index,
-        captured_at=0.0,
-        captured_ns=0,
-        deadline_ns=0,
-        capture_wait_ms=0.0,
-        preprocess_ms=0.0,
-        inference_ms=0.0,
-        postprocess_ms=0.0,
-        sink_ms=0.0,
-        latency_ms=0.0,
-        met=True,
-        dropped_before=0,
-        candidate="onnx-fp32",
-        detections=detections,
-    )
-    return FrameResult((), record, image, detections)
+    return finished_frame(index, image, detections, candidate="onnx-fp32")
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
