@@ -329,10 +329,7 @@ class GstSource(Source):
         backoff = Backoff(REOPEN_FIRST_S, cap_s=REOPEN_MAX_S)
         while not self.closed:
             if self._start():
-                self.counters.reopens += 1
-                log.warning(
-                    "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
-                )
+                self._reopened()
                 return
             self._stop()
             backoff.wait(self._closed)

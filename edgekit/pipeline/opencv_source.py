@@ -217,10 +217,7 @@ class CaptureSource(Source):
                         cap.release()
                         return
                     self._cap = cap
-                self.counters.reopens += 1
-                log.warning(
-                    "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
-                )
+                self._reopened()
                 return
             # Wait on the close event: close() ends the back-off at once, never a hang.
             backoff.wait(self._closed)

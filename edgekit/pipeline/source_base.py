@@ -10,6 +10,7 @@ pattern), ``opencv_source`` (cameras, files and streams through OpenCV) and ``gs
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgekit.core.heap import give_back
 from edgekit.core.redact import redact_source
 from edgekit.processing.preprocessing import as_bgr
 
@@ -123,6 +125,14 @@ class Source(ABC):
             self.counters.stalls += 1
         if self._down_from is None:
             self._down_from = self._last_frame_t
+
+    def _reopened(self) -> None:
+        """Count a reopen and say so; give the torn-down decoder's memory back (``core.heap``)."""
+        self.counters.reopens += 1
+        give_back()
+        logging.getLogger(type(self).__module__).warning(  # the source's own logger, as before
+            "source %s reopened (outage %d)", redact_source(self.info.uri), self.counters.outages
+        )
 
     def close(self) -> None:
         """Stop: a ``read()`` waiting on a reconnect returns ``None``; resources are released."""
