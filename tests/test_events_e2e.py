@@ -372,3 +372,27 @@ def test_edgekit_run_events_prints_them_and_json_carries_them(
     bad.write_text(RUN_TOML.replace("dwell_s", "dwel_s"))
     r = cli(cache_env, "run", bundle, "--source", str(video), "--config", str(bad), "--events")
     assert r.returncode != 0 and "dwel_s" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_agent_gives_its_pipeline_the_run_file_it_checked(
+    tmp_path: Path, cache_env: dict[str, str]
+) -> None:
+    from edgekit.commands.agent import _run_file_args
+    from edgekit.deploy.agent import Agent, AgentConfig
+    from edgekit.deploy.slots import StateRoot
+    from edgekit.protocol.broker import BrokerConfig
+
+    from conftest import edgekit as cli
+
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(RUN_TOML)
+    url = "mqtt://127.0.0.1:1"
+    config = AgentConfig(url, "lab", "cam-1", source="synthetic", child_args=_run_file_args(run_file))
+    argv = Agent(StateRoot(tmp_path / "root"), BrokerConfig.from_url(url), config)._child_argv(tmp_path / "b")
+    assert argv[argv.index("--config") + 1] == str(run_file.resolve())
+    # A mistake in it stops the agent as it starts, naming the key, not each pipeline start.
+    run_file.write_text(RUN_TOML.replace("dwell_s", "dwel_s"))
+    env = cache_env | {"EDGEKIT_AGENT_ROOT": str(tmp_path / "agent")}
+    args = ("agent", "run", "--mqtt", url, "--device-id", "cam-1", "--source", "synthetic")
+    r = cli(env, *args, "--run-config", str(run_file))
+    assert r.returncode != 0 and "dwel_s" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -371,6 +371,14 @@ def run_agent_command(
     max_bundle_mb: Annotated[
         float, typer.Option("--max-bundle-mb", help="Refuse to download a bundle bigger than this.")
     ] = 512.0,
+    run_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--run-config",
+            help="The pipeline's run file (edgekit run --config): cameras, settings, a detector's zones "
+            "and lines. Checked now; the pipeline reads it at each start.",
+        ),
+    ] = None,
     artifact_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -487,5 +495,16 @@ def run_agent_command(
         allow_unsigned_commands=allow_unsigned_commands,
         rollback_limit=rollback_limit,
         rollback_window_s=window_s,
+        child_args=_run_file_args(run_config),
     )
     raise typer.Exit(run_agent(root, config, broker))
+
+
+def _run_file_args(run_config: Path | None) -> tuple[str, ...]:
+    """``--config <absolute path>`` for the pipeline, once the file has been read and checked here."""
+    if run_config is None:
+        return ()
+    from edgekit.commands.run_config import load_run_config
+
+    load_run_config(run_config)  # a mistake stops the agent's start, not each pipeline start
+    return ("--config", str(run_config.resolve()))

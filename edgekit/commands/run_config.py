@@ -173,13 +173,41 @@ class RunConfig:
 
         return {n: v if isinstance(v, str) else Camera(**v) for n, v in s.items()}
 
-    def regions(self, cameras: list[str]) -> dict[str, CameraRegions]:
-        """Each camera's zones and lines (only cameras that have some), checked against ``cameras``."""
+    def _region_tables(self) -> dict[str | None, dict[str, Any]]:
+        """Each camera's table of zones and lines by name; ``None``: the top level's (the one camera's)."""
+        out: dict[str | None, dict[str, Any]] = {}
+        top = {k: self.values[k] for k in REGION_KEYS if k in self.values}
+        if "zones" in top or "lines" in top:
+            out[None] = top
+        for name, table in self.values.get("cameras", {}).items():
+            out[name] = dict(table)
+        return out
+
+    def check_regions(self) -> None:
+        """Every zone and line of the file, checked (``RunConfigError`` naming the camera and the file)."""
+        for name, table in self._region_tables().items():
+            self._regions_of(name, table)
+
+    def _regions_of(self, name: str | None, table: dict[str, Any]) -> CameraRegions:
         from edgekit.events.zones import regions_from_dict
 
-        top = {k: self.values[k] for k in REGION_KEYS if k in self.values}
-        per = dict(self.values.get("cameras", {}))
-        if "zones" in top or "lines" in top:
+        where = f"camera {name!r} of the run file" if name is not None else "the run file"
+        extra = sorted(set(table) - set(REGION_KEYS))
+        if extra:
+            raise RunConfigError(
+                f"unknown key {extra[0]!r} for {where} {self.path}",
+                f"a camera's table has {', '.join(REGION_KEYS)}",
+            )
+        try:
+            return regions_from_dict(table)
+        except EdgekitError as err:
+            raise RunConfigError(f"{err.message} ({where} {self.path})", err.hint) from None
+
+    def regions(self, cameras: list[str]) -> dict[str, CameraRegions]:
+        """Each camera's zones and lines (only cameras that have some), checked against ``cameras``."""
+        tables = self._region_tables()
+        top = tables.pop(None, None)
+        if top is not None:
             if len(cameras) != 1:
                 raise RunConfigError(
                     f"the run file {self.path} has zones or lines but the run has {len(cameras)} cameras",
@@ -187,28 +215,17 @@ class RunConfig:
                     + ", ".join(repr(c) for c in cameras)
                     + ")",
                 )
-            per.setdefault(cameras[0], {})
-            per[cameras[0]] = top | per[cameras[0]]
-        unknown = sorted(set(per) - set(cameras))
+            tables[cameras[0]] = top | tables.get(cameras[0], {})
+        unknown = sorted(str(n) for n in set(tables) - set(cameras))
         if unknown:
             raise RunConfigError(
                 f"the run file {self.path} has zones for camera {unknown[0]!r}, which the run does not have",
                 "its cameras: " + ", ".join(repr(c) for c in cameras),
             )
         out: dict[str, CameraRegions] = {}
-        for name, table in per.items():
-            extra = sorted(set(table) - set(REGION_KEYS))
-            if extra:
-                raise RunConfigError(
-                    f"unknown key {extra[0]!r} for camera {name!r} in the run file {self.path}",
-                    f"a camera's table has {', '.join(REGION_KEYS)}",
-                )
-            try:
-                regions = regions_from_dict(table)
-            except EdgekitError as err:
-                raise RunConfigError(
-                    f"{err.message} (camera {name!r} of the run file {self.path})", err.hint
-                ) from None
+        for name, table in tables.items():
+            assert name is not None
+            regions = self._regions_of(name, table)
             if regions.zones or regions.lines:
                 out[name] = regions
         return out
@@ -246,7 +263,9 @@ def load_run_config(path: Path) -> RunConfig:
             f"the run file {path} is not valid TOML: {err}",
             'keys are written key = value, strings in quotes: e.g. policy = "drop-oldest"',
         ) from None
-    return RunConfig(path, check(data, path))
+    config = RunConfig(path, check(data, path))
+    config.check_regions()  # a zone's mistake is told now, before any camera opens
+    return config
 
 
 def check(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
