@@ -190,6 +190,19 @@ class CameraWindow(WireMessage):
     health: Health | None = Field(default=None, description="the camera's health; absent from older devices")
 
 
+#: The most trace ids a window names (its slowest frames).
+MAX_WINDOW_TRACES = 8
+
+
+class TraceRef(WireMessage):
+    """One of a window's slowest frames, whose trace the device exported over OTLP."""
+
+    trace_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="W3C trace id, 32 lowercase hex digits")
+    latency_ms: float = Field(ge=0, description="the frame's end-to-end latency")
+    index: Count = Field(description="the frame's position in its source")
+    camera: CameraName | None = Field(default=None, description="its camera, in a many-camera pipeline")
+
+
 class Window(WireMessage):
     """One reporting window: its wall-clock span, frames and missed deadlines, the latency sketches.
 
@@ -225,6 +238,11 @@ class Window(WireMessage):
     health: Health | None = Field(
         default=None,
         description="the pipeline's sources together (a single source: its own); absent from older devices",
+    )
+    traces: list[TraceRef] | None = Field(
+        default=None,
+        max_length=MAX_WINDOW_TRACES,
+        description="the trace ids of its slowest frames, slowest first; absent when the device does not trace",
     )
 
     @model_validator(mode="after")

@@ -7,6 +7,16 @@ from edgekit.protocol.topics import topic
 from edgekit.telemetry.attach import report
 from edgekit.telemetry.publisher import TelemetryPublisher
 from edgekit.telemetry.spool import Spool
+from edgekit.telemetry.tracing import FrameTracer, trace
 from edgekit.telemetry.window import MetricsWindow
 
-__all__ = ["BrokerConfig", "MetricsWindow", "Spool", "TelemetryPublisher", "report", "topic"]
+__all__ = [
+    "BrokerConfig",
+    "FrameTracer",
+    "MetricsWindow",
+    "Spool",
+    "TelemetryPublisher",
+    "report",
+    "topic",
+    "trace",
+]

@@ -1,0 +1,246 @@
+"""OpenTelemetry traces of slow frames and of requests, received by an OTLP receiver and checked span by span."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+import tiny_detector as td
+from otlp_receiver import GrpcReceiver, HttpReceiver, Receiver, Span
+from stand_in import SlowSession
+
+import edgekit
+from edgekit.errors import TelemetryError
+from edgekit.pipeline.records import FrameRecord
+from edgekit.pipeline.sinks import sink
+from edgekit.protocol.stages import STAGES
+from edgekit.selection.choice_cache import manifest_sha256
+from edgekit.telemetry import trace
+from edgekit.telemetry.otel_export import Tracing
+from edgekit.telemetry.trace_ids import frame_trace_id, trace_hex
+from edgekit.telemetry.trace_sampler import TailSampler
+
+FRAMES = 12
+SLOW_EVERY = 3  # every third inference is slow: a third of the frames miss their budget
+SLOW_MS = 250.0
+BUDGET_MS = 120.0  # a tiny classifier's frame takes a few ms; a slow one, SLOW_MS more
+FPS = 3.0  # paced like a camera, slower than a slow frame: no frame waits behind another
+
+
+class SlowEvery(SlowSession):
+    """A real session where every ``SLOW_EVERY``-th run also sleeps ``latency_ms``: misses on any machine."""
+
+    def __init__(self, inner: Any, latency_ms: float) -> None:
+        super().__init__(inner, latency_ms)
+        self.runs = 0
+
+    def _run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        out = self.inner.run(*arrays)
+        self.runs += 1
+        if self.runs % SLOW_EVERY == 0:
+            time.sleep(self.latency_s)
+        return out
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Iterator[edgekit.Model]:
+    bundle = td.classifier_bundle(tmp_path_factory.mktemp("cls") / "tiny", keys[0])
+    with edgekit.load(bundle, device="x86_64-cpu", trusted_keys=[keys[1]]) as model:
+        real = model.session
+        model.session = SlowEvery(real, SLOW_MS)
+        try:
+            yield model
+        finally:
+            model.session = real
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("frames")
+    for i in range(FRAMES):
+        cv2.imwrite(str(out / f"{i:03d}.png"), td.square_frame(i % 4, (i // 4) % 4))
+    return out
+
+
+@pytest.fixture(params=[HttpReceiver, GrpcReceiver], ids=["http", "grpc"])
+def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
+    r = request.param()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def record(
+    index: int, latency_ms: float, *, met: bool = True, at: float = 0.0, camera: str = ""
+) -> FrameRecord:
+    return FrameRecord(
+        index=index,
+        captured_at=at,
+        captured_ns=0,
+        deadline_ns=0,
+        capture_wait_ms=0.0,
+        preprocess_ms=0.0,
+        inference_ms=latency_ms,
+        postprocess_ms=0.0,
+        sink_ms=0.0,
+        latency_ms=latency_ms,
+        met=met,
+        dropped_before=0,
+        candidate="c",
+        camera=camera,
+    )
+
+
+# -- the sampler (no OpenTelemetry) ------------------------------------------------------------
+
+
+def test_the_sampler_keeps_every_miss_each_windows_slowest_and_its_share_of_the_rest() -> None:
+    s = TailSampler("s1", ratio=0.05, slowest=2, window_s=1.0, max_per_s=1000.0)
+    kept = []
+    n = 30 * 400  # 400 s at 30 fps
+    for i in range(n):
+        # Every 97th frame misses; latencies vary so that each second has its own two slowest.
+        latency = 10.0 + (i * 7919 % 1000) / 100
+        kept += s.offer(record(i, latency, met=i % 97 != 0, at=i / 30))
+    kept += s.flush()
+    reasons: dict[str, set[int]] = {}
+    for k in kept:
+        reasons.setdefault(k.reason, set()).add(k.record.index)
+    assert reasons["missed"] == set(range(0, n, 97))
+    assert sum(len(v) for v in reasons.values()) == len({k.record.index for k in kept})  # none twice
+    # Each 1 s window's two slowest are kept (as slowest, or already for another reason).
+    every = {k.record.index for k in kept}
+    for second in range(n // 30):
+        frames = range(second * 30, second * 30 + 30)
+        two = sorted(frames, key=lambda i: (-(10.0 + (i * 7919 % 1000) / 100), i))[:2]
+        assert set(two) <= every, second
+    # The rest: a 5% share by trace id (binomial: 5 sigma either side over ~11,900 frames).
+    rest = n - len(reasons["missed"])
+    share = len(reasons.get("sampled", ())) / rest
+    sigma = (0.05 * 0.95 / rest) ** 0.5
+    assert abs(share - 0.05) < 5 * sigma, share
+    # Derived ids: the same frame of the same session is kept or not the same way again.
+    again = TailSampler("s1", ratio=0.05, slowest=0, window_s=1.0, max_per_s=1000.0)
+    same = {k.record.index for i in range(600) for k in again.offer(record(i, 10.0, at=i / 30))}
+    assert same == {i for i in range(600) if i in reasons.get("sampled", set())}
+
+
+def test_the_cap_bounds_the_traces_kept_when_every_frame_misses() -> None:
+    s = TailSampler("s2", ratio=0.0, slowest=1, window_s=5.0, max_per_s=4.0)
+    kept = [k for i in range(30 * 60) for k in s.offer(record(i, 50.0, met=False, at=i / 30))]
+    kept += s.flush()
+    missed = [k for k in kept if k.reason == "missed"]
+    # 60 s at 4 a second, plus a second's burst; each 5 s window's slowest on top (12 windows).
+    assert 4 * 60 <= len(missed) <= 4 * 61 + 1
+    assert len(kept) - len(missed) <= 12
+    assert s.counts.over_cap == 30 * 60 - len(missed)
+
+
+def test_a_bad_sampler_setting_or_protocol_is_refused() -> None:
+    with pytest.raises(ValueError, match="ratio"):
+        TailSampler("s", ratio=1.5)
+    with pytest.raises(TelemetryError, match="OTLP protocol"):
+        Tracing(protocol="http/json")
+
+
+# -- frames of a real run, exported over OTLP -------------------------------------------------
+
+
+def spans_of(traces: dict[str, list[Span]], trace_id: str) -> tuple[Span, dict[str, Span]]:
+    spans = traces[trace_id]
+    roots = [s for s in spans if not s.parent_span_id]
+    assert len(roots) == 1 and roots[0].name == "frame"
+    children = {s.name: s for s in spans if s.parent_span_id}
+    assert all(s.parent_span_id == roots[0].span_id for s in children.values())
+    return roots[0], children
+
+
+def test_every_missed_frame_is_exported_with_its_stages_timed_from_its_record(
+    classifier: edgekit.Model, folder: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Configured the standard way: the exporter reads the endpoint and protocol, the SDK the service.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", receiver.protocol)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "door-camera")
+    records: list[FrameRecord] = []
+    with edgekit.Pipeline(
+        classifier, str(folder), budget_ms=BUDGET_MS, warm="off", realtime=True, fps=FPS
+    ) as p:
+        p.add_sink(sink("records", lambda r: records.append(r.record)))
+        tracer = trace(p, device_id="cam-7", ratio=0.0, window_s=3600.0)
+        p.run()
+    assert len(records) == FRAMES
+    missed = [r for r in records if not r.met]
+    assert len(missed) >= FRAMES // SLOW_EVERY and len(missed) < FRAMES  # the slow ones, not all
+    assert p.sinks.errors == {} and p.sinks.dropped == {}
+    traces = receiver.traces()
+    session = tracer.sampler.session
+    # Kept: exactly the misses (no share of the rest; the run's one window's slowest is a miss).
+    assert set(traces) == {trace_hex(frame_trace_id(session, "", r.index)) for r in missed}
+    for r in missed:
+        root, stages = spans_of(traces, trace_hex(frame_trace_id(session, "", r.index)))
+        assert root.attributes["edgekit.frame.index"] == r.index
+        assert root.attributes["edgekit.met"] is False and root.attributes["edgekit.kept_for"] == "missed"
+        assert root.attributes["edgekit.budget_ms"] == BUDGET_MS
+        assert root.start_ns == round(r.captured_at * 1e9)
+        assert root.ms == pytest.approx(r.latency_ms, abs=1e-3)
+        assert list(sorted(stages.values(), key=lambda s: s.start_ns)) == [stages[s] for s in STAGES]
+        at = root.start_ns
+        for name, ms in r.stage_ms().items():
+            assert stages[name].start_ns == at  # one after the other, from the capture
+            assert stages[name].ms == pytest.approx(ms, abs=1e-3)
+            at = stages[name].end_ns
+        assert stages["inference"].ms >= SLOW_MS
+        assert root.resource["service.name"] == "door-camera"
+        assert root.resource["device.id"] == "cam-7"
+        assert root.resource["edgekit.device.profile"] == classifier.manifest.device.profile
+        assert root.resource["edgekit.bundle.sha256"] == manifest_sha256(classifier.root)
+    assert tracer.sampler.counts.missed == len(missed)
+
+
+def test_a_request_span_continues_the_callers_traceparent(receiver: Receiver) -> None:
+    tracing = Tracing(
+        resource={"device.id": "cam-7"},
+        endpoint=receiver.endpoint,
+        protocol=receiver.protocol,
+        request_ratio=0.0,
+    )
+    caller_trace, caller_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    stages = [
+        ("receive", 0.4),
+        ("queue", 1.5),
+        ("preprocess", 2.0),
+        ("infer", 9.0),
+        ("postprocess", 1.0),
+        ("respond", 0.3),
+    ]
+    end = time.time()
+    sampled = tracing.record_request_span(f"00-{caller_trace}-{caller_span}-01", stages, end_time=end)
+    # Not sampled by the caller, under budget, no share: ids for the response, nothing exported.
+    unsampled = tracing.record_request_span(f"00-{'1' * 32}-{'2' * 16}-00", stages, budget_ms=100.0)
+    # Not sampled by the caller, but slower than its budget: kept (tail-based, as frames).
+    slow = tracing.record_request_span(f"00-{'3' * 32}-{'4' * 16}-00", stages, budget_ms=10.0)
+    # An invalid traceparent is ignored (W3C): a trace of its own.
+    own = tracing.record_request_span("00-zz-nonsense-01", stages, budget_ms=1.0)
+    tracing.close()
+    assert sampled.kept and sampled.trace_id == caller_trace
+    assert sampled.traceparent == f"00-{caller_trace}-{sampled.span_id}-01"
+    assert not unsampled.kept and unsampled.trace_id == "1" * 32
+    assert slow.kept and own.kept and own.trace_id not in (caller_trace, "3" * 32)
+    traces = receiver.traces()
+    assert set(traces) == {caller_trace, "3" * 32, own.trace_id}
+    spans = traces[caller_trace]
+    root = next(s for s in spans if s.name == "request")
+    assert root.parent_span_id == caller_span and root.span_id == sampled.span_id
+    assert root.kind == 2  # SPAN_KIND_SERVER
+    assert root.end_ns == round(end * 1e9) and root.ms == pytest.approx(14.2, abs=1e-3)
+    children = sorted((s for s in spans if s is not root), key=lambda s: s.start_ns)
+    assert [(c.name, round(c.ms, 3)) for c in children] == stages
+    assert all(c.parent_span_id == root.span_id for c in children)
+    assert next(s for s in traces[own.trace_id] if s.name == "request").parent_span_id == ""
