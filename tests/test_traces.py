@@ -13,6 +13,7 @@ import pytest
 import tiny_detector as td
 from otlp_receiver import GrpcReceiver, HttpReceiver, Receiver, Span
 from stand_in import SlowSession
+from test_telemetry import Subscriber, validator
 
 import edgekit
 from edgekit.errors import TelemetryError
@@ -20,10 +21,11 @@ from edgekit.pipeline.records import FrameRecord
 from edgekit.pipeline.sinks import sink
 from edgekit.protocol.stages import STAGES
 from edgekit.selection.choice_cache import manifest_sha256
-from edgekit.telemetry import trace
+from edgekit.telemetry import report, trace
 from edgekit.telemetry.otel_export import Tracing
 from edgekit.telemetry.trace_ids import frame_trace_id, trace_hex
 from edgekit.telemetry.trace_sampler import TailSampler
+from edgekit.testing.mosquitto import Mosquitto
 
 FRAMES = 12
 SLOW_EVERY = 3  # every third inference is slow: a third of the frames miss their budget
@@ -244,3 +246,38 @@ def test_a_request_span_continues_the_callers_traceparent(receiver: Receiver) ->
     assert [(c.name, round(c.ms, 3)) for c in children] == stages
     assert all(c.parent_span_id == root.span_id for c in children)
     assert next(s for s in traces[own.trace_id] if s.name == "request").parent_span_id == ""
+
+
+def test_each_telemetry_window_names_the_exported_traces_of_its_slowest_frames(
+    classifier: edgekit.Model, folder: Path, broker: Mosquitto
+) -> None:
+    receiver = HttpReceiver()
+    sub = Subscriber(broker.port, client_id="traces-json")
+    try:
+        with edgekit.Pipeline(
+            classifier, str(folder), budget_ms=BUDGET_MS, warm="off", realtime=True, fps=FPS
+        ) as p:
+            tracer = trace(p, endpoint=receiver.endpoint, protocol="http/protobuf", ratio=0.0)
+            report(p, broker.url, device_id="cam-7", fleet="lab", interval_s=1.0, tracer=tracer)
+            p.run()
+        assert sub.wait_for(lambda: any(m.get("state") == "offline" for m in sub.of("status")), 10)
+    finally:
+        sub.close()
+        receiver.close()
+    windows = [m["window"] for m in sub.of("telemetry")]
+    assert sum(w["frames"] for w in windows) == FRAMES
+    traces = receiver.traces()
+    named = 0
+    for m in sub.of("telemetry"):
+        validator("telemetry.schema.json").validate(m)
+        w = m["window"]
+        assert len(w["traces"]) == (1 if w["frames"] else 0)  # slowest=1 a window; none without frames
+        for ref in w["traces"]:
+            root, _ = spans_of(traces, ref["trace_id"])  # exported, span by span
+            assert root.attributes["edgekit.frame.index"] == ref["index"]
+            assert ref["latency_ms"] == pytest.approx(root.attributes["edgekit.latency_ms"], abs=1e-3)
+            assert ref["latency_ms"] == pytest.approx(w["latency_ms"]["max"], abs=1e-2)  # its slowest
+            if w["missed"]:
+                assert ref["latency_ms"] > BUDGET_MS
+            named += 1
+    assert named >= 2

@@ -18,6 +18,7 @@ from edgekit.telemetry.window import MetricsWindow
 if TYPE_CHECKING:
     from edgekit.pipeline import Pipeline
     from edgekit.pipeline.records import FrameResult
+    from edgekit.telemetry.tracing import FrameTracer
 
 
 def report(
@@ -34,10 +35,13 @@ def report(
     key_file: Path | None = None,
     protocol: str = "3.1.1",
     format: str = "json",
+    tracer: FrameTracer | None = None,
 ) -> TelemetryPublisher:
     """Report ``pipeline``'s measurements to the MQTT broker at ``mqtt`` (see ``edgekit.telemetry``).
 
     ``format`` is ``json`` (edgekit's topics) or ``sparkplug`` (Sparkplug B 3.0).
+
+    ``tracer`` (``trace(pipeline)``): each window names the trace ids of its slowest frames.
 
     Starts at once (connecting in the background); stops with the pipeline.  The frame
     loop only adds each frame to a window; everything else happens on the publisher's thread.
@@ -50,7 +54,12 @@ def report(
     # every window (and a Sparkplug birth) lists each, and a single source's (none) has no cameras.
     cameras = list(pipeline.per_camera)
     # Each window closes with how the sources kept delivering (asked on the publisher's thread).
-    window = MetricsWindow(detections=detector, cameras=cameras, health=pipeline.health)
+    window = MetricsWindow(
+        detections=detector,
+        cameras=cameras,
+        health=pipeline.health,
+        traces=tracer.worst if tracer is not None else None,
+    )
     publisher = TelemetryPublisher(
         broker,
         device_id=device_id or socket.gethostname(),

@@ -22,6 +22,9 @@ Given ``health`` (``Pipeline.health``), a window closed by ``take`` also says ho
 kept delivering (``SourceHealth``): the sources together as ``health``, each camera's in its
 own entry.  It is asked when the window closes, on the publisher's thread: a stalled camera
 sends no frames, but its seconds without them still reach the fleet.
+
+Given ``traces`` (``FrameTracer.worst``), a closed window also names its slowest frames' trace
+ids (``traces``), asked as it closes: the tracer's window closes with it, so they are the same frames.
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ class Window(FrameTally):
     health: SourceHealth | None = None
     #: Each camera's, under the name its figures are counted under (``cameras``).
     camera_health: dict[str, SourceHealth] | None = None
+    #: Its slowest frames' traces (``edgekit.telemetry.tracing``), slowest first; ``None``: not traced.
+    traces: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         span = self.end - self.start
@@ -98,6 +103,8 @@ class Window(FrameTally):
             }
         if self.health is not None:
             out["health"] = self.health.to_dict()
+        if self.traces is not None:
+            out["traces"] = self.traces
         return out
 
 
@@ -109,9 +116,11 @@ class MetricsWindow:
         detections: bool = False,
         cameras: Iterable[str] = (),
         health: Callable[[], Mapping[str, SourceHealth]] | None = None,
+        traces: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._health = health  # each camera's health now (``Pipeline.health``), asked as a window closes
+        self._traces = traces  # the slowest frames' trace refs (``FrameTracer.worst``), asked likewise
         self.detections = detections  # a detector's windows count its detections per class
         # Camera -> the name it is counted under (itself, or "other" past the bound), kept across
         # windows; ``cameras`` names them up front, so the first window (and a birth) lists them all.
@@ -195,6 +204,8 @@ class MetricsWindow:
         done.end = now
         if self._health is not None:
             self._add_health(done, self._health())
+        if self._traces is not None:
+            done.traces = self._traces()
         return done
 
     def _add_health(self, w: Window, health: Mapping[str, SourceHealth]) -> None:
