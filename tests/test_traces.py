@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from edgekit.telemetry.otel_export import Tracing
 from edgekit.telemetry.trace_ids import frame_trace_id, trace_hex
 from edgekit.telemetry.trace_sampler import TailSampler
 from edgekit.testing.mosquitto import Mosquitto
+
+from conftest import edgekit as run_cli
 
 FRAMES = 12
 SLOW_EVERY = 3  # every third inference is slow: a third of the frames miss their budget
@@ -281,3 +284,35 @@ def test_each_telemetry_window_names_the_exported_traces_of_its_slowest_frames(
                 assert ref["latency_ms"] > BUDGET_MS
             named += 1
     assert named >= 2
+
+
+def test_edgekit_run_trace_exports_over_otlp_as_the_environment_says(
+    tmp_path: Path, keys: tuple[Path, Path], folder: Path
+) -> None:
+    bundle = td.classifier_bundle(tmp_path / "tiny", keys[0])
+    receiver = GrpcReceiver()
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_SERVICE_NAME": "line-3",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test",
+    }
+    try:
+        # A budget no frame meets: every frame is a miss, and so traced (12 frames: within the cap's burst).
+        r = run_cli(
+            env,
+            *("run", str(bundle), "--device", "x86_64-cpu", "--key", str(keys[1]), "--source", str(folder)),
+            *("--budget", "0.001", "--trace", "--device-id", "cam-9", "--json"),
+        )
+        assert r.returncode == 0, r.stderr
+        assert receiver.wait_for(lambda: len(receiver.traces()) >= FRAMES - 2)
+    finally:
+        receiver.close()
+    roots = [s for s in receiver.spans() if s.name == "frame"]
+    assert {s.attributes["edgekit.kept_for"] for s in roots} <= {"missed", "slowest"}
+    assert {s.resource["service.name"] for s in roots} == {"line-3"}
+    assert {s.resource["deployment.environment"] for s in roots} == {"test"}
+    assert {s.resource["device.id"] for s in roots} == {"cam-9"}
+    assert {s.resource["edgekit.bundle.sha256"] for s in roots} == {manifest_sha256(bundle)}
+    assert all(len(receiver.traces()[s.trace_id]) == 1 + len(STAGES) for s in roots)

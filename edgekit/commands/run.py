@@ -236,6 +236,16 @@ def run_command(
         str,
         typer.Option("--telemetry-format", help="json (edgekit/v1/... topics) or sparkplug (Sparkplug B)."),
     ] = "json",
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            envvar="EDGEKIT_TRACE",
+            help="Export OpenTelemetry traces of the slow frames over OTLP, configured by OTEL_EXPORTER_OTLP_"
+            "ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf or grpc), OTEL_SERVICE_NAME: every frame "
+            "over its budget, each window's slowest, 1% of the rest (pip install 'edgekit[tracing]').",
+        ),
+    ] = False,
     preview: Annotated[
         str | None,
         typer.Option(
@@ -327,6 +337,11 @@ def run_command(
         _open_pipeline(model, sources, opts, run_file) as pipeline,
     ):
         event_log = _add_events(pipeline, run_file, opts, print_events=events and not as_json)
+        tracer = None
+        if trace:
+            from edgekit.telemetry import trace as start_tracing
+
+            tracer = start_tracing(pipeline, device_id=device_id)
         if mqtt is not None:
             from edgekit.telemetry import report
 
@@ -342,6 +357,7 @@ def run_command(
                 key_file=mqtt_key,
                 protocol=mqtt_protocol,
                 format=telemetry_format,
+                tracer=tracer,
             )
         if preview is not None:
             from edgekit.preview import start_preview
