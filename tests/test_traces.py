@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 import tiny_detector as td
 from otlp_receiver import GrpcReceiver, HttpReceiver, Receiver, Span
 from stand_in import SlowSession
+from test_fleet_cameras import get, wait_for
 from test_telemetry import Subscriber, validator
 
 import edgekit
@@ -26,8 +30,10 @@ from edgekit.telemetry import report, trace
 from edgekit.telemetry.otel_export import Tracing
 from edgekit.telemetry.trace_ids import frame_trace_id, trace_hex
 from edgekit.telemetry.trace_sampler import TailSampler
-from edgekit.testing.mosquitto import Mosquitto
+from edgekit.testing.mosquitto import Mosquitto, free_port
+from edgekit.testing.process import stop_process
 
+from conftest import EDGEKIT, ROOT
 from conftest import edgekit as run_cli
 
 FRAMES = 12
@@ -251,12 +257,23 @@ def test_a_request_span_continues_the_callers_traceparent(receiver: Receiver) ->
     assert next(s for s in traces[own.trace_id] if s.name == "request").parent_span_id == ""
 
 
-def test_each_telemetry_window_names_the_exported_traces_of_its_slowest_frames(
-    classifier: edgekit.Model, folder: Path, broker: Mosquitto
+TRACE_UI = "http://jaeger.test:16686/trace/{trace_id}"
+
+
+def test_each_window_names_its_slowest_frames_traces_and_the_dashboard_links_them(
+    classifier: edgekit.Model, folder: Path, broker: Mosquitto, tmp_path: Path
 ) -> None:
     receiver = HttpReceiver()
     sub = Subscriber(broker.port, client_id="traces-json")
+    port = free_port()
+    serve = subprocess.Popen(
+        [*EDGEKIT, "fleet", "serve", "--mqtt", broker.url, "--db", str(tmp_path / "fleet.db"),
+         "--port", str(port), "--trace-url", TRACE_UI],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "serve.log").open("w"),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
     try:
+        wait_for("the fleet server", lambda: json.loads(get(f"{url}/healthz"))["ok"], 60)
         with edgekit.Pipeline(
             classifier, str(folder), budget_ms=BUDGET_MS, warm="off", realtime=True, fps=FPS
         ) as p:
@@ -264,26 +281,62 @@ def test_each_telemetry_window_names_the_exported_traces_of_its_slowest_frames(
             report(p, broker.url, device_id="cam-7", fleet="lab", interval_s=1.0, tracer=tracer)
             p.run()
         assert sub.wait_for(lambda: any(m.get("state") == "offline" for m in sub.of("status")), 10)
+        messages = sub.of("telemetry")
+        assert sum(m["window"]["frames"] for m in messages) == FRAMES
+        traces = receiver.traces()
+        slow: dict[str, str] = {}  # trace id -> its link, for each window over budget
+        for m in messages:
+            validator("telemetry.schema.json").validate(m)
+            w = m["window"]
+            assert len(w["traces"]) == (1 if w["frames"] else 0)  # slowest=1 a window; none without frames
+            for ref in w["traces"]:
+                root, _ = spans_of(traces, ref["trace_id"])  # exported, span by span
+                assert root.attributes["edgekit.frame.index"] == ref["index"]
+                assert ref["latency_ms"] == pytest.approx(root.attributes["edgekit.latency_ms"], abs=1e-3)
+                assert ref["latency_ms"] == pytest.approx(w["latency_ms"]["max"], abs=1e-2)  # its slowest
+                if w["missed"]:
+                    assert ref["latency_ms"] > BUDGET_MS
+                    slow[ref["trace_id"]] = TRACE_UI.replace("{trace_id}", ref["trace_id"])
+        assert len(slow) >= 2
+        # The fleet keeps the windows over budget and links each one's traces to the trace UI.
+        page = wait_for(
+            "the slow windows on the device page",
+            lambda: (
+                (pg := json.loads(get(f"{url}/api/device/lab/cam-7")))["slow_windows"]
+                and len(pg["slow_windows"]) == len(slow)
+                and pg
+            ),
+        )
+        links = {t["trace_id"]: t["url"] for w in page["slow_windows"] for t in w["traces"]}
+        assert links == slow
+        drawn_links(url, tmp_path, set(slow.values()))
     finally:
         sub.close()
         receiver.close()
-    windows = [m["window"] for m in sub.of("telemetry")]
-    assert sum(w["frames"] for w in windows) == FRAMES
-    traces = receiver.traces()
-    named = 0
-    for m in sub.of("telemetry"):
-        validator("telemetry.schema.json").validate(m)
-        w = m["window"]
-        assert len(w["traces"]) == (1 if w["frames"] else 0)  # slowest=1 a window; none without frames
-        for ref in w["traces"]:
-            root, _ = spans_of(traces, ref["trace_id"])  # exported, span by span
-            assert root.attributes["edgekit.frame.index"] == ref["index"]
-            assert ref["latency_ms"] == pytest.approx(root.attributes["edgekit.latency_ms"], abs=1e-3)
-            assert ref["latency_ms"] == pytest.approx(w["latency_ms"]["max"], abs=1e-2)  # its slowest
-            if w["missed"]:
-                assert ref["latency_ms"] > BUDGET_MS
-            named += 1
-    assert named >= 2
+        stop_process(serve, grace_s=15, sig=signal.SIGINT)
+
+
+def drawn_links(url: str, tmp_path: Path, want: set[str]) -> None:
+    """The device page in headless Chromium shows a link to each of ``want`` (skipped without Chromium)."""
+    from chromium import CHROMEDRIVER, CHROMIUM
+
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        return  # the API was checked; the page needs Debian's chromium (tools/setup.sh installs it)
+    from chromium import open_chromium
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.common.by import By
+
+    driver = open_chromium(tmp_path)
+    try:
+        driver.get(f"{url}/#/device/lab/cam-7")
+
+        def hrefs() -> set[str] | None:
+            links = driver.find_elements(By.CSS_SELECTOR, "#dev-traces-table a.trace")
+            return {str(a.get_attribute("href")) for a in links} or None
+
+        assert wait_for("the slow windows' links", hrefs, errors=(WebDriverException,)) == want
+    finally:
+        driver.quit()
 
 
 def test_edgekit_run_trace_exports_over_otlp_as_the_environment_says(
@@ -316,3 +369,24 @@ def test_edgekit_run_trace_exports_over_otlp_as_the_environment_says(
     assert {s.resource["device.id"] for s in roots} == {"cam-9"}
     assert {s.resource["edgekit.bundle.sha256"] for s in roots} == {manifest_sha256(bundle)}
     assert all(len(receiver.traces()[s.trace_id]) == 1 + len(STAGES) for s in roots)
+
+
+def test_a_trace_url_without_its_placeholder_is_refused() -> None:
+    from edgekit.errors import EdgekitError
+    from edgekit.fleet.slow_traces import check_template, linked, slow_entry
+
+    for bad in ("http://jaeger.test/trace/", "javascript:alert(1)//{trace_id}", "jaeger/{trace_id}"):
+        with pytest.raises(EdgekitError, match="trace_id"):
+            check_template(bad)
+    window = {
+        "start": 1.0,
+        "end": 2.0,
+        "frames": 3,
+        "missed": 1,
+        "traces": [{"trace_id": "ab" * 16, "index": 4, "latency_ms": 9.0}],
+    }
+    assert slow_entry({**window, "missed": 0}) is None  # on budget: not a slow window
+    entry = slow_entry(window)
+    assert entry is not None
+    assert linked(entry, TRACE_UI)["traces"][0]["url"] == "http://jaeger.test:16686/trace/" + "ab" * 16
+    assert linked(entry, None)["traces"][0]["url"] is None

@@ -75,6 +75,15 @@ def serve_command(
     slo_quantile: Annotated[
         float, typer.Option("--slo-quantile", help="The latency quantile held to each device's budget.")
     ] = 0.95,
+    trace_url: Annotated[
+        str | None,
+        typer.Option(
+            "--trace-url",
+            envvar="EDGEKIT_TRACE_URL",
+            help="A trace UI's URL with {trace_id} in it (e.g. http://jaeger.local:16686/trace/{trace_id}): "
+            "a device page links each slow window's traces there (devices run with --trace).",
+        ),
+    ] = None,
     ca_file: MqttCaOpt = None,
     client_id: Annotated[
         str,
@@ -224,6 +233,10 @@ def serve_command(
         raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")
     raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
     slo = SloPolicy(quantile=slo_quantile, for_s=parse_seconds(slo_for, "--slo-for"))
+    if trace_url is not None:
+        from edgekit.fleet.slow_traces import check_template
+
+        trace_url = check_template(trace_url)
     logging.basicConfig(
         level=os.environ.get("EDGEKIT_LOG", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -258,7 +271,7 @@ def serve_command(
 
         sign = load_signing_key(sign_key).sign
     store = open_store(db)
-    view = FleetView(store, slo=slo)
+    view = FleetView(store, slo=slo, trace_url=trace_url)
     view.load()
     collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, quotas=quotas)
 

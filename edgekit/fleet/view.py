@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,7 @@ from edgekit.fleet import camera_health
 from edgekit.fleet.camera_totals import camera_table
 from edgekit.fleet.charts import Tally, chart_series, duration, quantile, rate
 from edgekit.fleet.detections import class_table
+from edgekit.fleet.slow_traces import SLOW_WINDOWS, linked, slow_entry
 from edgekit.fleet.zone_events import zone_totals
 from edgekit.protocol.stages import STAGES
 
@@ -93,6 +94,8 @@ class _Device:
     events: Counter[tuple[str, str, str]] = field(
         default_factory=Counter
     )  # (camera, zone, kind) -> new events
+    #: The newest windows that missed a budget and name their slowest frames' traces (``slow_traces``).
+    slow: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=SLOW_WINDOWS))
 
     @property
     def key(self) -> str:
@@ -118,8 +121,10 @@ class FleetView:
         slo: SloPolicy | None = None,
         clock: Callable[[], float] = time.time,
         stats: Callable[[], dict[str, Any]] | None = None,
+        trace_url: str | None = None,
     ) -> None:
         self.store = store
+        self.trace_url = trace_url  # a trace UI's URL with {trace_id} (``slow_traces``), or None
         self.slo = slo or SloPolicy()
         self.clock = clock
         self.stats = stats  # the collector's counters and lag, for the dashboard and /metrics
@@ -239,6 +244,9 @@ class FleetView:
                         d.restarts = max(d.restarts, restarts)
                     d.fps = _number(w.get("fps")) if end >= now - 2 * STEP_S else d.fps
                     try:
+                        slow = slow_entry(w)
+                        if slow is not None:
+                            d.slow.append(slow)
                         self._follow_health(d, w, float(w["end"]))
                         d.totals.add(w)
                         if end >= horizon:
@@ -333,6 +341,7 @@ class FleetView:
             health = [
                 camera_health.row(n, h, online, self.slo.stalled_s) for n, h in sorted(d.health.items())
             ]
+            slow = [linked(e, self.trace_url) for e in reversed(d.slow) if e["end"] >= now - window_s]
         gaps: list[tuple[int, int]] = []
         events: list[dict[str, Any]] = []
         zones: list[dict[str, Any]] = []
@@ -358,6 +367,7 @@ class FleetView:
             "health": health,
             "events": events,
             "zones": zones,
+            "slow_windows": slow,
             "window_s": window_s,
             "now": now,
         }

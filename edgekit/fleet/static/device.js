@@ -12,6 +12,7 @@ import { fmtAgo, fmtClock, fmtDuration, fmtFps, fmtInt, fmtMs, fmtPct, isNum, la
 import { deviceKey } from "./route.js";
 import { renderStageBars } from "./stages.js";
 import { state } from "./state.js";
+import { renderSlowWindows } from "./traces.js";
 
 var DEVICE_REFRESH_MS = 2000;
 var deviceTimer = null;
@@ -23,12 +24,13 @@ export function showDevice(fleet, device) {
   $("dev-badge").textContent = "";
   $("dev-badge").removeAttribute("data-state");
   $("dev-sub").textContent = "loading…";
-  ["dev-kpis", "dev-birth", "dev-alerts", "dev-gaps", "dev-stage-bars", "dev-detections-body", "dev-cameras-body", "dev-events-body"].forEach(function (id) {
+  ["dev-kpis", "dev-birth", "dev-alerts", "dev-gaps", "dev-stage-bars", "dev-detections-body", "dev-cameras-body", "dev-events-body", "dev-traces-body"].forEach(function (id) {
     clear($(id));
   });
   $("dev-detections").hidden = true;
   $("dev-cameras").hidden = true;
   $("dev-events").hidden = true;
+  $("dev-traces").hidden = true;
   $("dev-missing").hidden = true;
   fetchDevice();
   if (deviceTimer) clearInterval(deviceTimer);
@@ -115,6 +117,7 @@ export function renderDevicePage(page) {
   renderStageBars($("dev-stage-bars"), page.stages, page.stage_names);
   renderDetections($("dev-detections"), $("dev-detections-body"), page.detections);
   renderCameras($("dev-cameras"), $("dev-cameras-body"), page.cameras, page.health);
+  renderSlowWindows($("dev-traces"), $("dev-traces-body"), page.slow_windows);
   renderEvents($("dev-events"), $("dev-events-body"), page.zones, page.events, state.route.fleet, state.route.device);
 
   var bdl = $("dev-birth");
