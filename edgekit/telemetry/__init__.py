@@ -5,6 +5,7 @@ from __future__ import annotations
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.protocol.topics import topic
 from edgekit.telemetry.attach import report
+from edgekit.telemetry.otel_export import RequestTrace, Tracing
 from edgekit.telemetry.publisher import TelemetryPublisher
 from edgekit.telemetry.spool import Spool
 from edgekit.telemetry.tracing import FrameTracer, trace
@@ -14,8 +15,10 @@ __all__ = [
     "BrokerConfig",
     "FrameTracer",
     "MetricsWindow",
+    "RequestTrace",
     "Spool",
     "TelemetryPublisher",
+    "Tracing",
     "report",
     "topic",
     "trace",
