@@ -28,7 +28,7 @@ from edgekit.protocol.stages import STAGES
 from edgekit.selection.choice_cache import manifest_sha256
 from edgekit.telemetry import report, trace
 from edgekit.telemetry.otel_export import Tracing
-from edgekit.telemetry.trace_ids import frame_trace_id, trace_hex
+from edgekit.telemetry.trace_ids import frame_trace_id, ratio_keeps, trace_hex
 from edgekit.telemetry.trace_sampler import TailSampler
 from edgekit.testing.mosquitto import Mosquitto, free_port
 from edgekit.testing.process import stop_process
@@ -40,6 +40,7 @@ FRAMES = 12
 SLOW_EVERY = 3  # every third inference is slow: a third of the frames miss their budget
 SLOW_MS = 250.0
 BUDGET_MS = 120.0  # a tiny classifier's frame takes a few ms; a slow one, SLOW_MS more
+SHARE = 0.3  # of the frames on budget, the share traced in a run (by trace id: which ones is known)
 FPS = 3.0  # paced like a camera, slower than a slow frame: no frame waits behind another
 
 
@@ -184,7 +185,7 @@ def test_every_missed_frame_is_exported_with_its_stages_timed_from_its_record(
         classifier, str(folder), budget_ms=BUDGET_MS, warm="off", realtime=True, fps=FPS
     ) as p:
         p.add_sink(sink("records", lambda r: records.append(r.record)))
-        tracer = trace(p, device_id="cam-7", ratio=0.0, window_s=3600.0)
+        tracer = trace(p, device_id="cam-7", ratio=SHARE, window_s=3600.0)
         p.run()
     assert len(records) == FRAMES
     missed = [r for r in records if not r.met]
@@ -192,8 +193,15 @@ def test_every_missed_frame_is_exported_with_its_stages_timed_from_its_record(
     assert p.sinks.errors == {} and p.sinks.dropped == {}
     traces = receiver.traces()
     session = tracer.sampler.session
-    # Kept: exactly the misses (no share of the rest; the run's one window's slowest is a miss).
-    assert set(traces) == {trace_hex(frame_trace_id(session, "", r.index)) for r in missed}
+    # Kept: exactly the misses and, of the rest, those whose trace id the share keeps (the run's one
+    # window's slowest is a miss; 3 fps is under the cap).
+    tid = {r.index: frame_trace_id(session, "", r.index) for r in records}
+    sampled = [r for r in records if r.met and ratio_keeps(tid[r.index], SHARE)]
+    assert set(traces) == {trace_hex(tid[r.index]) for r in missed + sampled}
+    for r in sampled:
+        root, stages = spans_of(traces, trace_hex(tid[r.index]))
+        assert root.attributes["edgekit.met"] is True and root.attributes["edgekit.kept_for"] == "sampled"
+        assert root.ms == pytest.approx(r.latency_ms, abs=1e-3) and len(stages) == len(STAGES)
     for r in missed:
         root, stages = spans_of(traces, trace_hex(frame_trace_id(session, "", r.index)))
         assert root.attributes["edgekit.frame.index"] == r.index
@@ -213,6 +221,7 @@ def test_every_missed_frame_is_exported_with_its_stages_timed_from_its_record(
         assert root.resource["edgekit.device.profile"] == classifier.manifest.device.profile
         assert root.resource["edgekit.bundle.sha256"] == manifest_sha256(classifier.root)
     assert tracer.sampler.counts.missed == len(missed)
+    assert tracer.sampler.counts.sampled == len(sampled)
 
 
 def test_a_request_span_continues_the_callers_traceparent(receiver: Receiver) -> None:
