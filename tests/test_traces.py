@@ -186,6 +186,7 @@ def test_every_missed_frame_is_exported_with_its_stages_timed_from_its_record(
     ) as p:
         p.add_sink(sink("records", lambda r: records.append(r.record)))
         tracer = trace(p, device_id="cam-7", ratio=SHARE, window_s=3600.0)
+        assert tracer is not None  # the environment names an endpoint
         p.run()
     assert len(records) == FRAMES
     missed = [r for r in records if not r.met]
@@ -378,6 +379,44 @@ def test_edgekit_run_trace_exports_over_otlp_as_the_environment_says(
     assert {s.resource["device.id"] for s in roots} == {"cam-9"}
     assert {s.resource["edgekit.bundle.sha256"] for s in roots} == {manifest_sha256(bundle)}
     assert all(len(receiver.traces()[s.trace_id]) == 1 + len(STAGES) for s in roots)
+
+
+def test_with_no_endpoint_configured_tracing_adds_nothing_and_raises_nothing(
+    classifier: edgekit.Model,
+    folder: Path,
+    tmp_path: Path,
+    keys: tuple[Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    records: list[FrameRecord] = []
+    with (
+        caplog.at_level("INFO"),
+        edgekit.Pipeline(classifier, str(folder), budget_ms=BUDGET_MS, warm="off") as p,
+    ):
+        p.add_sink(sink("records", lambda r: records.append(r.record)))
+        before = list(p.sinks.names)
+        assert trace(p, device_id="cam-7") is None
+        # No sink: a frame costs what it cost without tracing, and no exporter retries to localhost.
+        assert p.sinks.names == before
+        p.run()
+    assert len(records) == FRAMES and any(not r.met for r in records)  # misses, none traced
+    assert p.sinks.errors == {}
+    assert [r.levelname for r in caplog.records if "OTLP endpoint" in r.getMessage()] == ["WARNING"]
+    assert not [r for r in caplog.records if r.levelno >= 40]  # nothing at ERROR or above
+    # The command line: --trace alone runs, says why nothing is traced, and exits 0.
+    bundle = td.classifier_bundle(tmp_path / "tiny", keys[0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}
+    r = run_cli(
+        env,
+        *("run", str(bundle), "--device", "x86_64-cpu", "--key", str(keys[1]), "--source", str(folder)),
+        *("--budget", "0.001", "--trace", "--json"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert "no OTLP endpoint configured" in r.stderr
+    assert "Traceback" not in r.stderr and "Failed to export" not in r.stderr
 
 
 def test_a_trace_url_without_its_placeholder_is_refused() -> None:

@@ -243,7 +243,8 @@ def run_command(
             envvar="EDGEKIT_TRACE",
             help="Export OpenTelemetry traces of the slow frames over OTLP, configured by OTEL_EXPORTER_OTLP_"
             "ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL (http/protobuf or grpc), OTEL_SERVICE_NAME: every frame "
-            "over its budget, each window's slowest, 1% of the rest (pip install 'edgekit[tracing]').",
+            "over its budget, each window's slowest, 1% of the rest (pip install 'edgekit[tracing]'). "
+            "Without an endpoint: a warning, and nothing traced.",
         ),
     ] = False,
     preview: Annotated[

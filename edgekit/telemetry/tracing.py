@@ -13,6 +13,7 @@ traces are exported.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,15 @@ def bundle_resource(pipeline: Pipeline, device_id: str | None = None) -> dict[st
     }
 
 
+def endpoint_configured(endpoint: str | None = None) -> bool:
+    """Whether traces have somewhere to go: ``endpoint``, or the environment's OTLP (traces) endpoint."""
+    return bool(
+        endpoint
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
 def trace(
     pipeline: Pipeline,
     *,
@@ -94,15 +104,23 @@ def trace(
     window_s: float = 5.0,
     max_per_s: float = 10.0,
     exporter: Any = None,
-) -> FrameTracer:
+) -> FrameTracer | None:
     """Export OpenTelemetry traces of ``pipeline``'s slow frames over OTLP; stops with the pipeline.
 
     Kept: every frame over its budget and the ``slowest`` of each ``window_s`` (or of each
     telemetry window, with ``report(..., tracer=)``), plus ``ratio`` of the rest; misses and the
     ratio's frames at most ``max_per_s`` a second.  ``endpoint`` and ``protocol`` default to
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` (then
-    ``http://localhost:4318``, ``http/protobuf``); ``exporter``: any SDK span exporter instead.
+    ``http/protobuf``); ``exporter``: any SDK span exporter instead.
+
+    With no endpoint at all (neither ``endpoint`` nor ``OTEL_EXPORTER_OTLP_ENDPOINT`` /
+    ``..._TRACES_ENDPOINT``) and no ``exporter``, nothing is traced and ``None`` is returned: no
+    sink, no SDK import, no exporter retrying against a ``localhost`` where nothing listens (a
+    fleet may switch ``EDGEKIT_TRACE`` on everywhere before every device has a collector).
     """
+    if exporter is None and not endpoint_configured(endpoint):
+        log.warning("traces: no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT), not tracing")
+        return None
     tracing = Tracing(
         resource=bundle_resource(pipeline, device_id),
         endpoint=endpoint,
