@@ -126,6 +126,13 @@ SKIPPED = {
     "edgekit run ... --mqtt mqtts://cam-7@broker.local:8883 --mqtt-ca ca.pem [--mqtt-cert c.pem --mqtt-key c.key]": (
         "a fragment ('...'); tests/test_telemetry.py and tests/test_fleet_mqtt.py use TLS"
     ),
+    # Tracing: an install from the registry, a network camera and a collector by name.
+    "pip install 'edgekit[tracing]'": "an install from PyPI; tools/setup.sh installs edgekit[all], tracing's extra included",
+    "edgekit run bundles/enl0-x86 --source rtsp://door.local/stream --trace "
+    "[--mqtt mqtt://broker.local --device-id cam-7]": (
+        "a network camera and an OTLP collector by name; tests/test_traces.py runs 'edgekit run --trace'"
+        " against an OTLP receiver, and without an endpoint"
+    ),
     # A dated measurement's recipe: its own data sets and minutes of building.
     "python -m benchmarks.labelled_sets documents pages": "a measurement's recipe (docs/measurements)",
     "python -m benchmarks.labelled_sets documents calib --seed 7": "a measurement's recipe (docs/measurements)",
@@ -337,12 +344,15 @@ class Folder:
     done: set[str] = field(default_factory=set)
 
     def fill(self, text: str) -> str:
-        return text.format(
-            mqtt_port=self.mqtt_port,
-            http_port=self.free_http(),
-            ssh_args=self.ssh_args,
-            rtsp_url=self.rtsp_url,
-        )
+        values = {
+            "mqtt_port": self.mqtt_port,
+            "http_port": self.free_http(),
+            "ssh_args": self.ssh_args,
+            "rtsp_url": self.rtsp_url,
+        }
+        # Only these placeholders, not str.format: a command may hold braces of its own (a trace
+        # UI's URL template, '.../trace/{trace_id}').
+        return re.sub(r"\{(\w+)\}", lambda m: str(values.get(m[1], m[0])), text)
 
     def free_http(self) -> int:
         self.http_port = free_port()

@@ -25,6 +25,14 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NOT_RUN = {
     'source="0"': "reads the first camera",
     'open_session("model.onnx")': "a fragment: the reader's own model file, image and artifacts",
+    'tracer = trace(p, device_id="cam-7")': (
+        "a network camera, a broker and an OTLP collector by name; tests/test_traces.py makes the same calls"
+        " against a real broker and an OTLP receiver"
+    ),
+    'request.headers.get("traceparent")': (
+        "a fragment of the reader's own request handler; tests/test_traces.py records request spans"
+        " and checks them in an OTLP receiver"
+    ),
 }
 FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
