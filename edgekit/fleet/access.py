@@ -13,7 +13,8 @@ Tokens are compared with ``hmac.compare_digest``.  Every request's ``Host`` must
 server answers to (``TrustedHostMiddleware``: loopback names, the address it is bound to and
 ``--allowed-host``), so a web page cannot reach a loopback dashboard through DNS rebinding.
 
-The same rule guards each listener (``access_middleware``, ``needs_token``): the dashboard's
+The loopback and ``Host`` rules are every edgekit listener's (``edgekit.core.listeners``; ``edgekit
+serve`` follows them too).  The same rule guards each listener (``access_middleware``, ``needs_token``): the dashboard's
 port with the dashboard's token, and ``--artifacts-port`` with its own download token
 (``--artifact-token-file`` / ``EDGEKIT_ARTIFACT_TOKEN``, which agents hold: a device never
 holds the dashboard's token, which would let it read the whole fleet).
@@ -23,17 +24,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
-from collections.abc import Iterable
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
+from edgekit.core.listeners import LOOPBACK_NAMES, allowed_hosts, is_loopback, needs_token
 from edgekit.core.tokens import ARTIFACT_TOKEN_ENV, MAKE_ONE, MIN_TOKEN, TOKEN_ENV, read_token
-from edgekit.errors import EdgekitError
 
 __all__ = [
     "ARTIFACT_TOKEN_ENV",
+    "LOOPBACK_NAMES",
     "MAKE_ONE",
     "MIN_TOKEN",
     "TOKEN_ENV",
@@ -46,40 +46,8 @@ __all__ = [
 ]
 
 COOKIE = "edgekit_fleet"
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 # Open to anyone who reaches the port: a load balancer's probe (it says "ok" and a counter, nothing more).
 OPEN_PATHS = frozenset({"/healthz"})
-
-
-def is_loopback(host: str) -> bool:
-    """Whether listening on ``host`` keeps the server to this machine."""
-    if host.strip("[]") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def allowed_hosts(bind: str, extra: Iterable[str] = ()) -> list[str]:
-    """The ``Host`` names the server answers to: loopback's, ``bind`` itself unless a wildcard, and ``extra``."""
-    hosts = list(LOOPBACK_NAMES)
-    if bind not in ("0.0.0.0", "::", "") and bind not in hosts:
-        hosts.append(bind)
-    for name in extra:
-        name = name.strip().lower()
-        if not name or any(c in name for c in "/@ \t") or (":" in name and not name.startswith("[")):
-            raise EdgekitError(
-                f"--allowed-host {name!r} is not a host name",
-                "give the name or address browsers use, without a port: --allowed-host fleet.local",
-            )
-        hosts.append(name)
-    return hosts
-
-
-def needs_token(bind: str, token: str | None) -> bool:
-    """The one rule of every listener: off loopback, nobody is answered without a token."""
-    return token is None and not is_loopback(bind)
 
 
 def access_middleware(token: str | None, hosts: list[str]) -> list[Any]:
