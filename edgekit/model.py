@@ -155,7 +155,17 @@ class Model:
                 f"{self.name} is a detector: it finds objects in a frame, it does not classify it",
                 "call model.detect(frame) (model.task says which a bundle is)",
             )
-        return top_k(self.infer(frame, color), self.labels, k, logits=self.logits)
+        from edgekit.processing.preprocessing import as_bgr
+
+        image, _ = as_bgr(frame)
+        return self.top_labels(self.session.run(self.preprocessor(color=color)(image)), k)
+
+    def top_labels(self, raw: Sequence[np.ndarray], k: int = 5) -> tuple[Label, ...]:
+        """A classifier's ``k`` best labels from the session's raw outputs (``classify``'s last step)."""
+        from edgekit.processing.tensors import from_output
+
+        scores = from_output(raw[0], self.session.outputs[0]).reshape(-1)
+        return top_k(scores, self.labels, k, logits=self.logits)
 
     def detect(self, frame: np.ndarray, color: str = "BGR") -> tuple[Detection, ...]:
         """The objects in one frame, best score first, boxes in the frame's own pixels (a detector's)."""
@@ -167,8 +177,18 @@ class Model:
                 "call model.classify(frame) (model.task says which a bundle is)",
             )
         image, _ = as_bgr(frame)
+        return self.objects(self.session.run(self.preprocessor(color=color)(image)), image.shape[:2])
+
+    def objects(self, raw: Sequence[np.ndarray], frame_hw: tuple[int, ...]) -> tuple[Detection, ...]:
+        """A detector's objects from the session's raw outputs, boxes in pixels of a ``frame_hw`` frame
+        (``detect``'s last step)."""
+        from edgekit.processing.tensors import from_output
+
+        if self.detector is None:
+            raise InputError(f"{self.name} is a classifier: it has no objects", "call model.top_labels(raw)")
+        outputs = [from_output(y, spec) for y, spec in zip(raw, self.session.outputs, strict=True)]
         names = [o.name for o in self.session.outputs]
-        return self.detector(self._outputs(image, color), (image.shape[0], image.shape[1]), names)
+        return self.detector(outputs, (frame_hw[0], frame_hw[1]), names)
 
     def load_alternatives(self) -> list[Session]:
         """Every other artifact of the bundle that loads here, each as its own session (caller closes).
