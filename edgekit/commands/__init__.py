@@ -19,6 +19,7 @@ MODULES: tuple[str, ...] = (
     "edgekit.commands.bench",
     "edgekit.commands.select",
     "edgekit.commands.eval",
+    "edgekit.commands.serve",
 )
 
 

@@ -1,0 +1,133 @@
+"""``edgekit serve BUNDLE``: the bundle's model over the Open Inference Protocol (HTTP/REST and gRPC)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from edgekit.commands.common import err_console
+from edgekit.commands.run import DeviceOpt, _load
+
+TOKEN_ENV = "EDGEKIT_SERVE_TOKEN"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
+
+
+def serve_command(
+    bundle: Annotated[Path, typer.Argument(help="A bundle directory or .tar.gz (edgekit build).")],
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on (anything but loopback needs a token).")
+    ] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option("--http-port", help="HTTP/REST port (0: any free one).")] = 8000,
+    grpc_port: Annotated[int, typer.Option("--grpc-port", help="gRPC port (0: any free one).")] = 8001,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help=f"Require this token (Authorization: Bearer; gRPC metadata authorization); or set {TOKEN_ENV}. "
+            "Needed off loopback.",
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host", help="Also answer HTTP requests for this host name (the Host header)."
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", help="Serve HTTPS and gRPC over TLS with this certificate (PEM)."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="The certificate's private key (PEM).")
+    ] = None,
+    device: DeviceOpt = "auto",
+    key: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--key",
+            help="Trusted public key (repeat): the bundle must be signed by one of these "
+            "(default: the trust store).",
+        ),
+    ] = None,
+    allow_unsigned: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unsigned",
+            help="Serve a bundle that is unsigned or signed by a key not trusted here. Not with --key.",
+        ),
+    ] = False,
+    queue: Annotated[
+        int,
+        typer.Option("--queue", min=1, help="Requests that may wait for the model; more are answered 429."),
+    ] = 16,
+    max_request_mb: Annotated[
+        float,
+        typer.Option("--max-request-mb", min=0.001, help="Largest request body or gRPC message, in MB."),
+    ] = 64.0,
+    deadline: Annotated[
+        float,
+        typer.Option(
+            "--deadline", min=0.001, help="Seconds a request may wait and run before it is answered an error."
+        ),
+    ] = 10.0,
+) -> None:
+    """Serve BUNDLE's model over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, as Triton does.
+
+    Two model names: NAME takes the artifact's own tensors; NAME-image takes a JPEG/PNG (input
+    IMAGE, BYTES) or a UINT8 HxWx3 BGR frame and answers labels or detections in frame pixels.
+    """
+    from edgekit.core.tokens import read_token
+    from edgekit.serve import Limits, ServeOptions, start
+    from edgekit.serve.server import check_access
+
+    options = ServeOptions(
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        token=read_token(token_file, TOKEN_ENV),
+        allowed_hosts=tuple(allowed_host or ()),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        limits=Limits(queue_size=queue, max_request_bytes=int(max_request_mb * 1e6), deadline_s=deadline),
+    )
+    check_access(options)  # before the model loads: a refusal costs nothing
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _load(bundle, device, key, allow_unsigned) as model:
+            err_console.print(f"loaded {model!r}; starting the listeners", highlight=False, markup=False)
+            running = start(model, options)
+            try:
+                scheme = "https" if tls_cert else "http"
+                err_console.print(
+                    f"ready: {model.name} {model.manifest.model.version} ({model.task}) on "
+                    f"{scheme}://{_url_host(host)}:{running.http_port}/v2 and grpc {_url_host(host)}:{running.grpc_port}"
+                    f"; models {', '.join(running.service.endpoints)}"
+                    + ("; token required" if options.token else ""),
+                    highlight=False,
+                    markup=False,
+                    soft_wrap=True,
+                )
+                while not stop.wait(0.5):
+                    pass
+                err_console.print("stopping", highlight=False)
+            finally:
+                running.stop()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
