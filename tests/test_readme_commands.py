@@ -62,6 +62,19 @@ DOCS = [
 ]
 FENCE = re.compile(r"^```(bash|sh|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
+SERVE_CURL = (
+    "the server the guide starts is stopped once it answers; tests/test_serve_clients.py runs this block"
+)
+#: The guide's image request over curl (docs/guides/serve.md), one command.
+SERVE_INFER = (
+    'n=$(stat -c %s cat.jpg); head=\'{"inputs":[{"name":"IMAGE","datatype":"BYTES","shape":[1],'
+    '"parameters":{"binary_data_size":\'$((n + 4))\'}}],"outputs":[{"name":"LABEL_NAMES"},'
+    '{"name":"SCORES"}],"parameters":{"top_k":3}}\'; { printf %s "$head"; python3 -c "import struct, sys; '
+    "sys.stdout.buffer.write(struct.pack('<I', $n))\"; cat cat.jpg; } > request.bin; curl -s "
+    'http://127.0.0.1:8000/v2/models/efficientnet-lite0-image/infer -H "Inference-Header-Content-Length: '
+    '${#head}" --data-binary @request.bin'
+)
+
 #: Commands not run, by their exact text (continuations joined, comment dropped): why.
 SKIPPED = {
     # The set-up commands: .ci/run runs tools/setup.sh and pytest itself, and tools/fresh_check.sh
@@ -76,6 +89,12 @@ SKIPPED = {
     ".venv/bin/lint-imports": ".ci/run runs it; tests/test_layers.py checks the same contracts",
     ".venv/bin/python -m pytest -q tests/test_<what you touched>.py": "a placeholder; this test is part of pytest",
     ".venv/bin/mkdocs build --strict": "tests/test_docs.py builds the site strictly",
+    # edgekit serve: off loopback it needs a token and here a certificate; the tests serve with a token.
+    "edgekit serve bundles/enl0-x86 --host 0.0.0.0 --token-file serve.token --tls-cert serve.crt "
+    "--tls-key serve.key": "needs the reader's token and certificate; tests/test_serve_clients.py serves with a token",
+    "curl -s http://127.0.0.1:8000/v2/health/ready -o /dev/null -w '%{http_code}\\n'": SERVE_CURL,
+    "curl -s http://127.0.0.1:8000/v2/models/efficientnet-lite0-image": SERVE_CURL,
+    SERVE_INFER: SERVE_CURL,
     # ARM64: containers and binfmt as root.
     "podman build --arch arm64 --format docker -f Dockerfile.arm64 -t edgekit-device:arm64 .": (
         "builds the arm64 device image under QEMU (tens of minutes); tools/arm64_check.sh does, in .ci/run"
@@ -206,6 +225,11 @@ SUBSTITUTIONS = [
         "into the folder, not root's /etc; tests/test_deploy_install.py checks what the unit says",
     ),
     Substitution(r"(edgekit fleet serve .*)$", r"\1 --port {http_port}", "port 8765 may be another user's"),
+    Substitution(
+        r"^(edgekit serve bundles/enl0-x86)$",
+        r"\1 --http-port {http_port} --grpc-port 0",
+        "ports 8000 and 8001 may be another user's",
+    ),
     Substitution(r"builder\.pub\.pem", "~/.config/edgekit/keys/edgekit.pub.pem", "the key made above"),
     Substitution(r"\bBUNDLE\b", "bundles/enl0-x86", "a placeholder: the bundle built above"),
 ]
@@ -213,6 +237,7 @@ SUBSTITUTIONS = [
 #: Commands that serve until stopped, by a pattern: the URL that must answer while they run (or None).
 LONG_RUNNING = {
     r"^edgekit fleet serve ": "http://127.0.0.1:{http_port}/",
+    r"^edgekit serve ": "http://127.0.0.1:{http_port}/v2/health/ready",
     r"^\S*edgekit fleet simulate ": None,
     r"^edgekit telemetry tail ": None,
     r"--preview ": "http://127.0.0.1:{http_port}/",

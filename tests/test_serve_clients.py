@@ -6,7 +6,9 @@ answer is compared with the same bundle loaded in this process by ``edgekit.load
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -349,3 +351,27 @@ def test_sigterm_stops_it_cleanly(classifier_bundle: Path, keys: tuple[Path, Pat
     assert httpclient.InferenceServerClient(served.http).is_server_ready()
     assert stop_serve(served) == 0
     assert any("stopping" in line for line in served.stderr), "".join(served.stderr)
+
+
+def test_the_guides_curl_block_runs_against_the_server(
+    classifier: Served, local: edgekit.Model, tmp_path: Path
+) -> None:
+    from conftest import ROOT
+
+    guide = (ROOT / "docs" / "guides" / "serve.md").read_text()
+    block = guide.split("## curl", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    script = block.replace("127.0.0.1:8000", classifier.http).replace("efficientnet-lite0", "tiny-classifier")
+    image = frame(4)
+    ok, jpeg = cv2.imencode(".jpg", image)
+    assert ok
+    (tmp_path / "cat.jpg").write_bytes(jpeg.tobytes())
+    r = subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    ready, rest = r.stdout.split("\n", 1)
+    metadata, end = json.JSONDecoder().raw_decode(rest)  # curl prints each body as it came, no newline
+    answer = json.loads(rest[end:])
+    assert ready == "200" and metadata["name"] == "tiny-classifier-image"
+    outputs = {o["name"]: o for o in answer["outputs"]}
+    want = local.classify(cv2.imdecode(jpeg, cv2.IMREAD_COLOR), k=3)
+    assert outputs["LABEL_NAMES"]["data"] == [lb.name for lb in want]
+    np.testing.assert_allclose(outputs["SCORES"]["data"], [lb.score for lb in want], rtol=1e-5)
