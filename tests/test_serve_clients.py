@@ -375,3 +375,27 @@ def test_the_guides_curl_block_runs_against_the_server(
     want = local.classify(cv2.imdecode(jpeg, cv2.IMREAD_COLOR), k=3)
     assert outputs["LABEL_NAMES"]["data"] == [lb.name for lb in want]
     np.testing.assert_allclose(outputs["SCORES"]["data"], [lb.score for lb in want], rtol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:ssl.match_hostname:DeprecationWarning")  # geventhttpclient's own
+def test_tls_on_both_protocols(classifier_bundle: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:
+    import functools
+    import ssl
+
+    from edgekit.testing.certs import ThrowawayCA
+
+    ca = ThrowawayCA(tmp_path)
+    cert, key = ca.issue("serve", ip="127.0.0.1")
+    with serving(
+        classifier_bundle, "--key", str(keys[1]), "--tls-cert", str(cert), "--tls-key", str(key)
+    ) as served:
+        trusting = functools.partial(ssl.create_default_context, cafile=str(ca.ca_file))
+        http = httpclient.InferenceServerClient(served.http, ssl=True, ssl_context_factory=trusting)
+        grpc = grpcclient.InferenceServerClient(served.grpc, ssl=True, root_certificates=str(ca.ca_file))
+        assert http.is_server_ready() and grpc.is_server_ready()
+        data = png(frame(2))
+        h = http.infer("tiny-classifier-image", [image_input(httpclient, data)]).as_numpy("LABEL_IDS")
+        g = grpc.infer("tiny-classifier-image", [image_input(grpcclient, data)]).as_numpy("LABEL_IDS")
+        assert h.tolist() == g.tolist() and len(h) == 5
+        with pytest.raises(OSError):  # plain HTTP on a TLS port gets no answer
+            urllib.request.urlopen(f"http://{served.http}/v2/health/ready", timeout=10)

@@ -181,3 +181,20 @@ def test_off_loopback_without_a_token_start_refuses(model: edgekit.Model) -> Non
 
     with pytest.raises(EdgekitError, match="would let anyone"):
         start(model, ServeOptions(host="0.0.0.0", http_port=0, grpc_port=0))
+
+
+def test_a_port_in_use_is_an_error_that_names_it(model: edgekit.Model) -> None:
+    import socket
+
+    from edgekit.errors import EdgekitError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(EdgekitError, match=f"cannot listen on 127.0.0.1:{port} for gRPC"):
+            start(model, ServeOptions(http_port=0, grpc_port=port))
+        with pytest.raises(EdgekitError, match=f"cannot listen on 127.0.0.1:{port} for HTTP"):
+            start(model, ServeOptions(http_port=port, grpc_port=0))
+    running = serve(model)  # nothing was left holding the model or a port
+    running.stop()
