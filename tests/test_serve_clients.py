@@ -195,16 +195,22 @@ def test_metrics_count_requests_by_outcome_and_time_each_stage(classifier: Serve
 
     http = httpclient.InferenceServerClient(classifier.http)
     http.infer("tiny-classifier-image", [image_input(httpclient, png(frame(9)))])
+    for made_up in ("nothing-here-1", "nothing-here-2"):
+        with pytest.raises(InferenceServerException, match="no model"):
+            http.infer(made_up, [image_input(httpclient, b"x")])
     with pytest.raises(InferenceServerException):
         http.infer("tiny-classifier-image", [image_input(httpclient, b"nope")])
     text = urllib.request.urlopen(f"http://{classifier.http}/metrics", timeout=10).read().decode()
     families = {f.name: f for f in text_string_to_metric_families(text)}
+    unknown = [s for s in families["edgekit_serve_requests"].samples if s.labels["model"] == "(unknown)"]
+    assert [(s.labels["outcome"], s.value) for s in unknown] == [("not_found", 2.0)]
     counts = {
         (s.labels["model"], s.labels["protocol"], s.labels["outcome"]): s.value
         for s in families["edgekit_serve_requests"].samples
     }
     assert counts[("tiny-classifier-image", "http", "ok")] >= 1
     assert counts[("tiny-classifier-image", "http", "invalid")] >= 1
+    assert not any(model.startswith("nothing-here") for model, _, _ in counts)  # not a label per made-up name
     stages = {
         s.labels["stage"]
         for s in families["edgekit_serve_stage_seconds"].samples

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from edgekit.model import Model
 
 SERVER_NAME = "edgekit"
+#: The ``model`` label of requests for a model this server does not have.
+UNKNOWN_MODEL = "(unknown)"
 #: The protocol extensions answered: the HTTP binary tensor data extension (Triton's name for it).
 EXTENSIONS = ("binary_tensor_data",)
 
@@ -81,7 +83,8 @@ class Service:
 
     def refused(self, name: str, protocol: str, err: ProtocolError) -> None:
         """Count a request refused before it reached ``infer`` (undecodable, over a cap, no such model)."""
-        self.metrics.request(name, protocol, err.outcome.label)
+        # A name the client made up is not a label: one series per guess would grow without bound.
+        self.metrics.request(name if name in self.endpoints else UNKNOWN_MODEL, protocol, err.outcome.label)
 
     def close(self) -> None:
         self.ready = False
