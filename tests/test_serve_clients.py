@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -405,3 +406,70 @@ def test_tls_on_both_protocols(classifier_bundle: Path, keys: tuple[Path, Path],
         assert h.tolist() == g.tolist() and len(h) == 5
         with pytest.raises(OSError):  # plain HTTP on a TLS port gets no answer
             urllib.request.urlopen(f"http://{served.http}/v2/health/ready", timeout=10)
+
+
+GENERATED_CLIENT = """
+import json, sys
+import grpc
+import numpy as np
+import open_inference_grpc_pb2 as pb
+import open_inference_grpc_pb2_grpc as rpc
+
+stub = rpc.GRPCInferenceServiceStub(grpc.insecure_channel(sys.argv[1]))
+meta = stub.ModelMetadata(pb.ModelMetadataRequest(name=sys.argv[2]))
+x = np.load(sys.argv[3])
+request = pb.ModelInferRequest(model_name=sys.argv[2])
+request.inputs.add(name=meta.inputs[0].name, datatype="FP32", shape=list(x.shape))
+request.raw_input_contents.append(x.astype("<f4").tobytes())
+answer = stub.ModelInfer(request)
+out = answer.outputs[0]
+y = np.frombuffer(answer.raw_output_contents[0], "<f4").reshape(list(out.shape))
+print(json.dumps({
+    "live": stub.ServerLive(pb.ServerLiveRequest()).live,
+    "outputs": [o.name for o in meta.outputs],
+    "y": y.tolist(),
+}))
+"""
+
+
+def test_the_protocols_own_generated_grpc_client(
+    classifier: Served, local: edgekit.Model, tmp_path: Path
+) -> None:
+    """Stubs grpc_tools generates from the protocol's .proto, in a process of their own (their
+    messages and tritonclient's share the names ``inference.*`` in protobuf's default pool)."""
+    pytest.importorskip("grpc_tools", reason="grpcio-tools is not installed (pip install -e '.[dev]')")
+    from grpc_tools import protoc
+
+    from conftest import ROOT
+
+    proto_dir = ROOT / "edgekit" / "serve" / "proto"
+    rc = protoc.main(
+        [
+            "protoc",
+            f"-I{proto_dir}",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            "open_inference_grpc.proto",
+        ]
+    )
+    assert rc == 0
+    spec = local.session.inputs[0]
+    x = (
+        np.random.default_rng(5)
+        .standard_normal([1 if d is None else d for d in spec.shape])
+        .astype(np.float32)
+    )
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "client.py").write_text(GENERATED_CLIENT)
+    r = subprocess.run(
+        [sys.executable, "client.py", classifier.grpc, "tiny-classifier", "x.npy"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # nothing of edgekit's
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["live"] and got["outputs"] == [o.name for o in local.session.outputs]
+    np.testing.assert_array_equal(np.array(got["y"], np.float32), local.session.run(x)[0])
