@@ -473,3 +473,57 @@ def test_the_protocols_own_generated_grpc_client(
     got = json.loads(r.stdout)
     assert got["live"] and got["outputs"] == [o.name for o in local.session.outputs]
     np.testing.assert_array_equal(np.array(got["y"], np.float32), local.session.run(x)[0])
+
+
+def test_http_answers_match_the_protocols_own_rest_schemas(classifier: Served) -> None:
+    """Each JSON answer against the schema KServe's OpenAPI document (edgekit/serve/proto/) gives it."""
+    import jsonschema
+    import yaml
+
+    from conftest import ROOT
+
+    spec = yaml.safe_load((ROOT / "edgekit" / "serve" / "proto" / "open_inference_rest.yaml").read_text())
+
+    def check(doc: Any, schema: str) -> None:
+        root = {"components": spec["components"], **spec["components"]["schemas"][schema]}
+        jsonschema.validate(doc, root)
+
+    base = f"http://{classifier.http}"
+
+    def get(path: str) -> Any:
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return json.loads(err.read())
+
+    def post(path: str, body: dict[str, Any]) -> Any:
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return json.loads(err.read())
+
+    check(get("/v2"), "metadata_server_response")
+    check(get("/v2/models/tiny-classifier"), "metadata_model_response")
+    check(get("/v2/models/tiny-classifier-image/versions/1.0"), "metadata_model_response")
+    check(get("/v2/models/nothing-here"), "metadata_model_error_response")
+    request = {
+        "id": "42",
+        "inputs": [
+            {
+                "name": "IMAGE",
+                "datatype": "UINT8",
+                "shape": [96, 128, 3],
+                "data": frame(6).reshape(-1).tolist(),
+            }
+        ],
+        "outputs": [{"name": "LABEL_NAMES"}, {"name": "SCORES"}],
+    }
+    check(request, "inference_request")
+    answer = post("/v2/models/tiny-classifier-image/infer", request)
+    check(answer, "inference_response")
+    assert answer["id"] == "42" and [o["name"] for o in answer["outputs"]] == ["LABEL_NAMES", "SCORES"]
+    request["inputs"][0]["shape"] = [96, 128, 4]
+    check(post("/v2/models/tiny-classifier-image/infer", request), "inference_error_response")
