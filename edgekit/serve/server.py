@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from edgekit.core.listeners import allowed_hosts, needs_token
 from edgekit.core.tokens import MAKE_ONE
 from edgekit.errors import EdgekitError
+from edgekit.serve.grpc_service import make_server
+from edgekit.serve.http_app import make_app
 from edgekit.serve.limits import Limits
 from edgekit.serve.service import Service
 
@@ -107,8 +109,6 @@ def start(model: Model, options: ServeOptions) -> Running:
     running = Running(service)
     try:
         if options.grpc_port is not None:
-            from edgekit.serve.grpc_service import make_server
-
             address = f"[{options.host.strip('[]')}]" if ":" in options.host else options.host
             try:
                 server, port = make_server(service, f"{address}:{options.grpc_port}", options.token, tls)
@@ -129,8 +129,6 @@ def start(model: Model, options: ServeOptions) -> Running:
 
 def _start_http(running: Running, options: ServeOptions, hosts: list[str]) -> None:
     import uvicorn
-
-    from edgekit.serve.http_app import make_app
 
     sock = _listen(options.host, options.http_port or 0)
     running.http_port = sock.getsockname()[1]
