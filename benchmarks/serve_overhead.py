@@ -38,6 +38,9 @@ from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on
 from edgekit.core.stats import percentile
 
 MODES = ("in-process", "gRPC", "HTTP binary", "HTTP JSON")
+STAGES = ("queue", "decode", "preprocess", "infer", "postprocess", "request")
+#: (model, stage) -> [seconds, count], as /metrics' histograms sum them.
+Sums = dict[tuple[str, str], list[float]]
 READY = re.compile(r"ready: .* on https?://\S+?:(\d+)/v2 and grpc \S+?:(\d+)")
 
 
@@ -95,7 +98,12 @@ def decode(jpeg: bytes) -> np.ndarray:
 
 def _ms(values: list[float]) -> dict[str, float]:
     s = sorted(values)
-    return {"p50_ms": percentile(s, 50) * 1e3, "p99_ms": percentile(s, 99) * 1e3, "n": len(s)}
+    return {
+        "p50_ms": percentile(s, 50) * 1e3,
+        "p99_ms": percentile(s, 99) * 1e3,
+        "mean_ms": sum(s) / len(s) * 1e3,
+        "n": len(s),
+    }
 
 
 def warm(calls: dict[str, Callable[[], Any]]) -> None:
@@ -105,19 +113,32 @@ def warm(calls: dict[str, Callable[[], Any]]) -> None:
             call()
 
 
-def measure(calls: dict[str, Callable[[], Any]], requests: int, rounds: int) -> dict[str, dict[str, float]]:
+def measure(
+    calls: dict[str, Callable[[], Any]], requests: int, rounds: int, scrape: Callable[[], Sums]
+) -> dict[str, dict[str, Any]]:
+    """Each mode's client-side latency, and its server-side mean per stage (``/metrics`` read
+    before and after each of its blocks, so each mode's server time is its own)."""
     times: dict[str, list[float]] = {m: [] for m in calls}
+    server: dict[str, dict[str, list[float]]] = {m: {} for m in calls}  # mode -> stage -> [s, n]
     per_round = max(requests // rounds, 1)
     for _ in range(rounds):
         for mode, call in calls.items():
+            before = scrape()
             for _ in range(per_round):
                 t = time.perf_counter()
                 call()
                 times[mode].append(time.perf_counter() - t)
-    return {m: _ms(v) for m, v in times.items()}
+            for key, (total, count) in stage_diff(before, scrape()).items():
+                acc = server[mode].setdefault(key[1], [0.0, 0.0])
+                acc[0] += total
+                acc[1] += count
+    out: dict[str, dict[str, Any]] = {}
+    for mode, values in times.items():
+        stages = {stage: total / count * 1e3 for stage, (total, count) in server[mode].items() if count}
+        out[mode] = {**_ms(values), "server_mean_ms": stages}
+    return out
 
 
-Sums = dict[tuple[str, str], list[float]]
 STAGE_LINE = re.compile(r'edgekit_serve_stage_seconds_(sum|count)\{model="([^"]+)",stage="(\w+)"\} (\S+)')
 
 
@@ -130,13 +151,13 @@ def stage_sums(http_port: int) -> Sums:
     return sums
 
 
-def stage_means(before: Sums, after: Sums) -> dict[str, dict[str, float]]:
-    """Mean server-side ms per stage and model between two scrapes."""
-    out: dict[str, dict[str, float]] = {}
-    for (model, stage), (total, count) in after.items():
-        total0, count0 = before.get((model, stage), [0.0, 0.0])
+def stage_diff(before: Sums, after: Sums) -> Sums:
+    """(model, stage) -> [seconds, count] between two scrapes."""
+    out: Sums = {}
+    for key, (total, count) in after.items():
+        total0, count0 = before.get(key, [0.0, 0.0])
         if count > count0:
-            out.setdefault(model, {})[stage] = (total - total0) / (count - count0) * 1e3
+            out[key] = [total - total0, count - count0]
     return out
 
 
@@ -203,12 +224,17 @@ def bench(bundle: Path, device: str, requests: int, rounds: int) -> dict[str, An
         print(f"measuring {name} on {model.candidate}: {requests} requests per mode and row", file=sys.stderr)
         warm(tensor_calls)
         warm(image_calls)
-        before = stage_sums(http_port)
+
+        def scrape() -> Sums:
+            return stage_sums(http_port)
+
         rows: list[dict[str, Any]] = [
-            {"request": f"tensor {list(x.shape)} {datatype}", **measure(tensor_calls, requests, rounds)},
-            {"request": "640x480 JPEG (image request)", **measure(image_calls, requests, rounds)},
+            {
+                "request": f"tensor {list(x.shape)} {datatype}",
+                **measure(tensor_calls, requests, rounds, scrape),
+            },
+            {"request": "640x480 JPEG (image request)", **measure(image_calls, requests, rounds, scrape)},
         ]
-        stages = stage_means(before, stage_sums(http_port))
     finally:
         proc.terminate()
         proc.wait(30)
@@ -223,7 +249,6 @@ def bench(bundle: Path, device: str, requests: int, rounds: int) -> dict[str, An
         "requests": requests,
         "rounds": rounds,
         "rows": rows,
-        "server_stage_mean_ms": stages,
         "grpc_vs_http_json_p50": claim,
         "grpc_vs_http_binary_p50": 1 - t["gRPC"]["p50_ms"] / t["HTTP binary"]["p50_ms"],
     }
@@ -244,12 +269,19 @@ def render(doc: dict[str, Any]) -> str:
         "",
         f"gRPC vs HTTP JSON, tensor p50: {doc['grpc_vs_http_json_p50']:+.0%} lower latency "
         f"(the seed's claim: ~40 %); gRPC vs HTTP binary: {doc['grpc_vs_http_binary_p50']:+.0%}",
-        "server-side mean per stage (ms): "
-        + "; ".join(
-            f"{model}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(stages.items()))
-            for model, stages in doc["server_stage_mean_ms"].items()
-        ),
+        "",
+        "server side, mean ms per request (from /metrics); outside: client mean minus the server's request",
+        f"{'request':32s}{'mode':>12s}" + "".join(f"{st:>12s}" for st in (*STAGES, "outside")),
     ]
+    for r in doc["rows"]:
+        for m in MODES[1:]:
+            st = r[m]["server_mean_ms"]
+            cells = [st.get(k) for k in STAGES]
+            outside = r[m]["mean_ms"] - st["request"] if "request" in st else None
+            lines.append(
+                f"{r['request']:32s}{m:>12s}"
+                + "".join(f"{'-':>12s}" if v is None else f"{v:12.2f}" for v in (*cells, outside))
+            )
     return "\n".join(lines)
 
 
