@@ -35,29 +35,31 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def signer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return generate_keypair(tmp_path_factory.mktemp("keys") / "signer")
 
 
 @pytest.fixture(scope="module")
-def classifier_bundle(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Path:
-    return td.classifier_bundle(tmp_path_factory.mktemp("cls") / "tiny", keys[0])
+def classifier_bundle(tmp_path_factory: pytest.TempPathFactory, signer: tuple[Path, Path]) -> Path:
+    return td.classifier_bundle(tmp_path_factory.mktemp("cls") / "tiny", signer[0])
 
 
 @pytest.fixture(scope="module")
-def detector_bundle(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) -> Path:
-    return td.detector_bundle(tmp_path_factory.mktemp("det") / "square", keys[0])
+def detector_bundle(tmp_path_factory: pytest.TempPathFactory, signer: tuple[Path, Path]) -> Path:
+    return td.detector_bundle(tmp_path_factory.mktemp("det") / "square", signer[0])
 
 
 @pytest.fixture(scope="module")
-def classifier(classifier_bundle: Path, keys: tuple[Path, Path]) -> Iterator[Served]:
-    with serving(classifier_bundle, "--key", str(keys[1])) as served:
+def classifier(classifier_bundle: Path, signer: tuple[Path, Path]) -> Iterator[Served]:
+    with serving(classifier_bundle, "--key", str(signer[1])) as served:
         yield served
 
 
 @pytest.fixture(scope="module")
-def local(classifier_bundle: Path, keys: tuple[Path, Path]) -> Iterator[edgekit.Model]:
-    with edgekit.load(classifier_bundle, device="x86_64-cpu", trusted_keys=[keys[1]], measure=False) as model:
+def local(classifier_bundle: Path, signer: tuple[Path, Path]) -> Iterator[edgekit.Model]:
+    with edgekit.load(
+        classifier_bundle, device="x86_64-cpu", trusted_keys=[signer[1]], measure=False
+    ) as model:
         yield model
 
 
@@ -221,13 +223,13 @@ def test_metrics_count_requests_by_outcome_and_time_each_stage(classifier: Serve
 
 
 def test_the_square_detectors_boxes_come_back_in_frame_pixels(
-    detector_bundle: Path, keys: tuple[Path, Path]
+    detector_bundle: Path, signer: tuple[Path, Path]
 ) -> None:
     image = td.square_frame(2, 1)
-    with edgekit.load(detector_bundle, device="x86_64-cpu", trusted_keys=[keys[1]], measure=False) as model:
+    with edgekit.load(detector_bundle, device="x86_64-cpu", trusted_keys=[signer[1]], measure=False) as model:
         want = model.detect(image)
     assert [d.box for d in want] == [td.cell_box(2, 1)]
-    with serving(detector_bundle, "--key", str(keys[1])) as served:
+    with serving(detector_bundle, "--key", str(signer[1])) as served:
         for got in (
             httpclient.InferenceServerClient(served.http).infer(
                 "square-detector-image", [image_input(httpclient, png(image))]
@@ -303,13 +305,13 @@ def test_the_reference_classifier_gives_the_same_labels(x86_bundle: tuple[Path, 
 
 
 def test_a_token_is_required_when_set_and_health_stays_open(
-    classifier_bundle: Path, keys: tuple[Path, Path], tmp_path: Path
+    classifier_bundle: Path, signer: tuple[Path, Path], tmp_path: Path
 ) -> None:
     token = "s3rve-token-for-the-tests-0123456789"
     token_file = tmp_path / "serve.token"
     token_file.write_text(token)
     token_file.chmod(0o600)
-    with serving(classifier_bundle, "--key", str(keys[1]), "--token-file", str(token_file)) as served:
+    with serving(classifier_bundle, "--key", str(signer[1]), "--token-file", str(token_file)) as served:
         http = httpclient.InferenceServerClient(served.http)
         grpc = grpcclient.InferenceServerClient(served.grpc)
         assert http.is_server_live() and grpc.is_server_ready()  # probes need no token
@@ -332,14 +334,14 @@ def test_a_token_is_required_when_set_and_health_stays_open(
 
 
 def test_off_loopback_without_a_token_it_refuses_to_start(
-    classifier_bundle: Path, keys: tuple[Path, Path]
+    classifier_bundle: Path, signer: tuple[Path, Path]
 ) -> None:
     import subprocess
 
     from conftest import EDGEKIT, ROOT
 
     r = subprocess.run(
-        [*EDGEKIT, "serve", str(classifier_bundle), "--host", "0.0.0.0", "--key", str(keys[1])],
+        [*EDGEKIT, "serve", str(classifier_bundle), "--host", "0.0.0.0", "--key", str(signer[1])],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -351,10 +353,10 @@ def test_off_loopback_without_a_token_it_refuses_to_start(
     assert "Traceback" not in r.stderr
 
 
-def test_sigterm_stops_it_cleanly(classifier_bundle: Path, keys: tuple[Path, Path]) -> None:
+def test_sigterm_stops_it_cleanly(classifier_bundle: Path, signer: tuple[Path, Path]) -> None:
     from served import stop_serve
 
-    served = start_serve(classifier_bundle, "--key", str(keys[1]))
+    served = start_serve(classifier_bundle, "--key", str(signer[1]))
     assert httpclient.InferenceServerClient(served.http).is_server_ready()
     assert stop_serve(served) == 0
     assert any("stopping" in line for line in served.stderr), "".join(served.stderr)
@@ -385,7 +387,7 @@ def test_the_guides_curl_block_runs_against_the_server(
 
 
 @pytest.mark.filterwarnings("ignore:ssl.match_hostname:DeprecationWarning")  # geventhttpclient's own
-def test_tls_on_both_protocols(classifier_bundle: Path, keys: tuple[Path, Path], tmp_path: Path) -> None:
+def test_tls_on_both_protocols(classifier_bundle: Path, signer: tuple[Path, Path], tmp_path: Path) -> None:
     import functools
     import ssl
 
@@ -394,7 +396,7 @@ def test_tls_on_both_protocols(classifier_bundle: Path, keys: tuple[Path, Path],
     ca = ThrowawayCA(tmp_path)
     cert, key = ca.issue("serve", ip="127.0.0.1")
     with serving(
-        classifier_bundle, "--key", str(keys[1]), "--tls-cert", str(cert), "--tls-key", str(key)
+        classifier_bundle, "--key", str(signer[1]), "--tls-cert", str(cert), "--tls-key", str(key)
     ) as served:
         trusting = functools.partial(ssl.create_default_context, cafile=str(ca.ca_file))
         http = httpclient.InferenceServerClient(served.http, ssl=True, ssl_context_factory=trusting)
