@@ -159,11 +159,12 @@ def detector_bundle(out: Path, key: Path, *, with_openvino: bool = False) -> Pat
 CLASS_NAMES = tuple(f"class-{n}" for n in "abcdefghij")  # tiny_model.NUM_CLASSES of them
 
 
-def classifier_bundle(out: Path, key: Path) -> Path:
-    """A signed bundle of tests/tiny_model.py's classifier (ten classes), ONNX Runtime fp32."""
+def classifier_bundle(out: Path, key: Path, *, free_batch: bool = False) -> Path:
+    """A signed bundle of tests/tiny_model.py's classifier (ten classes), ONNX Runtime fp32
+    (``free_batch``: its dim 0 free, so that it can infer several frames at once)."""
     work = out.parent / f"{out.name}-src"
     work.mkdir(parents=True, exist_ok=True)
-    onnx = tiny_model.write_onnx(work / "tiny.onnx", tiny_model.make_weights())
+    onnx = tiny_model.write_onnx(work / "tiny.onnx", tiny_model.make_weights(), free_batch=free_batch)
     meta = _meta("tiny-classifier", labels=CLASS_NAMES, mean=127.5, std=127.5, resize="squash")
     plain = write_bundle(work / "plain", meta, _artifacts(onnx, False))
     resign(plain, out, key)

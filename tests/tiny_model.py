@@ -81,7 +81,9 @@ def reference(x_nchw: np.ndarray, w: TinyWeights) -> np.ndarray:
     return (x @ w.w3.T.astype(np.float64) + w.b3).astype(np.float32)
 
 
-def write_onnx(path: Path, w: TinyWeights) -> Path:
+def write_onnx(path: Path, w: TinyWeights, *, free_batch: bool = False) -> Path:
+    """The classifier as ONNX; ``free_batch``: dim 0 of its input and output is ``batch`` (as
+    edgekit build exports it), so that its sessions can run several frames at once."""
     from onnx import TensorProto, helper, numpy_helper
 
     inits = [numpy_helper.from_array(v, name) for name, v in vars(w).items()]
@@ -98,11 +100,12 @@ def write_onnx(path: Path, w: TinyWeights) -> Path:
         helper.make_node("Flatten", ["g"], ["f"]),
         helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], transB=1),
     ]
+    batch: int | str = "batch" if free_batch else 1
     graph = helper.make_graph(
         nodes,
         "tiny",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, INPUT_HW, INPUT_HW])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, NUM_CLASSES])],
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, INPUT_HW, INPUT_HW])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, NUM_CLASSES])],
         initializer=inits,
     )
     return save_onnx(graph, path)

@@ -77,6 +77,22 @@ def serve_command(
             "--deadline", min=0.001, help="Seconds a request may wait and run before it is answered an error."
         ),
     ] = 10.0,
+    max_batch: Annotated[
+        str,
+        typer.Option(
+            "--max-batch",
+            help="Most waiting requests inferred as one batch (same model name and input shape), "
+            "when the artifact has a free batch dimension; off: one at a time.",
+        ),
+    ] = "8",  # edgekit.serve.runner.DEFAULT_MAX_BATCH, written out: the CLI imports serve lazily
+    max_queue_delay_ms: Annotated[
+        float,
+        typer.Option(
+            "--max-queue-delay-ms",
+            min=0.0,
+            help="How long a request may wait for others to join its batch; 0: only those already waiting.",
+        ),
+    ] = 0.0,
 ) -> None:
     """Serve BUNDLE's model over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, as Triton does.
 
@@ -84,7 +100,7 @@ def serve_command(
     IMAGE, BYTES) or a UINT8 HxWx3 BGR frame and answers labels or detections in frame pixels.
     """
     from edgekit.core.tokens import read_token
-    from edgekit.serve import Limits, ServeOptions, start
+    from edgekit.serve import Batching, Limits, ServeOptions, start
     from edgekit.serve.server import check_access
 
     options = ServeOptions(
@@ -96,6 +112,7 @@ def serve_command(
         tls_cert=tls_cert,
         tls_key=tls_key,
         limits=Limits(queue_size=queue, max_request_bytes=int(max_request_mb * 1e6), deadline_s=deadline),
+        batching=Batching(_max_batch(max_batch), max_queue_delay_ms),
     )
     check_access(options)  # before the model loads: a refusal costs nothing
     stop = threading.Event()
@@ -131,3 +148,14 @@ def serve_command(
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _max_batch(text: str) -> int:
+    """``off`` -> 1 (one at a time), a number n >= 1 -> n."""
+    from edgekit.errors import EdgekitError
+
+    if text.strip() == "off":
+        return 1
+    if not text.strip().isdigit() or int(text) < 1:
+        raise EdgekitError(f"--max-batch takes a number >= 1 or off, got {text!r}", "e.g. --max-batch 8")
+    return int(text)

@@ -4,7 +4,8 @@ The protocol Triton and OpenVINO Model Server speak, so their clients (``tritonc
 KServe's) work unchanged.  ``start(model, ServeOptions(...))`` serves a loaded
 ``edgekit.load(...)`` model and returns the running server; the CLI command wraps it.
 Layout: ``endpoints`` (what is served: raw tensors and images), ``queue`` (one bounded
-queue to one inference worker), ``service`` (the one infer path both protocols take),
+batch queue to one inference worker), ``runner`` (requests alone or as one batch on the
+model's session), ``service`` (the one infer path both protocols take),
 ``rest_wire`` and ``datatypes`` (the wire codecs), ``http_app`` and ``grpc_service`` (the
 front ends), ``metrics`` (``/metrics``), ``server`` (starting and stopping it all).
 """
@@ -12,6 +13,7 @@ front ends), ``metrics`` (``/metrics``), ``server`` (starting and stopping it al
 from __future__ import annotations
 
 from edgekit.serve.limits import Limits
+from edgekit.serve.runner import Batching
 from edgekit.serve.server import Running, ServeOptions, start
 
-__all__ = ["Limits", "Running", "ServeOptions", "start"]
+__all__ = ["Batching", "Limits", "Running", "ServeOptions", "start"]

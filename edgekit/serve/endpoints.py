@@ -18,7 +18,7 @@ the truth about each kind of request, and tritonclient's generated calls need no
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,16 @@ class InferRequest:
     id: str = ""
     #: ``time.monotonic()`` after which the request is answered with an error, not computed.
     deadline: float = float("inf")
+
+
+@dataclass
+class Prepared:
+    """A request made ready for the session: its arrays (one per model input, first dimension one
+    row each) and what ``finish`` needs back (the decoded frame's size)."""
+
+    arrays: list[np.ndarray]
+    stages: dict[str, float] = field(default_factory=dict)
+    context: Any = None
 
 
 @dataclass
@@ -132,8 +142,24 @@ class Endpoint:
     def _check(self, request: InferRequest) -> None:
         raise NotImplementedError
 
-    def run(self, request: InferRequest) -> InferResult:
+    def batch_key(self, request: InferRequest) -> Hashable | None:
+        """Requests with equal keys can be inferred as one batch (same inputs' shapes); None: alone."""
+        return None
+
+    def prepare(self, request: InferRequest) -> Prepared:
         raise NotImplementedError
+
+    def finish(self, request: InferRequest, prepared: Prepared, raw: list[np.ndarray]) -> InferResult:
+        """The request's answer from the session's outputs for its rows."""
+        raise NotImplementedError
+
+    def run(self, request: InferRequest) -> InferResult:
+        """``request`` alone on the model's session."""
+        prepared = self.prepare(request)
+        t = time.perf_counter()
+        raw = self.model.session.run(*prepared.arrays)
+        prepared.stages["infer"] = _lap(t)
+        return self.finish(request, prepared, raw)
 
     def _select(self, outputs: list[Tensor], wanted: tuple[str, ...] | None) -> list[Tensor]:
         if wanted is None:
@@ -171,13 +197,18 @@ class RawEndpoint(Endpoint):
                     "(-1: any size)"
                 )
 
-    def run(self, request: InferRequest) -> InferResult:
-        session = self.model.session
-        t = time.perf_counter()
-        ys = session.run(*(request.inputs[m.name] for m in self.inputs))
-        infer = time.perf_counter() - t
-        outputs = [Tensor(m.name, m.datatype, y) for m, y in zip(self.outputs, ys, strict=True)]
-        return InferResult(self._select(outputs, request.outputs), {"infer": infer})
+    def batch_key(self, request: InferRequest) -> Hashable | None:
+        arrays = [request.inputs[m.name] for m in self.inputs]
+        if not all(a.ndim >= 1 and a.shape[0] == 1 for a in arrays):
+            return None  # a request that is itself a batch runs as it came
+        return (self.name, *((a.shape, a.dtype.str) for a in arrays))
+
+    def prepare(self, request: InferRequest) -> Prepared:
+        return Prepared([request.inputs[m.name] for m in self.inputs])
+
+    def finish(self, request: InferRequest, prepared: Prepared, raw: list[np.ndarray]) -> InferResult:
+        outputs = [Tensor(m.name, m.datatype, y) for m, y in zip(self.outputs, raw, strict=True)]
+        return InferResult(self._select(outputs, request.outputs), prepared.stages)
 
 
 _CLASSIFIER_OUT = (
@@ -224,7 +255,10 @@ class ImageEndpoint(Endpoint):
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
             raise ProtocolError(f"parameter top_k must be an integer from 1 to {most}, got {k!r}")
 
-    def run(self, request: InferRequest) -> InferResult:
+    def batch_key(self, request: InferRequest) -> Hashable | None:
+        return self.name  # every picture is preprocessed to the model's one input shape
+
+    def prepare(self, request: InferRequest) -> Prepared:
         import numpy as np
 
         from edgekit.processing.preprocessing import as_bgr
@@ -241,12 +275,15 @@ class ImageEndpoint(Endpoint):
         t = time.perf_counter()
         x = model.preprocessor()(image)
         stages["preprocess"] = _lap(t)
-        t = time.perf_counter()
-        raw = model.session.run(x)
-        stages["infer"] = _lap(t)
+        return Prepared([x], stages, image.shape[:2])
+
+    def finish(self, request: InferRequest, prepared: Prepared, raw: list[np.ndarray]) -> InferResult:
+        import numpy as np
+
+        model, stages = self.model, prepared.stages
         t = time.perf_counter()
         if model.detector is not None:
-            found = model.objects(raw, image.shape[:2])
+            found = model.objects(raw, prepared.context)
             outputs = [
                 Tensor("BOXES", "FP32", np.array([d.box for d in found], np.float32).reshape(-1, 4)),
                 Tensor("SCORES", "FP32", np.array([d.score for d in found], np.float32)),

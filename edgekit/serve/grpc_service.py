@@ -196,11 +196,16 @@ def make_server(
     address: str,
     token: str | None,
     tls: tuple[bytes, bytes] | None = None,
-    workers: int = 8,
+    workers: int | None = None,
 ) -> tuple[Any, int]:
     """A started-to-be gRPC server on ``address`` (``host:port``, port 0: any free), and its port."""
     import grpc
 
+    if workers is None:
+        # A handler thread waits for its request's answer: one for each request that may be
+        # waiting, gathered into a batch or running, and two to answer the next ones 429 at
+        # once.  With fewer, requests wait in gRPC's own queue and never meet in a batch.
+        workers = service.limits.queue_size + 2 * service.batching.max_batch + 2
     cap = service.limits.max_request_bytes
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgekit-serve-grpc"),

@@ -1,50 +1,58 @@
-"""One bounded queue to one inference worker: ``submit(request) -> future``.
+"""Requests to the model through one bounded batch queue and one inference worker: ``submit(request) -> future``.
 
-Both protocols hand their decoded requests here.  The queue is bounded: a request that finds
-it full is refused at once (``Outcome.BUSY``: HTTP 429, gRPC ``RESOURCE_EXHAUSTED``) rather
-than waiting behind work the server cannot finish in time.  Each request carries a deadline;
-one that waited past it is answered with ``Outcome.DEADLINE`` and never computed.  The worker
-runs requests one at a time, oldest first, on the model's one session (runtimes are not all
-safe to call from several threads, and one session already uses the device's cores).
-
-This is the seam for batching: a worker that gathers waiting requests into one batch (as the
-pipeline's ``Batcher`` does for cameras) replaces ``_work`` and keeps ``submit``.
+Both protocols hand their decoded requests here.  The queue is the pipeline's ``BatchQueue``:
+bounded (a request that finds it full is refused at once, ``Outcome.BUSY``: HTTP 429, gRPC
+``RESOURCE_EXHAUSTED``, rather than waiting behind work the server cannot finish in time),
+earliest deadline first, and a request that waited past its deadline is answered
+``Outcome.DEADLINE`` and never computed.  The worker runs what ``take`` gives it on the model's
+one session: requests the runner says can share an inference (``Runner.key``) go as one batch,
+up to the runner's largest batch; the others one at a time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
+from typing import Protocol
 
 from edgekit.errors import EdgekitError
+from edgekit.pipeline.batch_queue import BatchQueue, Job, QueueClosed, QueueFull
 from edgekit.serve.endpoints import InferRequest, InferResult
 from edgekit.serve.metrics import ServeMetrics
 from edgekit.serve.outcomes import Outcome, ProtocolError
 
 log = logging.getLogger(__name__)
 
-Runner = Callable[[InferRequest], InferResult]
+_Item = tuple[InferRequest, "Future[InferResult]"]
+
+
+class Runner(Protocol):
+    #: The most rows one inference takes (1: no batching).
+    max_batch: int
+
+    def key(self, request: InferRequest) -> Hashable | None:
+        """Requests with equal keys may share one inference; None: this one runs alone."""
+
+    def run(self, requests: Sequence[InferRequest]) -> list[InferResult | Exception]:
+        """Each request's result, or the error that is its alone; raises for the whole batch."""
 
 
 class InferenceQueue:
-    def __init__(self, run: Runner, size: int, metrics: ServeMetrics | None = None) -> None:
-        if size < 1:
-            raise ValueError("the queue holds at least one request")
-        self._run = run
-        self._queue: queue.Queue[tuple[InferRequest, Future[InferResult], float] | None] = queue.Queue(size)
+    def __init__(
+        self, runner: Runner, size: int, metrics: ServeMetrics | None = None, max_delay_s: float = 0.0
+    ) -> None:
+        self._runner = runner
+        self._queue: BatchQueue[_Item] = BatchQueue(size, runner.max_batch, max_delay_s)
         self._metrics = metrics
-        self._closed = threading.Event()
         self._worker = threading.Thread(target=self._work, name="edgekit-serve-infer", daemon=True)
         self._worker.start()
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._queue.depth
 
     def submit(self, request: InferRequest) -> Future[InferResult]:
         """Queue ``request``; its future ends in an ``InferResult`` or a ``ProtocolError``.
@@ -52,61 +60,74 @@ class InferenceQueue:
         Raises ``ProtocolError`` (``BUSY``) at once when the queue is full, (``UNAVAILABLE``)
         when the server is stopping.
         """
-        if self._closed.is_set():
-            raise ProtocolError("the server is stopping", Outcome.UNAVAILABLE)
         future: Future[InferResult] = Future()
+        key = self._runner.key(request)
+        rows = 1
         try:
-            self._queue.put_nowait((request, future, time.monotonic()))
-        except queue.Full:
+            self._queue.put(Job((request, future), request.deadline, key, rows))
+        except QueueFull:
             raise ProtocolError(
-                f"the server is busy: {self._queue.maxsize} requests are waiting; try again shortly",
+                f"the server is busy: {self._queue.size} requests are waiting; try again shortly",
                 Outcome.BUSY,
             ) from None
+        except QueueClosed:
+            raise ProtocolError("the server is stopping", Outcome.UNAVAILABLE) from None
         return future
 
     def _work(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            taken = self._queue.take()
+            if taken is None:
                 return
-            request, future, queued = item
-            if not future.set_running_or_notify_cancel():  # the caller gave up waiting
-                continue
             now = time.monotonic()
-            if self._metrics is not None:
-                self._metrics.stages(request.endpoint.name, {"queue": now - queued})
-            if now > request.deadline:
-                future.set_exception(
-                    ProtocolError(
-                        f"request waited {now - queued:.3f} s, past its deadline: not computed",
-                        Outcome.DEADLINE,
+            for job in taken.expired:
+                request, future = job.payload
+                if future.set_running_or_notify_cancel():
+                    self._stage(request, now - job.queued)
+                    future.set_exception(
+                        ProtocolError(
+                            f"request waited {now - job.queued:.3f} s, past its deadline: not computed",
+                            Outcome.DEADLINE,
+                        )
                     )
-                )
-                continue
-            try:
-                result = self._run(request)
-            except ProtocolError as err:
-                future.set_exception(err)
-            except EdgekitError as err:  # the runtime refused an input every check let through
-                future.set_exception(ProtocolError(err.message, Outcome.INVALID))
-            except Exception as err:  # a runtime's failure is this request's, not the server's
-                log.exception("serve: %s failed", request.endpoint.name)
-                future.set_exception(ProtocolError(f"inference failed: {err}", Outcome.FAILED))
-            else:
+            # A caller that gave up waiting cancelled its future: its request is not computed.
+            jobs = [j for j in taken.batch if j.payload[1].set_running_or_notify_cancel()]
+            if jobs:
+                for job in jobs:
+                    self._stage(job.payload[0], now - job.queued)
+                self._run(jobs)
+
+    def _stage(self, request: InferRequest, queued_s: float) -> None:
+        if self._metrics is not None:
+            self._metrics.stages(request.endpoint.name, {"queue": queued_s})
+
+    def _run(self, jobs: list[Job[_Item]]) -> None:
+        requests = [j.payload[0] for j in jobs]
+        try:
+            results = self._runner.run(requests)
+        except Exception as err:  # noqa: BLE001 (the batch's failure is its requests', not the server's)
+            results = [err] * len(jobs)
+        for (request, future), result in zip((j.payload for j in jobs), results, strict=True):
+            if isinstance(result, InferResult):
                 if self._metrics is not None:
                     self._metrics.stages(request.endpoint.name, result.stages)
                 future.set_result(result)
+            else:
+                future.set_exception(_as_protocol_error(request, result))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Refuse new requests, answer the waiting ones ``UNAVAILABLE``, let the running one finish."""
-        self._closed.set()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None and item[1].set_running_or_notify_cancel():
-                item[1].set_exception(ProtocolError("the server is stopping", Outcome.UNAVAILABLE))
-        with contextlib.suppress(queue.Full):  # a submit that raced the close: the worker is a daemon
-            self._queue.put(None, timeout=timeout_s)
+        for job in self._queue.close():
+            future = job.payload[1]
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ProtocolError("the server is stopping", Outcome.UNAVAILABLE))
         self._worker.join(timeout_s)
+
+
+def _as_protocol_error(request: InferRequest, err: Exception) -> ProtocolError:
+    if isinstance(err, ProtocolError):
+        return err
+    if isinstance(err, EdgekitError):  # the runtime refused an input every check let through
+        return ProtocolError(err.message, Outcome.INVALID)
+    log.error("serve: %s failed", request.endpoint.name, exc_info=err)
+    return ProtocolError(f"inference failed: {err}", Outcome.FAILED)

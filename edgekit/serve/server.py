@@ -21,6 +21,7 @@ from edgekit.errors import EdgekitError
 from edgekit.serve.grpc_service import make_server
 from edgekit.serve.http_app import make_app
 from edgekit.serve.limits import Limits
+from edgekit.serve.runner import Batching
 from edgekit.serve.service import Service
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class ServeOptions:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     limits: Limits = field(default_factory=Limits)
+    batching: Batching = field(default_factory=Batching)
 
 
 class Running:
@@ -105,7 +107,7 @@ def start(model: Model, options: ServeOptions) -> Running:
             tls = (options.tls_key.read_bytes(), options.tls_cert.read_bytes())
         except OSError as err:
             raise EdgekitError(f"cannot read the TLS files: {err}", "check --tls-cert and --tls-key") from err
-    service = Service(model, options.limits)
+    service = Service(model, options.limits, options.batching)
     running = Running(service)
     try:
         if options.grpc_port is not None:

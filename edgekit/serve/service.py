@@ -17,6 +17,7 @@ from edgekit.serve.limits import Limits
 from edgekit.serve.metrics import ServeMetrics
 from edgekit.serve.outcomes import Outcome, ProtocolError
 from edgekit.serve.queue import InferenceQueue
+from edgekit.serve.runner import Batching, ModelRunner
 
 if TYPE_CHECKING:
     from edgekit.model import Model
@@ -29,12 +30,16 @@ EXTENSIONS = ("binary_tensor_data",)
 
 
 class Service:
-    def __init__(self, model: Model, limits: Limits | None = None) -> None:
+    def __init__(self, model: Model, limits: Limits | None = None, batching: Batching | None = None) -> None:
         self.model = model
         self.limits = limits or Limits()
+        self.batching = batching or Batching()
         self.endpoints = endpoints_of(model, self.limits)
         self.metrics = ServeMetrics(queue_capacity=self.limits.queue_size)
-        self.queue = InferenceQueue(lambda r: r.endpoint.run(r), self.limits.queue_size, self.metrics)
+        self.runner = ModelRunner(model, self.batching.max_batch)
+        self.queue = InferenceQueue(
+            self.runner, self.limits.queue_size, self.metrics, self.batching.max_queue_delay_ms / 1e3
+        )
         self.metrics.queue_depth = lambda: self.queue.depth
         self.ready = True
 
@@ -89,3 +94,4 @@ class Service:
     def close(self) -> None:
         self.ready = False
         self.queue.close()
+        self.runner.close()

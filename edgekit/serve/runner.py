@@ -1,0 +1,149 @@
+"""How the inference worker runs requests on the model: alone on its session, or as one batch.
+
+A batch needs a session whose artifact has a free batch dimension (``Session.batchable``: the
+build makes its ONNX and OpenVINO artifacts so); ``session.batched(k)`` makes the session for
+``k`` rows, made the first time a batch of ``k`` comes and kept (at most ``max_batch - 1`` of
+them).  Each request is prepared alone (decoded, preprocessed), the rows go through the session
+at once, and each request's answer is made from its own rows: the same answer it gets alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from edgekit.errors import EdgekitError
+from edgekit.serve.endpoints import InferRequest, InferResult, Prepared
+
+if TYPE_CHECKING:
+    from edgekit.backends.base import Session
+    from edgekit.model import Model
+
+log = logging.getLogger(__name__)
+
+#: The largest batch when ``--max-batch`` is not given (the pipeline's own largest, for cameras).
+DEFAULT_MAX_BATCH = 8
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Which waiting requests are inferred together: at most ``max_batch`` (1: none), and how long
+    the first may wait for more (``max_queue_delay_ms``; 0: only those already waiting)."""
+
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_queue_delay_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise EdgekitError(
+                f"max batch must be a whole number >= 1, got {self.max_batch!r}", "e.g. --max-batch 8"
+            )
+        if not self.max_queue_delay_ms >= 0:
+            raise EdgekitError(
+                f"max queue delay must be >= 0 ms, got {self.max_queue_delay_ms!r}",
+                "e.g. --max-queue-delay-ms 2",
+            )
+
+
+class ModelRunner:
+    """Runs requests on ``model``; batches of up to ``max_batch`` rows when its session allows."""
+
+    def __init__(self, model: Model, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        self.model = model
+        wanted = max_batch
+        if wanted > 1 and not model.session.batchable:
+            log.info(
+                "serve: %s has a fixed batch of one (%s): requests go one at a time, earliest deadline first",
+                model.name,
+                model.session.artifact.name,
+            )
+            wanted = 1
+        self.max_batch = wanted
+        self._sessions: dict[int, Session] = {}
+        #: Inferences run, and the requests they answered (their ratio: the mean batch).
+        self.inferences = 0
+        self.requests = 0
+
+    def key(self, request: InferRequest) -> Hashable | None:
+        return request.endpoint.batch_key(request) if self.max_batch > 1 else None
+
+    def run(self, requests: Sequence[InferRequest]) -> list[InferResult | Exception]:
+        if len(requests) == 1:
+            result = requests[0].endpoint.run(requests[0])
+            self._count(1)
+            return [result]
+        import numpy as np
+
+        out: list[InferResult | Exception] = []
+        ready: list[tuple[int, Prepared]] = []
+        rows: list[list[np.ndarray]] = []  # per model input, each request's row, copied
+        for i, request in enumerate(requests):
+            try:  # a picture that does not decode is its request's error, not the batch's
+                prepared = request.endpoint.prepare(request)
+            except Exception as err:  # noqa: BLE001 (handed to that request's caller)
+                out.append(err)
+                continue
+            # Copied now: a preprocessor writes each frame into the same buffer it returns.
+            rows = rows or [[] for _ in prepared.arrays]
+            for held, x in zip(rows, prepared.arrays, strict=True):
+                held.append(np.array(x))
+            ready.append((i, prepared))
+            out.append(ValueError("not run"))
+        if not ready:
+            return out
+        endpoint = requests[ready[0][0]].endpoint
+        arrays = [np.concatenate(xs) for xs in rows]
+        try:
+            session = self._session(len(ready))
+        except EdgekitError:  # a runtime that cannot reshape this graph: one at a time it is
+            self.max_batch = 1
+            prepared_at = {i for i, _ in ready}
+            return [self._alone(r) if i in prepared_at else out[i] for i, r in enumerate(requests)]
+        t = time.perf_counter()
+        raw = session.run(*arrays)
+        infer = time.perf_counter() - t
+        self._count(len(ready))
+        for row, (i, prepared) in enumerate(ready):
+            prepared.stages["infer"] = infer
+            try:
+                out[i] = endpoint.finish(requests[i], prepared, [y[row : row + 1] for y in raw])
+            except Exception as err:  # noqa: BLE001 (handed to that request's caller)
+                out[i] = err
+        return out
+
+    def _alone(self, request: InferRequest) -> InferResult | Exception:
+        try:
+            result = request.endpoint.run(request)
+        except Exception as err:  # noqa: BLE001 (handed to that request's caller)
+            return err
+        self._count(1)
+        return result
+
+    def _count(self, requests: int) -> None:
+        self.inferences += 1
+        self.requests += requests
+
+    def _session(self, rows: int) -> Session:
+        if rows == 1:
+            return self.model.session
+        found = self._sessions.get(rows)
+        if found is None:
+            try:
+                found = self.model.session.batched(rows)
+            except EdgekitError as err:
+                log.warning("serve: %s cannot take %d rows at once (%s)", self.model.name, rows, err)
+                raise
+            self._sessions[rows] = found
+        return found
+
+    @property
+    def mean_batch(self) -> float:
+        return self.requests / self.inferences if self.inferences else 0.0
+
+    def close(self) -> None:
+        for session in self._sessions.values():
+            session.close()
+        self._sessions.clear()
