@@ -9,6 +9,7 @@ the test holds the worker, not because this machine is slow.  The batch queue's 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,11 +20,14 @@ import cv2
 import numpy as np
 import pytest
 import tiny_detector as td
+from served import serving
 
 import edgekit
 from edgekit.bundle import generate_keypair
 from edgekit.pipeline.batch_queue import BatchQueue, Job, QueueClosed, QueueFull
 from edgekit.serve import Batching, Limits, Running, ServeOptions, start
+
+from conftest import EDGEKIT, ROOT
 
 grpcclient = pytest.importorskip(
     "tritonclient.grpc", reason="tritonclient is not installed (pip install -e '.[dev]')"
@@ -241,6 +245,22 @@ def test_a_fixed_batch_model_serves_one_at_a_time(tmp_path: Path) -> None:
             )
         finally:
             running.stop()
+
+
+def test_the_command_takes_max_batch_and_max_queue_delay(bundle: tuple[Path, Path]) -> None:
+    x = inputs(5)
+    for args in (("--max-batch", "off"), ("--max-batch", "4", "--max-queue-delay-ms", "2")):
+        with serving(bundle[0], "--key", str(bundle[1]), *args) as served:
+            got = grpcclient.InferenceServerClient(served.grpc).infer(NAME, [tensor(x)])
+            assert got.as_numpy("logits").shape == (1, 10)
+    r = subprocess.run(
+        [*EDGEKIT, "serve", str(bundle[0]), "--key", str(bundle[1]), "--max-batch", "0"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "--max-batch takes a number >= 1 or off, got '0'" in r.stderr
 
 
 # The batch queue's rules, without a server.
