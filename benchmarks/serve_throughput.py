@@ -1,0 +1,213 @@
+"""Serve throughput: 1, 4 and 16 concurrent gRPC clients, dynamic batching on and off (req/s, p50/p99).
+
+Each client is a thread with its own tritonclient gRPC connection that sends one request,
+waits for its answer and sends the next, ``--requests`` times.  The server is ``edgekit serve``
+in its own process (as deployed), started once per batching setting: ``--max-batch off`` and
+``--max-batch N`` (``--max-queue-delay-ms`` as given, 0 by default: a batch takes only the
+requests already waiting).  The queue is made deep enough for every client, so no request is
+refused; a refusal would be counted, not retried.
+
+The request is the model's own preprocessed input (``--kind tensor``, to ``NAME``) or a
+640x480 JPEG (``--kind image``, to ``NAME-image``: decoding and preprocessing in the server,
+request by request, around one batched inference).  Every answer is checked against the
+in-process one.  Batching needs an artifact with a free batch dimension (``edgekit build``
+exports ONNX and OpenVINO so); with a fixed batch both settings serve one at a time.
+
+    .venv/bin/python -m benchmarks.serve_throughput [BUNDLE] [--clients 1,4,16] [--requests 200]
+        [--max-batch 8] [--max-queue-delay-ms 0] [--kind tensor|image] [--json]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._harness import bundle_of, parse, parser, print_doc, progress_on_stderr, run
+from benchmarks.serve_overhead import chelsea_jpeg
+from edgekit.core.stats import percentile
+
+READY = re.compile(r"ready: .* on https?://\S+?:(\d+)/v2 and grpc \S+?:(\d+)")
+
+
+def start_server(bundle: Path, device: str, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """``edgekit serve BUNDLE ARGS`` in its own process, once ready; its gRPC port."""
+    proc = subprocess.Popen(
+        [*(sys.executable, "-m", "edgekit.cli", "serve", str(bundle), "--device", device), *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert proc.stderr is not None
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        m = READY.search(line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
+            return proc, int(m[2])
+    raise SystemExit("edgekit serve did not start:\n" + "".join(lines))
+
+
+def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check: Any) -> dict[str, Any]:
+    """``n`` clients, ``requests`` each, all at once: req/s, latency p50/p99 (ms), refusals."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    times: list[list[float]] = [[] for _ in range(n)]
+    refused = [0] * n
+    start = threading.Barrier(n + 1)
+
+    def client(i: int) -> None:
+        conn = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        inputs = make_inputs(grpcclient)
+        check(conn.infer(name, inputs))  # a connection's first call sets it up: not its speed
+        start.wait()
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            try:
+                conn.infer(name, inputs)
+            except InferenceServerException:
+                refused[i] += 1
+                continue
+            times[i].append(time.perf_counter() - t0)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ms = sorted(x * 1e3 for per in times for x in per)
+    return {
+        "clients": n,
+        "answered": len(ms),
+        "refused": sum(refused),
+        "req_per_s": round(len(ms) / wall, 1),
+        "p50_ms": round(percentile(ms, 50), 2) if ms else None,
+        "p99_ms": round(percentile(ms, 99), 2) if ms else None,
+    }
+
+
+def bench(
+    bundle: Path, device: str, counts: list[int], requests: int, max_batch: int, delay_ms: float, kind: str
+) -> dict[str, Any]:
+    import cv2
+
+    import edgekit
+
+    model = edgekit.load(bundle, device=device)
+    jpeg = chelsea_jpeg()
+    frame = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert frame is not None
+    x = np.array(model.preprocessor()(frame))
+    spec, out = model.session.inputs[0].name, model.session.outputs[0].name
+    datatype = {"float32": "FP32", "uint8": "UINT8", "int8": "INT8"}[x.dtype.name]
+    if kind == "tensor":
+        name, want = model.name, model.session.run(x)[0]
+
+        def make_inputs(module: Any) -> list[Any]:
+            inp = module.InferInput(spec, list(x.shape), datatype)
+            inp.set_data_from_numpy(x)
+            return [inp]
+
+        def check(result: Any) -> None:
+            if not np.allclose(result.as_numpy(out), want, rtol=1e-4, atol=1e-5):
+                raise SystemExit("the served output differs from the in-process one")
+    else:
+        name, labels = f"{model.name}-image", [lb.name for lb in model.classify(frame)]
+
+        def make_inputs(module: Any) -> list[Any]:
+            inp = module.InferInput("IMAGE", [1], "BYTES")
+            inp.set_data_from_numpy(np.array([jpeg], dtype=object))
+            return [inp]
+
+        def check(result: Any) -> None:
+            if [n.decode() for n in result.as_numpy("LABEL_NAMES")] != labels:
+                raise SystemExit("the served labels differ from the in-process ones")
+
+    rows = []
+    queue = str(max(counts) + 4)
+    for setting in ("off", str(max_batch)):
+        args = [
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--queue",
+            queue,
+            "--max-batch",
+            setting,
+            "--max-queue-delay-ms",
+            str(delay_ms),
+        ]
+        proc, port = start_server(bundle, device, *args)
+        try:
+            for n in counts:
+                print(f"batching {setting}: {n} client(s)...", flush=True)
+                rows.append({"max_batch": setting, **clients(port, n, requests, name, make_inputs, check)})
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return {
+        "model": model.name,
+        "candidate": model.candidate,
+        "batchable": model.session.batchable,
+        "kind": kind,
+        "requests_per_client": requests,
+        "max_queue_delay_ms": delay_ms,
+        "rows": rows,
+    }
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [
+        f"{doc['model']} on {doc['candidate']} ({'free batch' if doc['batchable'] else 'fixed batch of one'}), "
+        f"{doc['kind']} requests over gRPC, {doc['requests_per_client']} per client, "
+        f"max queue delay {doc['max_queue_delay_ms']} ms",
+        f"{'max batch':>10s}{'clients':>9s}{'req/s':>10s}{'p50 ms':>10s}{'p99 ms':>10s}{'refused':>9s}",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"{r['max_batch']:>10s}{r['clients']:9d}{r['req_per_s']:10.1f}"
+            f"{r['p50_ms'] or 0:10.2f}{r['p99_ms'] or 0:10.2f}{r['refused']:9d}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, bundle=True, json_flag=True)
+    ap.add_argument("--clients", default="1,4,16", help="concurrent clients per row, comma-separated")
+    ap.add_argument("--requests", type=int, default=200, help="requests each client sends")
+    ap.add_argument("--max-batch", type=int, default=8, help="the batched setting's --max-batch")
+    ap.add_argument("--max-queue-delay-ms", type=float, default=0.0, help="the server's --max-queue-delay-ms")
+    ap.add_argument("--kind", choices=("tensor", "image"), default="tensor", help="what each request sends")
+    args = parse(ap, argv)
+    counts = [int(c) for c in args.clients.split(",")]
+    with progress_on_stderr(args.json):
+        doc = bench(
+            bundle_of(args),
+            args.device,
+            counts,
+            args.requests,
+            args.max_batch,
+            args.max_queue_delay_ms,
+            args.kind,
+        )
+    print_doc(doc, args.json, render)
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)
