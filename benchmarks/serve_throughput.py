@@ -10,7 +10,8 @@ refused; a refusal would be counted, not retried.
 The request is the model's own preprocessed input (``--kind tensor``, to ``NAME``) or a
 640x480 JPEG (``--kind image``, to ``NAME-image``: decoding and preprocessing in the server,
 request by request, around one batched inference).  Every answer is checked against the
-in-process one.  Batching needs an artifact with a free batch dimension (``edgekit build``
+in-process one; the mean batch is the server's own count (``/metrics``: requests answered per
+inference; the clients' first, warming calls included).  Batching needs an artifact with a free batch dimension (``edgekit build``
 exports ONNX and OpenVINO so); with a fixed batch both settings serve one at a time.
 
     .venv/bin/python -m benchmarks.serve_throughput [BUNDLE] [--clients 1,4,16] [--requests 200]
@@ -37,8 +38,8 @@ from edgekit.core.stats import percentile
 READY = re.compile(r"ready: .* on https?://\S+?:(\d+)/v2 and grpc \S+?:(\d+)")
 
 
-def start_server(bundle: Path, device: str, *args: str) -> tuple[subprocess.Popen[str], int]:
-    """``edgekit serve BUNDLE ARGS`` in its own process, once ready; its gRPC port."""
+def start_server(bundle: Path, device: str, *args: str) -> tuple[subprocess.Popen[str], int, int]:
+    """``edgekit serve BUNDLE ARGS`` in its own process, once ready; its HTTP and gRPC ports."""
     proc = subprocess.Popen(
         [*(sys.executable, "-m", "edgekit.cli", "serve", str(bundle), "--device", device), *args],
         stderr=subprocess.PIPE,
@@ -53,7 +54,7 @@ def start_server(bundle: Path, device: str, *args: str) -> tuple[subprocess.Pope
         m = READY.search(line)
         if m:
             threading.Thread(target=lambda: [None for _ in proc.stderr or ()], daemon=True).start()
-            return proc, int(m[2])
+            return proc, int(m[1]), int(m[2])
     raise SystemExit("edgekit serve did not start:\n" + "".join(lines))
 
 
@@ -98,6 +99,16 @@ def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check
         "p50_ms": round(percentile(ms, 50), 2) if ms else None,
         "p99_ms": round(percentile(ms, 99), 2) if ms else None,
     }
+
+
+def inferences(http_port: int) -> tuple[int, int]:
+    """The server's (inferences, requests they answered) so far, from /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts = dict(re.findall(r"^(edgekit_serve_\w+_total) (\d+)$", text, re.M))
+    return int(counts["edgekit_serve_inferences_total"]), int(counts["edgekit_serve_batched_requests_total"])
 
 
 def bench(
@@ -152,11 +163,15 @@ def bench(
             "--max-queue-delay-ms",
             str(delay_ms),
         ]
-        proc, port = start_server(bundle, device, *args)
+        proc, http_port, port = start_server(bundle, device, *args)
         try:
             for n in counts:
                 print(f"batching {setting}: {n} client(s)...", flush=True)
-                rows.append({"max_batch": setting, **clients(port, n, requests, name, make_inputs, check)})
+                before = inferences(http_port)
+                row = clients(port, n, requests, name, make_inputs, check)
+                runs, answered = (a - b for a, b in zip(inferences(http_port), before, strict=True))
+                row["mean_batch"] = round(answered / runs, 2) if runs else None
+                rows.append({"max_batch": setting, **row})
         finally:
             proc.terminate()
             proc.wait(30)
@@ -176,12 +191,13 @@ def render(doc: dict[str, Any]) -> str:
         f"{doc['model']} on {doc['candidate']} ({'free batch' if doc['batchable'] else 'fixed batch of one'}), "
         f"{doc['kind']} requests over gRPC, {doc['requests_per_client']} per client, "
         f"max queue delay {doc['max_queue_delay_ms']} ms",
-        f"{'max batch':>10s}{'clients':>9s}{'req/s':>10s}{'p50 ms':>10s}{'p99 ms':>10s}{'refused':>9s}",
+        f"{'max batch':>10s}{'clients':>9s}{'req/s':>10s}{'p50 ms':>10s}{'p99 ms':>10s}{'mean batch':>12s}"
+        f"{'refused':>9s}",
     ]
     for r in doc["rows"]:
         lines.append(
             f"{r['max_batch']:>10s}{r['clients']:9d}{r['req_per_s']:10.1f}"
-            f"{r['p50_ms'] or 0:10.2f}{r['p99_ms'] or 0:10.2f}{r['refused']:9d}"
+            f"{r['p50_ms'] or 0:10.2f}{r['p99_ms'] or 0:10.2f}{r['mean_batch'] or 0:12.2f}{r['refused']:9d}"
         )
     return "\n".join(lines)
 

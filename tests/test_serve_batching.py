@@ -146,6 +146,9 @@ def test_waiting_requests_are_one_inference_with_the_answers_each_gets_alone(
             )
         runner = running.service.runner
         assert runner.requests == 9
+        scrape = running.service.metrics.render()
+        assert f"edgekit_serve_inferences_total {runner.inferences}\n" in scrape
+        assert "edgekit_serve_batched_requests_total 9\n" in scrape
         if max_batch == 1:
             assert runner.inferences == 9 and gate.calls == 9
         else:

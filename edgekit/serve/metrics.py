@@ -5,7 +5,9 @@
 - ``edgekit_serve_stage_seconds{model,stage}``: a histogram per stage: ``queue`` (waiting for
   the worker), ``decode`` (an image's file or tensor into a frame), ``preprocess``, ``infer``,
   ``postprocess`` and ``request`` (the server's whole time: read, decode, queue, run, encode);
-- ``edgekit_serve_queue_depth`` and ``edgekit_serve_queue_capacity``.
+- ``edgekit_serve_queue_depth`` and ``edgekit_serve_queue_capacity``;
+- ``edgekit_serve_inferences_total`` and ``edgekit_serve_batched_requests_total``: the model's
+  inferences and the requests they answered (their ratio: the mean batch).
 
 Exact counts (the server sees every request), fixed buckets from 0.25 ms to 10 s.
 """
@@ -45,6 +47,8 @@ class ServeMetrics:
         self._stages: dict[tuple[str, str], _Histogram] = {}
         self.queue_depth = queue_depth
         self.queue_capacity = queue_capacity
+        #: (inferences, requests they answered) so far.
+        self.inferences: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     def request(self, model: str, protocol: str, outcome: str) -> None:
         with self._lock:
@@ -94,6 +98,15 @@ class ServeMetrics:
             "# HELP edgekit_serve_queue_capacity Requests the queue holds before answering 429.",
             "# TYPE edgekit_serve_queue_capacity gauge",
             f"edgekit_serve_queue_capacity {self.queue_capacity}",
+        ]
+        inferences, answered = self.inferences()
+        lines += [
+            "# HELP edgekit_serve_inferences_total Inferences run on the model, each one request or a batch.",
+            "# TYPE edgekit_serve_inferences_total counter",
+            f"edgekit_serve_inferences_total {inferences}",
+            "# HELP edgekit_serve_batched_requests_total Requests those inferences answered.",
+            "# TYPE edgekit_serve_batched_requests_total counter",
+            f"edgekit_serve_batched_requests_total {answered}",
         ]
         return "\n".join(lines) + "\n"
 

@@ -41,6 +41,7 @@ class Service:
             self.runner, self.limits.queue_size, self.metrics, self.batching.max_queue_delay_ms / 1e3
         )
         self.metrics.queue_depth = lambda: self.queue.depth
+        self.metrics.inferences = lambda: (self.runner.inferences, self.runner.requests)
         self.ready = True
 
     def server_metadata(self) -> dict[str, Any]:
