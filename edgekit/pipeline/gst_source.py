@@ -128,8 +128,9 @@ class GstSource(Source):
         self._pipeline: Any = None
         self._sink: Any = None
         self._pending: Any = None  # the first sample, pulled while opening
-        # Samples the appsink received and those taken from it, this pipeline (see _arrived).
-        self._arrivals = self._taken = 0
+        # This pipeline's frames into the appsink, pulled out of it, and dropped from it unseen;
+        # each written by one thread only (streaming, reader, streaming), so no update is lost.
+        self._arrivals = self._taken = self._dropped = 0
         self._convert = frame_converter()
         if not self._start():
             reason = self._last_error or "no frame came"
@@ -164,7 +165,10 @@ class GstSource(Source):
     def _arrived(self, _pad: Any, _info: Any) -> Any:
         """A decoded frame reaches the appsink (its streaming thread): if its queue is full, the oldest
         goes, unseen, so it is counted here.  (GStreamer 1.22's appsink counts none of its drops.)"""
-        if self._arrivals - self._taken >= LIVE_QUEUE:
+        if self._arrivals - self._taken - self._dropped >= LIVE_QUEUE:
+            # The oldest leaves the queue unseen: it will never be pulled, so it no longer counts
+            # as held.  (Counting it as held made every later arrival look like a drop.)
+            self._dropped += 1
             self.counters.skipped += 1
         self._arrivals += 1
         return self._gst.PadProbeReturn.OK
@@ -191,7 +195,7 @@ class GstSource(Source):
             if self.closed:
                 return False
             self._pipeline, self._sink = pipeline, pipeline.get_by_name("sink")
-            self._arrivals = self._taken = 0
+            self._arrivals = self._taken = self._dropped = 0
         if pipeline.set_state(self._gst.State.PLAYING) == self._gst.StateChangeReturn.FAILURE:
             self._drain_bus()
             self._last_error = self._last_error or "the pipeline would not start"
