@@ -23,7 +23,7 @@ from tiny_detector import classifier_bundle
 import edgekit
 from benchmarks.soak import MjpegProcess, soak
 from edgekit.bench.soak import SoakRecorder, Window
-from edgekit.bench.soak_judge import MIB, Bounds, frames_lost, judge, render, slope_per_hour
+from edgekit.bench.soak_judge import MIB, Bounds, camera_problems, frames_lost, judge, render, slope_per_hour
 from edgekit.core.resources import Resources
 
 # What the CI soak's process may grow by after its warm-up (the later half's peak less the
@@ -134,6 +134,22 @@ def test_a_cameras_frames_lost_outside_its_outages_are_counted_and_jitter_and_ba
         frame()
         assert (track.lost, track.gaps, track.uncounted_gaps) == (3, 1, 1)
         assert frames_lost(track, 30.0)["lost"] == 3
+
+
+def test_the_verdict_names_a_camera_with_frames_lost_or_an_index_ahead_of_its_rate() -> None:
+    def cam(captured: int, lost: int = 0) -> dict[str, Any]:
+        return {"captured": captured, "expected": 107_464, "lost": lost, "outage_gaps": 5}
+
+    # On its rate, or over it by a few reopens' backlogs: nothing to say.
+    assert camera_problems({"a": cam(107_470), "b": cam(107_464 + 150)}) == []
+    # The hour's soak of 2026-12-05 before the appsink's drop count was mended: 16,363 frames
+    # more than 30 fps allows, and one lost frame.
+    problems = camera_problems({"cam2": cam(123_827), "cam1": cam(107_471, lost=1)})
+    assert len(problems) == 2, problems
+    assert "cam2: 123827 frames captured where its rate allows 107464" in problems[0]
+    assert problems[1] == "cam1: 1 frames lost outside its counted outages"
+    # As fast as it goes (no rate): no expectation, no verdict on the count.
+    assert camera_problems({"x": {"captured": 10, "expected": None, "lost": None, "outage_gaps": 0}}) == []
 
 
 def test_a_pipeline_that_keeps_every_frames_record_fails_the_soak(tiny: Any) -> None:

@@ -123,6 +123,12 @@ def judge(
     return problems
 
 
+#: A camera's capture count may run this share over its rate (clock drift, jitter) ...
+INDEX_SLACK = 0.01
+#: ... and this many frames a reopen (the backlog read in a burst: a jitter buffer's worth).
+BACKLOG_FRAMES = 30
+
+
 def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
     """A camera's account at ``fps``: frames captured, counted outages, and frames lost outside them.
 
@@ -148,6 +154,27 @@ def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
     return d
 
 
+def camera_problems(cameras: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Each camera's frames lost outside its outages, and an index that ran ahead of its rate.
+
+    More frames captured than the camera's rate allows is not a camera's doing: the frame index
+    counts frames that never were (a source miscounting its drops), and such an index hides any
+    frame really lost.  A reopen's backlog, read in a burst, is a few frames a gap: allowed.
+    """
+    problems: list[str] = []
+    for name, c in cameras.items():
+        if c.get("lost"):
+            problems.append(f"{name}: {c['lost']} frames lost outside its counted outages")
+        expected = c.get("expected")
+        allowed = expected and expected * (1 + INDEX_SLACK) + BACKLOG_FRAMES * (c["outage_gaps"] + 1)
+        if allowed and c["captured"] > allowed:
+            problems.append(
+                f"{name}: {c['captured']} frames captured where its rate allows {expected}: "
+                "its frame index runs ahead of the camera"
+            )
+    return problems
+
+
 def report(
     windows: Sequence[Window],
     warmup_s: float,
@@ -163,6 +190,7 @@ def report(
     kept = after_warmup(windows, warmup_s)
     problems = judge(windows, warmup_s, bounds, before, after)
     cams = dict(cameras or {})
+    problems += camera_problems(cams)
     lost = [c["lost"] for c in cams.values() if c.get("lost") is not None]
     return {
         "config": dict(config or {}),
