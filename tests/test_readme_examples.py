@@ -29,6 +29,10 @@ NOT_RUN = {
         "a network camera, a broker and an OTLP collector by name; tests/test_traces.py makes the same calls"
         " against a real broker and an OTLP receiver"
     ),
+    'open("cat.jpg", "rb")': (
+        "a client of a running `edgekit serve` on its default port; tests/test_serve_clients.py sends"
+        " the same JPEG request with tritonclient (gRPC and HTTP) to a server it starts"
+    ),
     'request.headers.get("traceparent")': (
         "a fragment of the reader's own request handler; tests/test_traces.py records request spans"
         " and checks them in an OTLP receiver"
