@@ -33,6 +33,7 @@ from edgekit.telemetry.trace_ids import ratio_keeps, trace_hex
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
+    from edgekit.pipeline.records import FrameRecord
     from edgekit.telemetry.trace_sampler import Kept
 
 #: The protocols an OTLP exporter speaks (``OTEL_EXPORTER_OTLP_PROTOCOL``).
@@ -132,7 +133,7 @@ class Tracing:
 
     # -- frames -----------------------------------------------------------------------------
 
-    def export_frame(self, kept: Kept, budget_ms: float | None = None) -> None:
+    def export_frame(self, kept: Kept[FrameRecord], budget_ms: float | None = None) -> None:
         """The frame's root span and one child per stage, timed from its record; queued for export."""
         from opentelemetry.context import Context
         from opentelemetry.trace import set_span_in_context
@@ -176,6 +177,9 @@ class Tracing:
         end_time: float | None = None,
         budget_ms: float | None = None,
         attributes: Mapping[str, Any] | None = None,
+        trace_id: int | None = None,
+        kept_for: str | None = None,
+        error: str | None = None,
     ) -> RequestTrace:
         """A served request's span and its stages' spans, continuing the caller's W3C ``traceparent``.
 
@@ -184,7 +188,12 @@ class Tracing:
         which is ``end_time`` (wall clock, s; now when left out).  Kept when the caller's trace is
         sampled (its flags), the request took longer than ``budget_ms``, or by ``request_ratio``
         on its trace id; its ids are returned either way (for the response's ``traceparent``).
-        An invalid ``traceparent`` is ignored, as W3C asks: the request starts a trace of its own.
+        An invalid ``traceparent`` is ignored, as W3C asks: the request starts a trace of its own,
+        ``trace_id`` when given (else a random one).
+
+        ``kept_for``: the decision is already made (``TailSampler``, as ``edgekit serve --trace``
+        makes it): exported, with ``edgekit.kept_for``.  ``error``: the request failed; its span's
+        status says so, with this description.
         """
         import time
 
@@ -200,9 +209,13 @@ class Tracing:
         if traceparent:
             ctx = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
         parent = get_current_span(ctx).get_span_context()
-        trace_id = parent.trace_id if parent.is_valid else random.getrandbits(128) or 1
+        if parent.is_valid:
+            trace_id = parent.trace_id
+        elif trace_id is None:
+            trace_id = random.getrandbits(128) or 1
         kept = (
-            (parent.is_valid and parent.trace_flags.sampled)
+            kept_for is not None
+            or (parent.is_valid and parent.trace_flags.sampled)
             or (budget_ms is not None and total_ms > budget_ms)
             or ratio_keeps(trace_id, self.request_ratio)
         )
@@ -211,6 +224,8 @@ class Tracing:
         attrs: dict[str, Any] = {"edgekit.latency_ms": total_ms, **(attributes or {})}
         if budget_ms is not None:
             attrs["edgekit.budget_ms"] = budget_ms
+        if kept_for is not None:
+            attrs["edgekit.kept_for"] = kept_for
         if not parent.is_valid:
             self._preset.trace_id = trace_id
         span = self.tracer.start_span(
@@ -223,6 +238,10 @@ class Tracing:
             stop = at + round(ms * 1e6)
             self.tracer.start_span(stage, context=child_ctx, start_time=at).end(end_time=stop)
             at = stop
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=end)
         sc = span.get_span_context()
         return RequestTrace(trace_hex(sc.trace_id), f"{sc.span_id:016x}", True)

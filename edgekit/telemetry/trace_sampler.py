@@ -10,6 +10,11 @@ A window's slowest are kept whatever the cap: ``slowest`` a window is its own bo
 A window closes when a frame arrives ``window_s`` after it opened, or when telemetry closes
 its own (``take``): then its slowest frames are the ones the telemetry window names.
 
+The same rules keep a served request's trace (``edgekit serve --trace``): anything with a
+capture time, a latency and a met flag is offered (``Offered``), with the trace id it already has
+(a caller's ``traceparent``) and whether its caller sampled it (then kept as ``sampled``, under
+the cap).
+
 Pure bookkeeping, no OpenTelemetry: a frame costs a comparison or two and a lock.
 """
 
@@ -17,18 +22,35 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from edgekit.pipeline.records import FrameRecord
 from edgekit.protocol.messages import MAX_WINDOW_TRACES
 from edgekit.telemetry.trace_ids import frame_trace_id, ratio_keeps, trace_hex
 
 
+class Offered(Protocol):
+    """What the sampler reads of a frame (``FrameRecord``) or a served request."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def captured_at(self) -> float: ...  # wall clock (s) when it began
+    @property
+    def latency_ms(self) -> float: ...
+    @property
+    def met(self) -> bool: ...  # within its budget (a frame), answered ok in time (a request)
+    @property
+    def camera(self) -> str: ...
+
+
+R = TypeVar("R", bound=Offered)
+
+
 @dataclass(frozen=True, slots=True)
-class Kept:
+class Kept(Generic[R]):
     """A frame whose trace is exported, and why: ``missed``, ``slowest`` (of its window) or ``sampled``."""
 
-    record: FrameRecord
+    record: R
     trace_id: int
     reason: str
 
@@ -45,9 +67,9 @@ class Kept:
 
 
 @dataclass
-class _Window:
+class _Window(Generic[R]):
     start: float  # the first frame's capture time (wall clock, s)
-    worst: list[tuple[float, int, FrameRecord, int, bool]] = field(default_factory=list)
+    worst: list[tuple[float, int, R, int, bool]] = field(default_factory=list)
     # (latency_ms, order, record, trace_id, kept already); at most ``slowest`` entries
 
 
@@ -65,8 +87,12 @@ class SamplerCounts:
         return {k: getattr(self, k) for k in ("frames", "missed", "slowest", "sampled", "over_cap")}
 
 
-class TailSampler:
-    """Decides, frame by frame after the fact, which traces to keep; thread-safe (``offer`` vs ``take``)."""
+class TailSampler(Generic[R]):
+    """Decides, frame by frame after the fact, which traces to keep; thread-safe (``offer`` vs ``take``).
+
+    ``TailSampler[FrameRecord]`` for a pipeline's frames (trace ids derived from the frames),
+    ``TailSampler[RequestRecord]`` for served requests (trace ids given to ``offer``).
+    """
 
     def __init__(
         self,
@@ -90,19 +116,23 @@ class TailSampler:
         self.max_per_s = max_per_s
         self.counts = SamplerCounts()
         self._lock = threading.Lock()
-        self._window: _Window | None = None
+        self._window: _Window[R] | None = None
         self._driven = False  # telemetry closes the windows (``take``), not the frames' clock
         self._tokens = max_per_s  # a second's worth of burst
         self._last_at: float | None = None
         self._order = 0
 
-    def trace_id(self, record: FrameRecord) -> int:
+    def trace_id(self, record: Offered) -> int:
         return frame_trace_id(self.session, record.camera, record.index)
 
-    def offer(self, record: FrameRecord) -> list[Kept]:
-        """The traces to export now: this frame's if kept, and a closed window's slowest not kept yet."""
-        out: list[Kept] = []
-        tid = self.trace_id(record)
+    def offer(self, record: R, trace_id: int | None = None, *, wanted: bool = False) -> list[Kept[R]]:
+        """The traces to export now: this frame's if kept, and a closed window's slowest not kept yet.
+
+        ``trace_id``: the record's own (a request's), else derived (a frame's); ``wanted``: its
+        caller sampled it (the ``traceparent``'s flag), so it is kept as ``sampled``, under the cap.
+        """
+        out: list[Kept[R]] = []
+        tid = self.trace_id(record) if trace_id is None else trace_id
         with self._lock:
             w = self._window
             if w is None:
@@ -111,7 +141,9 @@ class TailSampler:
                 out.extend(self._close(w))
                 w = self._window = _Window(record.captured_at)
             self.counts.frames += 1
-            reason = "missed" if not record.met else ("sampled" if ratio_keeps(tid, self.ratio) else "")
+            reason = (
+                "missed" if not record.met else ("sampled" if wanted or ratio_keeps(tid, self.ratio) else "")
+            )
             kept = bool(reason) and self._token(record.captured_at)
             if reason and not kept:
                 self.counts.over_cap += 1
@@ -121,7 +153,7 @@ class TailSampler:
             self._consider(w, record, tid, kept)
         return out
 
-    def take(self) -> tuple[list[Kept], list[dict[str, Any]]]:
+    def take(self) -> tuple[list[Kept[R]], list[dict[str, Any]]]:
         """Close the window now (telemetry's window closed): its slowest to export, and all its slowest's refs.
 
         From the first call on, windows close only here: the telemetry window and the traces it
@@ -138,11 +170,24 @@ class TailSampler:
             ]
             return self._close(w), refs
 
-    def flush(self) -> list[Kept]:
+    def flush(self) -> list[Kept[R]]:
         """Close the window at the end of a run: its slowest not kept yet."""
         with self._lock:
             w, self._window = self._window, None
             return self._close(w) if w is not None else []
+
+    def expire(self, now: float) -> list[Kept[R]]:
+        """Close the window if ``window_s`` has passed by ``now`` (wall clock) with nothing offered since.
+
+        For a server gone quiet after a slow request: its window's slowest is exported within a
+        window, not when the next request comes.  A telemetry-driven sampler's windows stay open.
+        """
+        with self._lock:
+            w = self._window
+            if w is None or self._driven or now < w.start + self.window_s:
+                return []
+            self._window = None
+            return self._close(w)
 
     # -- under the lock ---------------------------------------------------------------------
 
@@ -155,7 +200,7 @@ class TailSampler:
             return True
         return False
 
-    def _consider(self, w: _Window, record: FrameRecord, tid: int, kept: bool) -> None:
+    def _consider(self, w: _Window[R], record: R, tid: int, kept: bool) -> None:
         if self.slowest == 0:
             return
         self._order += 1  # ties: the earlier frame stays
@@ -167,7 +212,7 @@ class TailSampler:
         if entry[:2] > w.worst[low][:2]:
             w.worst[low] = entry
 
-    def _close(self, w: _Window) -> list[Kept]:
+    def _close(self, w: _Window[R]) -> list[Kept[R]]:
         out = [Kept(rec, tid, "slowest") for _, _, rec, tid, kept in w.worst if not kept]
         self.counts.slowest += len(out)
         return out

@@ -23,8 +23,9 @@ from edgekit.telemetry.trace_ids import new_session
 from edgekit.telemetry.trace_sampler import Kept, TailSampler
 
 if TYPE_CHECKING:
+    from edgekit.model import Model
     from edgekit.pipeline import Pipeline
-    from edgekit.pipeline.records import FrameResult
+    from edgekit.pipeline.records import FrameRecord, FrameResult
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,11 @@ class FrameTracer:
     depth = QUEUE_DEPTH
 
     def __init__(
-        self, tracing: Tracing, sampler: TailSampler, budgets: Mapping[str, float], budget_ms: float
+        self,
+        tracing: Tracing,
+        sampler: TailSampler[FrameRecord],
+        budgets: Mapping[str, float],
+        budget_ms: float,
     ) -> None:
         self.tracing = tracing
         self.sampler = sampler
@@ -55,7 +60,7 @@ class FrameTracer:
         self._export(kept)
         return refs
 
-    def _export(self, kept: list[Kept]) -> None:
+    def _export(self, kept: list[Kept[FrameRecord]]) -> None:
         for k in kept:
             self.tracing.export_frame(k, self._budgets.get(k.record.camera, self._budget_ms))
 
@@ -69,11 +74,16 @@ class FrameTracer:
 
 def bundle_resource(pipeline: Pipeline, device_id: str | None = None) -> dict[str, str]:
     """The resource attributes a device's traces carry: its id, profile, bundle hash and model."""
+    return model_resource(pipeline.model, device_id)
+
+
+def model_resource(model: Model, device_id: str | None = None) -> dict[str, str]:
+    """``bundle_resource`` of a loaded model (a server's, which has no pipeline)."""
     from edgekit.selection.choice_cache import manifest_sha256
 
-    m = pipeline.model.manifest
+    m = model.manifest
     try:
-        sha = manifest_sha256(pipeline.model.root)
+        sha = manifest_sha256(model.root)
     except OSError:
         sha = ""
     return {
@@ -128,7 +138,9 @@ def trace(
         request_ratio=ratio,
         exporter=exporter,
     )
-    sampler = TailSampler(new_session(), ratio=ratio, slowest=slowest, window_s=window_s, max_per_s=max_per_s)
+    sampler: TailSampler[FrameRecord] = TailSampler(
+        new_session(), ratio=ratio, slowest=slowest, window_s=window_s, max_per_s=max_per_s
+    )
     tracer = FrameTracer(tracing, sampler, pipeline.budgets, pipeline.budget_ms)
     pipeline.add_sink(tracer)
     return tracer
