@@ -41,6 +41,7 @@ class Span:
     end_ns: int
     attributes: dict[str, Any]
     resource: dict[str, Any]
+    status: int = 0  # STATUS_CODE_UNSET; 2: ERROR
 
     @property
     def ms(self) -> float:
@@ -72,6 +73,7 @@ class Receiver:
                             end_ns=s.end_time_unix_nano,
                             attributes={a.key: _value(a.value) for a in s.attributes},
                             resource=resource,
+                            status=s.status.code,
                         )
                     )
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from pathlib import Path
@@ -93,6 +94,24 @@ def serve_command(
             help="How long a request may wait for others to join its batch; 0: only those already waiting.",
         ),
     ] = 0.0,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            "--trace",
+            envvar="EDGEKIT_TRACE",
+            help="Export OpenTelemetry traces of requests over OTLP, configured by OTEL_EXPORTER_OTLP_ENDPOINT, "
+            "OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME; a request's traceparent (HTTP header, gRPC "
+            "metadata) is its parent. Kept: every failed or late request, every one its caller sampled, "
+            "each 5 s's slowest, 1% of the rest, at most 10 a second (pip install 'edgekit[tracing]'). "
+            "Without an endpoint: a warning, and nothing traced.",
+        ),
+    ] = False,
+    device_id: Annotated[
+        str | None,
+        typer.Option(
+            "--device-id", help="Device id in the traces' resource (device.id); default: the host name."
+        ),
+    ] = None,
 ) -> None:
     """Serve BUNDLE's model over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, as Triton does.
 
@@ -124,6 +143,10 @@ def serve_command(
     try:
         with _load(bundle, device, key, allow_unsigned) as model:
             err_console.print(f"loaded {model!r}; starting the listeners", highlight=False, markup=False)
+            if trace:
+                from edgekit.telemetry import trace_requests
+
+                options = dataclasses.replace(options, tracer=trace_requests(model, device_id=device_id))
             running = start(model, options)
             try:
                 scheme = "https" if tls_cert else "http"

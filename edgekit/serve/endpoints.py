@@ -26,6 +26,7 @@ from edgekit.serve.datatypes import oip_datatype
 from edgekit.serve.images import check_pixels, decode
 from edgekit.serve.limits import Limits
 from edgekit.serve.outcomes import ProtocolError
+from edgekit.serve.timing import Timing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -69,6 +70,8 @@ class InferRequest:
     id: str = ""
     #: ``time.monotonic()`` after which the request is answered with an error, not computed.
     deadline: float = float("inf")
+    #: Its times for its trace; None when the server traces nothing.
+    timing: Timing | None = None
 
 
 @dataclass

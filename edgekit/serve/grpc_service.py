@@ -129,11 +129,14 @@ class InferenceServicer:
     def ModelInfer(self, request: Any, context: Any) -> Any:
         started = time.perf_counter()
         service = self.service
+        timing = None
+        if service.tracer is not None:  # the caller's trace, in the metadata as W3C says for HTTP
+            timing = service.timing(dict(context.invocation_metadata()).get("traceparent"))
         try:
             endpoint = service.endpoint(request.model_name, request.model_version)
             inputs = self._inputs(request)
         except ProtocolError as err:
-            service.refused(request.model_name, PROTOCOL, err)
+            service.refused(request.model_name, PROTOCOL, err, timing)
             raise
         remaining = context.time_remaining()  # the client's deadline, if it set one
         result = service.infer(
@@ -144,6 +147,7 @@ class InferenceServicer:
                 _parameters(request.parameters),
                 request.id,
                 service.deadline(remaining),
+                timing,
             ),
             PROTOCOL,
         )
@@ -153,7 +157,7 @@ class InferenceServicer:
         for t in result.outputs:
             response.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.data.shape))
             response.raw_output_contents.append(to_raw(t.data))
-        service.answered(endpoint.name, started)
+        service.answered(endpoint.name, started, timing)
         return response
 
     def _inputs(self, request: Any) -> dict[str, np.ndarray]:

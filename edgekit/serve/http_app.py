@@ -114,20 +114,21 @@ def make_app(service: Service, token: str | None, hosts: list[str]) -> Any:
     async def infer(request: Any) -> Any:
         started = time.perf_counter()
         name = request.path_params["model"]
+        timing = service.timing(request.headers.get("traceparent")) if service.tracer else None
         try:
             endpoint = model_of(request)
             if request.headers.get("content-encoding", "identity") != "identity":
                 raise ProtocolError("compressed requests are not accepted here: send them uncompressed")
             body = await _body(request, service.limits.max_request_bytes)
         except ProtocolError as err:
-            service.refused(name, PROTOCOL, err)
+            service.refused(name, PROTOCOL, err, timing)
             return _error(err)
 
         def answer() -> tuple[bytes, int | None]:
             try:
                 asked = decode_request(body, request.headers.get(HEADER_LENGTH), service.limits)
             except ProtocolError as err:
-                service.refused(name, PROTOCOL, err)
+                service.refused(name, PROTOCOL, err, timing)
                 raise
             timeout = asked.parameters.get("timeout")  # tritonclient's, in microseconds
             client_s = timeout / 1e6 if isinstance(timeout, int) and not isinstance(timeout, bool) else None
@@ -139,6 +140,7 @@ def make_app(service: Service, token: str | None, hosts: list[str]) -> Any:
                     asked.parameters,
                     asked.id,
                     service.deadline(client_s),
+                    timing,
                 ),
                 PROTOCOL,
             )
@@ -150,7 +152,7 @@ def make_app(service: Service, token: str | None, hosts: list[str]) -> Any:
             return _error(err)
         headers = {} if header_length is None else {HEADER_LENGTH: str(header_length)}
         media = "application/json" if header_length is None else "application/octet-stream"
-        service.answered(endpoint.name, started)
+        service.answered(endpoint.name, started, timing)
         return Response(body_out, headers=headers, media_type=media)
 
     routes = [

@@ -83,7 +83,7 @@ class InferenceQueue:
             for job in taken.expired:
                 request, future = job.payload
                 if future.set_running_or_notify_cancel():
-                    self._stage(request, now - job.queued)
+                    self._stage(request, now - job.queued, 0)
                     future.set_exception(
                         ProtocolError(
                             f"request waited {now - job.queued:.3f} s, past its deadline: not computed",
@@ -94,10 +94,12 @@ class InferenceQueue:
             jobs = [j for j in taken.batch if j.payload[1].set_running_or_notify_cancel()]
             if jobs:
                 for job in jobs:
-                    self._stage(job.payload[0], now - job.queued)
+                    self._stage(job.payload[0], now - job.queued, len(jobs))
                 self._run(jobs)
 
-    def _stage(self, request: InferRequest, queued_s: float) -> None:
+    def _stage(self, request: InferRequest, queued_s: float, batch: int) -> None:
+        if request.timing is not None:  # read by the request's thread once its future is done
+            request.timing.queued_s, request.timing.batch = queued_s, batch
         if self._metrics is not None:
             self._metrics.stages(request.endpoint.name, {"queue": queued_s})
 

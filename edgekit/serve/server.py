@@ -23,6 +23,7 @@ from edgekit.serve.http_app import make_app
 from edgekit.serve.limits import Limits
 from edgekit.serve.runner import Batching
 from edgekit.serve.service import Service
+from edgekit.serve.timing import Tracer
 
 if TYPE_CHECKING:
     from edgekit.model import Model
@@ -42,6 +43,8 @@ class ServeOptions:
     tls_key: Path | None = None
     limits: Limits = field(default_factory=Limits)
     batching: Batching = field(default_factory=Batching)
+    #: Each request's times go here (``edgekit.telemetry.trace_requests``); the server closes it.
+    tracer: Tracer | None = None
 
 
 class Running:
@@ -107,7 +110,7 @@ def start(model: Model, options: ServeOptions) -> Running:
             tls = (options.tls_key.read_bytes(), options.tls_cert.read_bytes())
         except OSError as err:
             raise EdgekitError(f"cannot read the TLS files: {err}", "check --tls-cert and --tls-key") from err
-    service = Service(model, options.limits, options.batching)
+    service = Service(model, options.limits, options.batching, options.tracer)
     running = Running(service)
     try:
         if options.grpc_port is not None:

@@ -18,6 +18,7 @@ from edgekit.serve.metrics import ServeMetrics
 from edgekit.serve.outcomes import Outcome, ProtocolError
 from edgekit.serve.queue import InferenceQueue
 from edgekit.serve.runner import Batching, ModelRunner
+from edgekit.serve.timing import Timing, Tracer
 
 if TYPE_CHECKING:
     from edgekit.model import Model
@@ -30,8 +31,16 @@ EXTENSIONS = ("binary_tensor_data",)
 
 
 class Service:
-    def __init__(self, model: Model, limits: Limits | None = None, batching: Batching | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        limits: Limits | None = None,
+        batching: Batching | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.model = model
+        #: Where each request's times go when it is done (``--trace``); None: nowhere, at no cost.
+        self.tracer = tracer
         self.limits = limits or Limits()
         self.batching = batching or Batching()
         self.endpoints = endpoints_of(model, self.limits)
@@ -65,11 +74,19 @@ class Service:
         wait = self.limits.deadline_s if client_s is None else min(client_s, self.limits.deadline_s)
         return time.monotonic() + max(wait, 0.0)
 
+    def timing(self, traceparent: str | None) -> Timing | None:
+        """A request's times from its receipt, when the server traces (its caller's ``traceparent``)."""
+        return None if self.tracer is None else Timing(traceparent)
+
     def infer(self, request: InferRequest, protocol: str) -> InferResult:
         """Check, queue and wait for ``request``; counted in the metrics whatever its outcome."""
         name = request.endpoint.name
+        timing = request.timing
         try:
             request.endpoint.check(request)
+            if timing is not None:
+                timing.protocol, timing.deadline = protocol, request.deadline
+                timing.submitted = time.perf_counter()
             future = self.queue.submit(request)
             try:
                 # The worker answers an expired request itself; the margin covers the running one.
@@ -79,20 +96,45 @@ class Service:
                 raise ProtocolError("no answer within the request's deadline", Outcome.DEADLINE) from None
         except ProtocolError as err:
             self.metrics.request(name, protocol, err.outcome.label)
+            self._trace(timing, name, protocol, err.outcome.label)
             raise
         self.metrics.request(name, protocol, Outcome.OK.label)
+        if timing is not None:
+            timing.worked = result.stages
         return result
 
-    def answered(self, name: str, started: float) -> None:
+    def answered(self, name: str, started: float, timing: Timing | None = None) -> None:
         """An answered request's whole time in the server (``request`` stage), from ``perf_counter`` ``started``."""
         self.metrics.stages(name, {"request": time.perf_counter() - started})
+        if timing is not None:
+            self._trace(timing, name, timing.protocol, Outcome.OK.label, time.monotonic() <= timing.deadline)
 
-    def refused(self, name: str, protocol: str, err: ProtocolError) -> None:
+    def refused(self, name: str, protocol: str, err: ProtocolError, timing: Timing | None = None) -> None:
         """Count a request refused before it reached ``infer`` (undecodable, over a cap, no such model)."""
         # A name the client made up is not a label: one series per guess would grow without bound.
-        self.metrics.request(name if name in self.endpoints else UNKNOWN_MODEL, protocol, err.outcome.label)
+        label = name if name in self.endpoints else UNKNOWN_MODEL
+        self.metrics.request(label, protocol, err.outcome.label)
+        self._trace(timing, label, protocol, err.outcome.label)
+
+    def _trace(
+        self, timing: Timing | None, name: str, protocol: str, outcome: str, in_time: bool = True
+    ) -> None:
+        if timing is None or self.tracer is None:
+            return
+        self.tracer.request(
+            traceparent=timing.traceparent,
+            received_at=timing.received_at,
+            stages=timing.stages(time.perf_counter()),
+            outcome=outcome,
+            in_time=in_time,
+            model=name,
+            protocol=protocol,
+            batch=timing.batch,
+        )
 
     def close(self) -> None:
         self.ready = False
         self.queue.close()
         self.runner.close()
+        if self.tracer is not None:  # after the queue: the requests it answered on closing are traced
+            self.tracer.close()
