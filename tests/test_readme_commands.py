@@ -74,6 +74,12 @@ SERVE_INFER = (
     'http://127.0.0.1:8000/v2/models/efficientnet-lite0-image/infer -H "Inference-Header-Content-Length: '
     '${#head}" --data-binary @request.bin'
 )
+#: The serve guide's request with a caller's traceparent (docs/guides/serve.md, "Traces").
+SERVE_TRACEPARENT = (
+    "curl -s http://127.0.0.1:8000/v2/models/efficientnet-lite0-image/infer -H 'traceparent: "
+    '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\' -d \'{"inputs":[{"name":"IMAGE",'
+    '"datatype":"UINT8","shape":[2,2,3],"data":[0,0,255,0,0,255,0,0,255,0,0,255]}]}\''
+)
 
 #: Commands not run, by their exact text (continuations joined, comment dropped): why.
 SKIPPED = {
@@ -95,6 +101,10 @@ SKIPPED = {
     "curl -s http://127.0.0.1:8000/v2/health/ready -o /dev/null -w '%{http_code}\\n'": SERVE_CURL,
     "curl -s http://127.0.0.1:8000/v2/models/efficientnet-lite0-image": SERVE_CURL,
     SERVE_INFER: SERVE_CURL,
+    SERVE_TRACEPARENT: (
+        "the server the guide starts does not trace; tests/test_serve_traces.py runs this command against "
+        "'edgekit serve --trace' and an OTLP receiver, and checks the caller's trace continues"
+    ),
     # ARM64: containers and binfmt as root.
     "podman build --arch arm64 --format docker -f Dockerfile.arm64 -t edgekit-device:arm64 .": (
         "builds the arm64 device image under QEMU (tens of minutes); tools/arm64_check.sh does, in .ci/run"
@@ -226,7 +236,7 @@ SUBSTITUTIONS = [
     ),
     Substitution(r"(edgekit fleet serve .*)$", r"\1 --port {http_port}", "port 8765 may be another user's"),
     Substitution(
-        r"^(edgekit serve bundles/enl0-x86)$",
+        r"^(edgekit serve bundles/enl0-x86(?: --trace --device-id cam-7)?)$",
         r"\1 --http-port {http_port} --grpc-port 0",
         "ports 8000 and 8001 may be another user's",
     ),

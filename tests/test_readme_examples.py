@@ -33,6 +33,10 @@ NOT_RUN = {
         "a client of a running `edgekit serve` on its default port; tests/test_serve_clients.py sends"
         " the same JPEG request with tritonclient (gRPC and HTTP) to a server it starts"
     ),
+    'tracer = trace_requests(model, device_id="cam-7")': (
+        "a fragment: the reader's loaded model, served on ports 8000 and 8001; tests/test_serve_traces.py"
+        " makes the same calls against an OTLP receiver"
+    ),
     'request.headers.get("traceparent")': (
         "a fragment of the reader's own request handler; tests/test_traces.py records request spans"
         " and checks them in an OTLP receiver"
