@@ -186,6 +186,7 @@ def soak(
     bounds: Bounds = LONG_BOUNDS,
     telemetry_interval_s: float = 5.0,
     heap: bool = True,
+    judge_lost: bool = True,
     progress: bool = True,
     on_result: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
@@ -236,6 +237,7 @@ def soak(
         cameras=cams,
         coarse=recorder.coarse,
         config=config,
+        judge_lost=judge_lost,
     )
     return out | extra
 

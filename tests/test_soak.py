@@ -150,6 +150,8 @@ def test_the_verdict_names_a_camera_with_frames_lost_or_an_index_ahead_of_its_ra
     assert problems[1] == "cam1: 1 frames lost outside its counted outages"
     # As fast as it goes (no rate): no expectation, no verdict on the count.
     assert camera_problems({"x": {"captured": 10, "expected": None, "lost": None, "outage_gaps": 0}}) == []
+    # Lost frames not judged (the CI soak): only the index.
+    assert camera_problems({"cam1": cam(107_471, lost=1), "cam2": cam(123_827)}, lost=False) == [problems[0]]
 
 
 def test_a_pipeline_that_keeps_every_frames_record_fails_the_soak(tiny: Any) -> None:
@@ -190,6 +192,11 @@ def test_200000_frames_with_camera_restarts_grow_nothing(tiny: Any) -> None:
             bounds=CI_BOUNDS,
             telemetry_interval_s=1.0,
             heap=False,
+            # The fast source takes the CPU from the camera's capture thread on purpose, so the
+            # camera may lose frames here (22 of 1,200 in one CI run): the machine's doing,
+            # not a leak's.  The hour's soak of live cameras judges them; an index ahead of the
+            # camera's rate (a miscount) is judged here too.
+            judge_lost=False,
         )
     finally:
         camera.close()
