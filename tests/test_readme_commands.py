@@ -175,6 +175,9 @@ SKIPPED = {
     "python -m benchmarks.soak --minutes 60 --cameras 4 --fps 30 --restart-every 180 --json > soak.json": (
         "an hour-long soak; tests/test_soak.py runs the CI-sized one"
     ),
+    "python -m benchmarks.soak --minutes 45 --json > soak.json": (
+        "a 45-minute soak (docs/measurements); tests/test_soak.py runs the CI-sized one"
+    ),
     "python -m benchmarks.soak --minutes 60 --json > soak.json": (
         "an hour-long soak (docs/measurements); tests/test_soak.py runs the CI-sized one"
     ),
@@ -192,6 +195,11 @@ class Substitution:
 
 
 SUBSTITUTIONS = [
+    Substitution(
+        r"python -m benchmarks\.event_cost --json",
+        "python -m benchmarks.event_cost --frames 200 --seconds 1 --rounds 1 --json",
+        "a measurement's recipe (docs/measurements), run at its smallest: a minute as written",
+    ),
     # Options in [brackets] are optional: they are run (so that they exist), but for these.
     Substitution(
         r" \[--port 2222\] \[--key id_ed25519\]", "", "the sshd's own port and key are given instead"
