@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.telemetry.otel_export import Tracing
 from edgekit.telemetry.trace_ids import new_session
 from edgekit.telemetry.trace_sampler import Kept, TailSampler
-from edgekit.telemetry.tracing import endpoint_configured, model_resource
+from edgekit.telemetry.tracing import model_resource, open_tracing
 
 if TYPE_CHECKING:
     from edgekit.model import Model
@@ -175,16 +175,9 @@ def trace_requests(
     environment; with no endpoint at all and no ``exporter``, a warning and ``None`` (nothing
     traced, nothing imported).  The server closes it when it stops.
     """
-    if exporter is None and not endpoint_configured(endpoint):
-        log.warning("traces: no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT), not tracing")
+    tracing = open_tracing(model_resource(model, device_id), endpoint, protocol, ratio, exporter)
+    if tracing is None:
         return None
-    tracing = Tracing(
-        resource=model_resource(model, device_id),
-        endpoint=endpoint,
-        protocol=protocol,
-        request_ratio=ratio,
-        exporter=exporter,
-    )
     sampler: TailSampler[RequestRecord] = TailSampler(
         new_session(), ratio=ratio, slowest=slowest, window_s=window_s, max_per_s=max_per_s
     )

@@ -94,6 +94,18 @@ def model_resource(model: Model, device_id: str | None = None) -> dict[str, str]
     }
 
 
+def open_tracing(
+    resource: Mapping[str, Any], endpoint: str | None, protocol: str | None, ratio: float, exporter: Any
+) -> Tracing | None:
+    """The exporting side of a tracer, or ``None`` (with one warning) where no endpoint is configured."""
+    if exporter is None and not endpoint_configured(endpoint):
+        log.warning("traces: no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT), not tracing")
+        return None
+    return Tracing(
+        resource=resource, endpoint=endpoint, protocol=protocol, request_ratio=ratio, exporter=exporter
+    )
+
+
 def endpoint_configured(endpoint: str | None = None) -> bool:
     """Whether traces have somewhere to go: ``endpoint``, or the environment's OTLP (traces) endpoint."""
     return bool(
@@ -128,16 +140,9 @@ def trace(
     sink, no SDK import, no exporter retrying against a ``localhost`` where nothing listens (a
     fleet may switch ``EDGEKIT_TRACE`` on everywhere before every device has a collector).
     """
-    if exporter is None and not endpoint_configured(endpoint):
-        log.warning("traces: no OTLP endpoint configured (OTEL_EXPORTER_OTLP_ENDPOINT), not tracing")
+    tracing = open_tracing(bundle_resource(pipeline, device_id), endpoint, protocol, ratio, exporter)
+    if tracing is None:
         return None
-    tracing = Tracing(
-        resource=bundle_resource(pipeline, device_id),
-        endpoint=endpoint,
-        protocol=protocol,
-        request_ratio=ratio,
-        exporter=exporter,
-    )
     sampler: TailSampler[FrameRecord] = TailSampler(
         new_session(), ratio=ratio, slowest=slowest, window_s=window_s, max_per_s=max_per_s
     )
