@@ -332,3 +332,27 @@ def test_a_batch_waits_up_to_the_delay_for_more_of_its_key() -> None:
     taker.join(30)
     assert not taker.is_alive()
     assert [j.payload for j in got[0].batch] == [0, 2, 3] and q.depth == 1
+
+
+def test_a_lane_has_its_own_bound_and_a_job_that_never_expires_is_run_late() -> None:
+    q: BatchQueue[str] = BatchQueue(size=2, max_rows=8, lanes={"frames": 1})
+    q.put(Job("r1", 1e12))
+    q.put(Job("r2", 1e12))
+    with pytest.raises(QueueFull):  # the requests' room is full ...
+        q.put(Job("r3", 1e12))
+    q.put(Job("late frame", 0.0, expires=False, lane="frames"))  # ... the frames' is not
+    assert [j.payload for j in q.put_all([Job("f2", 1e12, lane="frames")])] == ["f2"]
+    q.put_all([])
+    taken = q.take()
+    assert taken is not None and taken.expired == []
+    assert [j.payload for j in taken.batch] == ["late frame"]  # past its deadline, still run, first
+
+
+def test_jobs_put_together_are_taken_together() -> None:
+    q: BatchQueue[int] = BatchQueue(size=8, max_rows=8)
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(q.take()))
+    taker.start()
+    assert q.put_all([Job(i, key="k") for i in range(3)]) == []
+    taker.join(30)
+    assert [j.payload for j in got[0].batch] == [0, 1, 2]

@@ -13,8 +13,12 @@ the server) is put as a ``Job``: its payload, its deadline, the rows it adds to 
   an error and does not compute them.
 
 Bounded: ``put`` refuses a job at once (``QueueFull``) when ``size`` jobs wait, so memory is at
-most ``size`` waiting jobs plus the batch being gathered plus the one running.  One consumer
-thread: runtimes are not all safe to call from several threads, and one session already uses
+most ``size`` waiting jobs plus the batch being gathered plus the one running.  A job may belong
+to a ``lane`` with a bound of its own (``lanes``): camera frames that share the server's model
+have their own room, so a burst of requests cannot push the cameras out, nor the cameras the
+requests.  A job that must be computed even late (``expires=False``: a camera frame, which is
+labelled and counted as a miss rather than lost) is ordered by its deadline like any other.
+One consumer thread: runtimes are not all safe to call from several threads, and one session already uses
 the device's cores.
 """
 
@@ -24,7 +28,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -50,6 +54,10 @@ class Job(Generic[T]):
     rows: int = 1
     #: ``time.monotonic()`` when it was put.
     queued: float = field(default_factory=time.monotonic)
+    #: False: computed even after its deadline (late, not lost); True: returned apart, not computed.
+    expires: bool = True
+    #: The bound it counts against: ``lanes[lane]`` when named there, else the queue's ``size``.
+    lane: Hashable | None = None
 
 
 @dataclass
@@ -61,14 +69,21 @@ class Taken(Generic[T]):
 
 
 class BatchQueue(Generic[T]):
-    def __init__(self, size: int, max_rows: int = 1, max_delay_s: float = 0.0) -> None:
-        if size < 1:
+    def __init__(
+        self,
+        size: int,
+        max_rows: int = 1,
+        max_delay_s: float = 0.0,
+        lanes: Mapping[Hashable, int] | None = None,
+    ) -> None:
+        if size < 1 or any(n < 1 for n in (lanes or {}).values()):
             raise ValueError("the queue holds at least one job")
         if max_rows < 1:
             raise ValueError("a batch holds at least one row")
         self.size = size
         self.max_rows = max_rows
         self.max_delay_s = max(max_delay_s, 0.0)
+        self.lanes = dict(lanes or {})
         self._heap: list[tuple[float, int, Job[T]]] = []
         self._order = itertools.count()
         self._cond = threading.Condition()
@@ -80,14 +95,33 @@ class BatchQueue(Generic[T]):
         return len(self._heap)
 
     def put(self, job: Job[T]) -> None:
-        """Queue ``job``; ``QueueFull`` at once when ``size`` wait, ``QueueClosed`` after ``close``."""
+        """Queue ``job``; ``QueueFull`` at once when its bound's jobs wait, ``QueueClosed`` after ``close``."""
+        if self.put_all([job]):
+            raise QueueFull
+
+    def put_all(self, jobs: list[Job[T]]) -> list[Job[T]]:
+        """Queue ``jobs`` at once (the consumer sees all or none of them yet): those that did not fit.
+
+        Frames that wait together go in together, so a consumer taking the first cannot start
+        its batch before the others are there.  ``QueueClosed`` after ``close``.
+        """
+        refused = []
         with self._cond:
             if self._closed:
                 raise QueueClosed
-            if len(self._heap) >= self.size:
-                raise QueueFull
-            heapq.heappush(self._heap, (job.deadline, next(self._order), job))
+            for job in jobs:
+                lane = self._lane(job)
+                bound = self.size if lane is None else self.lanes[lane]
+                # A scan, not a count per lane: the heap holds at most the bounds' sum (a few dozen).
+                if sum(1 for item in self._heap if self._lane(item[2]) == lane) >= bound:
+                    refused.append(job)
+                else:
+                    heapq.heappush(self._heap, (job.deadline, next(self._order), job))
             self._cond.notify()
+        return refused
+
+    def _lane(self, job: Job[T]) -> Hashable | None:
+        return job.lane if job.lane in self.lanes else None
 
     def take(self) -> Taken[T] | None:
         """Block until there is work: the next batch and the expired jobs; None once closed."""
@@ -116,11 +150,16 @@ class BatchQueue(Generic[T]):
             return Taken(batch, expired)
 
     def _expired(self, now: float) -> list[Job[T]]:
-        # Earliest deadline first: the expired ones are at the head.
-        out = []
-        while self._heap and self._heap[0][0] < now:
-            out.append(heapq.heappop(self._heap)[2])
-        return out
+        # Earliest deadline first: any expired job is at the head, unless a job that never
+        # expires is there first; then the passed ones are picked out (the heap is short).
+        if not self._heap or self._heap[0][0] >= now:
+            return []
+        out = [item for item in sorted(self._heap) if item[0] < now and item[2].expires]
+        if out:
+            gone = {id(item[2]) for item in out}
+            self._heap = [item for item in self._heap if id(item[2]) not in gone]
+            heapq.heapify(self._heap)
+        return [item[2] for item in out]
 
     def _join(self, batch: list[Job[T]], rows: int) -> int:
         """Move the waiting jobs of ``batch``'s key into it (earliest deadline first) while they fit."""
