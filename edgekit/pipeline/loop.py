@@ -52,6 +52,7 @@ from edgekit.pipeline.levels import Level, degrade_chain, warm_up
 from edgekit.pipeline.policy import DegradeController, Policy
 from edgekit.pipeline.records import Counters, FrameRecord, FrameResult
 from edgekit.pipeline.run_stats import CameraStats, RunStats, Summary
+from edgekit.pipeline.shared import SharedFrame, SharedModel
 from edgekit.pipeline.sinks import Sink, Sinks
 from edgekit.pipeline.source_health import HealthWatch, total
 from edgekit.pipeline.sources import Source, open_source
@@ -94,6 +95,9 @@ class Pipeline:
     ``batch`` infers frames of many cameras that wait together as one batch where the artifact
     allows it (``auto``: as many as fit the budget, at most 8; ``off``; or the most frames a
     batch may hold; see ``edgekit.pipeline.batching``).
+    ``shared`` runs the frames on a model worker shared with other work (``edgekit serve``'s:
+    ``Running.frames()``) instead of on the pipeline's thread: its frames and the server's
+    image requests are batched together (see ``edgekit.pipeline.shared``).
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class Pipeline:
         opencv_threads: int | None = 1,
         warm: str = "auto",
         batch: str | int = "auto",
+        shared: SharedModel | None = None,
     ) -> None:
         budget = parse_budget(budget_ms if budget_ms is not None else model.manifest.device.budget_ms)
         if frames is not None and frames < 1:
@@ -123,6 +128,11 @@ class Pipeline:
             )
         if duration_s is not None and not duration_s > 0:
             raise PipelineError(f"duration must be positive, got {duration_s}", "e.g. --duration 10")
+        if shared is not None and shared.model is not model:
+            raise PipelineError(
+                "the shared model worker runs another model than this pipeline's",
+                "give the pipeline the model the server was started with",
+            )
         self.model = model
         self.budget_ms = budget
         self.max_frames = frames
@@ -136,7 +146,11 @@ class Pipeline:
             self.sinks.add(watch)
         if warm not in ("auto", "on", "off"):
             raise PipelineError(f"warm must be auto, on or off, got {warm!r}", "e.g. --warm auto")
-        self.warm = warm
+        # A shared worker is warm from its other work, and runs the session: no warm pass here.
+        self.warm = "off" if shared is not None else warm
+        self._shared = shared
+        #: Frames the shared worker refused (its room for frames was full), per camera.
+        self._refused: dict[str, int] = {}
         self._batch_most = parse_batch(batch)
         self._batcher: Batcher | None = None
         if opencv_threads is not None:
@@ -204,6 +218,12 @@ class Pipeline:
         self._levels = [Level(model.candidate, model.session, model.preprocessor())]
         self._level = 0
         self._controller: DegradeController | None = None
+        if self.policy is Policy.DEGRADE and shared is not None:
+            self.close()
+            raise PipelineError(
+                "degrade switches the pipeline's own model; a shared model is not the pipeline's to switch",
+                "use drop-oldest with a shared model",
+            )
         if self.policy is Policy.DEGRADE:
             try:
                 self._prepare_degrade(degrade_after)
@@ -341,8 +361,9 @@ class Pipeline:
         budgets_ns = {n: round(ms * 1e6) for n, ms in self.budgets.items()}
         group = self._group = CameraGroup(self.sources, self.policies, self._pace, budgets_ns)
         pending: list[FrameResult] = []  # labelled, not yet handed over and finished
-        warm_up(self._levels, self.model, self.top)
-        if len(self.sources) > 1 and self._batch_most != 1 and self._batcher is None:
+        if self._shared is None:  # a shared worker's session is run by its own thread only
+            warm_up(self._levels, self.model, self.top)
+        if len(self.sources) > 1 and self._batch_most != 1 and self._batcher is None and not self._shared:
             self._batcher = Batcher(self._levels[0], self.budgets, self._batch_most)
         # Only frames that come at a rate leave the model idle between them: a file read as
         # fast as it goes keeps it busy anyway.  With many cameras the gaps are not one
@@ -384,7 +405,9 @@ class Pipeline:
                         break
                     continue  # no frame yet: check the stop conditions again
                 batch = [frame]
-                if self._batcher is not None and self._level == 0:  # a degraded level goes one at a time
+                if self._shared is not None:  # every frame waiting now goes to the worker together
+                    batch += iter(lambda: group.take(timeout=0), None)
+                elif self._batcher is not None and self._level == 0:  # a degraded level goes one at a time
                     batch = self._batcher.gather(group, frame)
                 for f in batch:
                     changed = group.cameras[f.camera].follow_size(f)
@@ -392,7 +415,9 @@ class Pipeline:
                     if changed:
                         self.counters.add("size_changes")
                 warmer.arrived(frame.captured_ns)
-                if len(batch) == 1:
+                if self._shared is not None:
+                    pending = self._label_shared(batch, self._shared, budgets_ns)
+                elif len(batch) == 1:
                     pending = [self._label(frame, budgets_ns[frame.camera])]
                 else:
                     assert self._batcher is not None
@@ -462,6 +487,36 @@ class Pipeline:
             for i, f in enumerate(frames)
         ]
 
+    def _label_shared(
+        self, frames: list[Frame], shared: SharedModel, budgets_ns: Mapping[str, int]
+    ) -> list[FrameResult]:
+        # Prepared here, inferred by the worker with whatever else waits (its inference stage
+        # runs from the frame's submission to its outputs: the wait for the model included).
+        import numpy as np
+
+        level = self._levels[0]
+        ready, times = [], []
+        for f in frames:
+            t0 = time.perf_counter_ns()
+            x = np.array(level.prep(f.image))  # copied: the preprocessor reuses its buffer
+            t1 = time.perf_counter_ns()
+            left_s = (f.captured_ns + budgets_ns[f.camera] - t1) / 1e9
+            ready.append(SharedFrame(f.camera, x, time.monotonic() + left_s))
+            times.append((t0, t1))
+        out = []
+        for f, future, (t0, t1) in zip(frames, shared.submit_frames(ready), times, strict=True):
+            if future is None:
+                self._refused[f.camera] = self._refused.get(f.camera, 0) + 1
+                continue
+            got = future.result()
+            t2 = time.perf_counter_ns()
+            out.append(
+                result_of(
+                    self.model, level, self.top, f, got.outputs, (t0, t1, t2), budgets_ns[f.camera], got.batch
+                )
+            )
+        return out
+
     def _finish(self, result: FrameResult, done_ns: int) -> None:
         # The sink stage runs from the frame's postprocessing to ``done_ns``: the loop body, the
         # sinks, and for a batch's later frames the earlier frames' sinks, which they waited for.
@@ -504,10 +559,10 @@ class Pipeline:
     def _sync_counters(self) -> None:
         c, group = self.counters, self._group
         if group is not None:
-            c.raise_to("dropped", group.dropped)
+            c.raise_to("dropped", group.dropped + sum(self._refused.values()))
             for name, cam in group.cameras.items():
                 if name in self.per_camera:
-                    self.per_camera[name].dropped = cam.slot.dropped
+                    self.per_camera[name].dropped = cam.slot.dropped + self._refused.get(name, 0)
                     self.per_camera[name].ended = cam.ended
         for key, attr in (
             ("source_outages", "outages"),

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 IMAGE_SUFFIX = "-image"
 IMAGE_INPUT = "IMAGE"
+#: The queue's lane of camera frames that share the model (``edgekit.serve.frames``).
+FRAMES = "frames"
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,19 @@ class InferResult:
     outputs: list[Tensor]
     #: Seconds spent in each stage (``decode``, ``preprocess``, ``infer``, ``postprocess``).
     stages: dict[str, float] = field(default_factory=dict)
+    #: Rows of the inference that answered it (1: alone).
+    batch: int = 1
 
 
 class Endpoint:
     """A served model name: its metadata, the checks of its inputs, and how it runs on the model."""
+
+    #: False: not a model name clients call (a camera frame's), not in the request metrics.
+    served = True
+    #: The queue's bound it counts against (``BatchQueue`` lanes); None: the requests'.
+    lane: str | None = None
+    #: False: computed even past its deadline (a camera frame: late, counted as a miss).
+    expires = True
 
     def __init__(
         self,

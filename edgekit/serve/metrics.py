@@ -8,6 +8,9 @@
 - ``edgekit_serve_queue_depth`` and ``edgekit_serve_queue_capacity``;
 - ``edgekit_serve_inferences_total`` and ``edgekit_serve_batched_requests_total``: the model's
   inferences and the requests they answered (their ratio: the mean batch).
+- ``edgekit_serve_camera_frames_total`` and ``edgekit_serve_shared_inferences_total``: camera
+  frames of a pipeline sharing the model (``edgekit.serve.frames``), and the inferences that held
+  frames and requests together.
 
 Exact counts (the server sees every request), fixed buckets from 0.25 ms to 10 s.
 """
@@ -49,6 +52,8 @@ class ServeMetrics:
         self.queue_capacity = queue_capacity
         #: (inferences, requests they answered) so far.
         self.inferences: Callable[[], tuple[int, int]] = lambda: (0, 0)
+        #: (camera frames inferred, inferences that held both frames and requests) so far.
+        self.sharing: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     def request(self, model: str, protocol: str, outcome: str) -> None:
         with self._lock:
@@ -107,6 +112,15 @@ class ServeMetrics:
             "# HELP edgekit_serve_batched_requests_total Requests those inferences answered.",
             "# TYPE edgekit_serve_batched_requests_total counter",
             f"edgekit_serve_batched_requests_total {answered}",
+        ]
+        frames, shared = self.sharing()
+        lines += [
+            "# HELP edgekit_serve_camera_frames_total Camera frames inferred on the model (shared with a pipeline).",
+            "# TYPE edgekit_serve_camera_frames_total counter",
+            f"edgekit_serve_camera_frames_total {frames}",
+            "# HELP edgekit_serve_shared_inferences_total Inferences that held camera frames and requests together.",
+            "# TYPE edgekit_serve_shared_inferences_total counter",
+            f"edgekit_serve_shared_inferences_total {shared}",
         ]
         return "\n".join(lines) + "\n"
 

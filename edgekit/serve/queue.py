@@ -20,7 +20,7 @@ from typing import Protocol
 
 from edgekit.errors import EdgekitError
 from edgekit.pipeline.batch_queue import BatchQueue, Job, QueueClosed, QueueFull
-from edgekit.serve.endpoints import InferRequest, InferResult
+from edgekit.serve.endpoints import FRAMES, InferRequest, InferResult
 from edgekit.serve.metrics import ServeMetrics
 from edgekit.serve.outcomes import Outcome, ProtocolError
 
@@ -42,10 +42,16 @@ class Runner(Protocol):
 
 class InferenceQueue:
     def __init__(
-        self, runner: Runner, size: int, metrics: ServeMetrics | None = None, max_delay_s: float = 0.0
+        self,
+        runner: Runner,
+        size: int,
+        metrics: ServeMetrics | None = None,
+        max_delay_s: float = 0.0,
+        frame_room: int | None = None,
     ) -> None:
         self._runner = runner
-        self._queue: BatchQueue[_Item] = BatchQueue(size, runner.max_batch, max_delay_s)
+        lanes: dict[Hashable, int] = {FRAMES: frame_room or size}
+        self._queue: BatchQueue[_Item] = BatchQueue(size, runner.max_batch, max_delay_s, lanes)
         self._metrics = metrics
         self._worker = threading.Thread(target=self._work, name="edgekit-serve-infer", daemon=True)
         self._worker.start()
@@ -61,10 +67,8 @@ class InferenceQueue:
         when the server is stopping.
         """
         future: Future[InferResult] = Future()
-        key = self._runner.key(request)
-        rows = 1
         try:
-            self._queue.put(Job((request, future), request.deadline, key, rows))
+            self._queue.put(self._job(request, future))
         except QueueFull:
             raise ProtocolError(
                 f"the server is busy: {self._queue.size} requests are waiting; try again shortly",
@@ -73,6 +77,28 @@ class InferenceQueue:
         except QueueClosed:
             raise ProtocolError("the server is stopping", Outcome.UNAVAILABLE) from None
         return future
+
+    def submit_all(self, requests: Sequence[InferRequest]) -> list[Future[InferResult] | None]:
+        """Queue ``requests`` at once (the worker sees them together); None for each that did not fit.
+
+        Raises ``ProtocolError`` (``UNAVAILABLE``) when the server is stopping.
+        """
+        jobs = [self._job(r, Future()) for r in requests]
+        try:
+            refused = {id(j) for j in self._queue.put_all(jobs)}
+        except QueueClosed:
+            raise ProtocolError("the server is stopping", Outcome.UNAVAILABLE) from None
+        return [None if id(j) in refused else j.payload[1] for j in jobs]
+
+    def _job(self, request: InferRequest, future: Future[InferResult]) -> Job[_Item]:
+        endpoint = request.endpoint
+        return Job(
+            (request, future),
+            request.deadline,
+            self._runner.key(request),
+            expires=endpoint.expires,
+            lane=endpoint.lane,
+        )
 
     def _work(self) -> None:
         while True:
@@ -100,7 +126,7 @@ class InferenceQueue:
     def _stage(self, request: InferRequest, queued_s: float, batch: int) -> None:
         if request.timing is not None:  # read by the request's thread once its future is done
             request.timing.queued_s, request.timing.batch = queued_s, batch
-        if self._metrics is not None:
+        if self._metrics is not None and request.endpoint.served:
             self._metrics.stages(request.endpoint.name, {"queue": queued_s})
 
     def _run(self, jobs: list[Job[_Item]]) -> None:
@@ -111,7 +137,7 @@ class InferenceQueue:
             results = [err] * len(jobs)
         for (request, future), result in zip((j.payload for j in jobs), results, strict=True):
             if isinstance(result, InferResult):
-                if self._metrics is not None:
+                if self._metrics is not None and request.endpoint.served:
                     self._metrics.stages(request.endpoint.name, result.stages)
                 future.set_result(result)
             else:

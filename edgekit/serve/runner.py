@@ -5,6 +5,8 @@ build makes its ONNX and OpenVINO artifacts so); ``session.batched(k)`` makes th
 ``k`` rows, made the first time a batch of ``k`` comes and kept (at most ``max_batch - 1`` of
 them).  Each request is prepared alone (decoded, preprocessed), the rows go through the session
 at once, and each request's answer is made from its own rows: the same answer it gets alone.
+A batch may hold camera frames that share the model (``edgekit.serve.frames``) beside pictures:
+each is finished by its own endpoint.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class ModelRunner:
         #: Inferences run, and the requests they answered (their ratio: the mean batch).
         self.inferences = 0
         self.requests = 0
+        #: Camera frames those inferences labelled, and the inferences that held frames and requests.
+        self.frames = 0
+        self.shared = 0
 
     def key(self, request: InferRequest) -> Hashable | None:
         return request.endpoint.batch_key(request) if self.max_batch > 1 else None
@@ -73,7 +78,7 @@ class ModelRunner:
     def run(self, requests: Sequence[InferRequest]) -> list[InferResult | Exception]:
         if len(requests) == 1:
             result = requests[0].endpoint.run(requests[0])
-            self._count(1)
+            self._count(requests)
             return [result]
         import numpy as np
 
@@ -94,7 +99,6 @@ class ModelRunner:
             out.append(ValueError("not run"))
         if not ready:
             return out
-        endpoint = requests[ready[0][0]].endpoint
         arrays = [np.concatenate(xs) for xs in rows]
         try:
             session = self._session(len(ready))
@@ -105,11 +109,13 @@ class ModelRunner:
         t = time.perf_counter()
         raw = session.run(*arrays)
         infer = time.perf_counter() - t
-        self._count(len(ready))
+        self._count([requests[i] for i, _ in ready])
         for row, (i, prepared) in enumerate(ready):
             prepared.stages["infer"] = infer
             try:
-                out[i] = endpoint.finish(requests[i], prepared, [y[row : row + 1] for y in raw])
+                done = requests[i].endpoint.finish(requests[i], prepared, [y[row : row + 1] for y in raw])
+                done.batch = len(ready)
+                out[i] = done
             except Exception as err:  # noqa: BLE001 (handed to that request's caller)
                 out[i] = err
         return out
@@ -119,12 +125,15 @@ class ModelRunner:
             result = request.endpoint.run(request)
         except Exception as err:  # noqa: BLE001 (handed to that request's caller)
             return err
-        self._count(1)
+        self._count([request])
         return result
 
-    def _count(self, requests: int) -> None:
+    def _count(self, answered: Sequence[InferRequest]) -> None:
+        frames = sum(1 for r in answered if not r.endpoint.served)
         self.inferences += 1
-        self.requests += requests
+        self.requests += len(answered) - frames
+        self.frames += frames
+        self.shared += 0 < frames < len(answered)
 
     def _session(self, rows: int) -> Session:
         if rows == 1:
@@ -141,7 +150,7 @@ class ModelRunner:
 
     @property
     def mean_batch(self) -> float:
-        return self.requests / self.inferences if self.inferences else 0.0
+        return (self.requests + self.frames) / self.inferences if self.inferences else 0.0
 
     def close(self) -> None:
         for session in self._sessions.values():

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.core.listeners import allowed_hosts, needs_token
 from edgekit.core.tokens import MAKE_ONE
 from edgekit.errors import EdgekitError
+from edgekit.serve.frames import FrameLane
 from edgekit.serve.grpc_service import make_server
 from edgekit.serve.http_app import make_app
 from edgekit.serve.limits import Limits
@@ -57,6 +58,11 @@ class Running:
         self._uvicorn: Any = None
         self._http_thread: threading.Thread | None = None
         self._grpc: Any = None
+
+    def frames(self) -> FrameLane:
+        """The server's model worker for a ``Pipeline``'s camera frames: ``Pipeline(model, sources=...,
+        shared=running.frames())`` batches them with the image requests (``edgekit.serve.frames``)."""
+        return self.service.frames()
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop taking requests, finish the running one, close both listeners."""

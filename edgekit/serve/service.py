@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgekit._version import __version__
 from edgekit.serve.endpoints import Endpoint, InferRequest, InferResult, endpoints_of
+from edgekit.serve.frames import FrameEndpoint, FrameLane
 from edgekit.serve.limits import Limits
 from edgekit.serve.metrics import ServeMetrics
 from edgekit.serve.outcomes import Outcome, ProtocolError
@@ -51,7 +52,13 @@ class Service:
         )
         self.metrics.queue_depth = lambda: self.queue.depth
         self.metrics.inferences = lambda: (self.runner.inferences, self.runner.requests)
+        self.metrics.sharing = lambda: (self.runner.frames, self.runner.shared)
+        self._frames = FrameLane(model, self.queue, FrameEndpoint(model, self.limits))
         self.ready = True
+
+    def frames(self) -> FrameLane:
+        """This server's model worker for a ``Pipeline``'s frames (``Pipeline(..., shared=...)``)."""
+        return self._frames
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
