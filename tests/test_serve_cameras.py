@@ -169,3 +169,25 @@ def test_a_shared_worker_takes_only_its_own_model(model: edgekit.Model, bundle: 
     finally:
         running.stop()
 
+
+def test_the_command_runs_cameras_beside_the_server(bundle: tuple[Path, Path], tmp_path: Path) -> None:
+    import json
+    import urllib.request
+
+    from served import serving
+
+    records = tmp_path / "records.jsonl"
+    args = ("--key", str(bundle[1]), "--source", CAMERA, "--source", CAMERA, "--records", str(records))
+    with serving(bundle[0], *args) as served:
+        assert any("cameras: cam0 (synthetic:64x48@30), cam1" in line for line in served.stderr)
+        got = grpcclient.InferenceServerClient(served.grpc).infer(f"{NAME}-image", [picture(frame(1))])
+        assert got.as_numpy("LABEL_NAMES").shape == (5,)
+        for _ in range(3000):  # the cameras' frames go through the server's model
+            scrape = urllib.request.urlopen(f"http://{served.http}/metrics", timeout=30).read().decode()
+            if "edgekit_serve_camera_frames_total 0\n" not in scrape:
+                break
+            threading.Event().wait(0.01)
+        assert "edgekit_serve_camera_frames_total 0\n" not in scrape
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert rows and {r["camera"] for r in rows} <= {"cam0", "cam1"} and all(r["labels"] for r in rows)
+    assert any("Camera cam0" in line for line in served.stderr)  # the cameras' summary, at the end

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from edgekit.commands.common import err_console
-from edgekit.commands.run import DeviceOpt, _load
+from edgekit.commands.run import RECORDS_QUEUE, BudgetOpt, DeviceOpt, _load
+from edgekit.core.redact import redact_source
+
+if TYPE_CHECKING:
+    from edgekit.model import Model
+    from edgekit.pipeline.records import FrameResult
+    from edgekit.serve import Running
 
 TOKEN_ENV = "EDGEKIT_SERVE_TOKEN"
 
@@ -112,11 +119,26 @@ def serve_command(
             "--device-id", help="Device id in the traces' resource (device.id); default: the host name."
         ),
     ] = None,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source",
+            "-s",
+            help="A camera labelled beside the server (repeat: cam0, cam1, ...): its frames share the "
+            "model and its batches with the requests.",
+        ),
+    ] = None,
+    budget: BudgetOpt = None,
+    records: Annotated[
+        Path | None, typer.Option("--records", help="Write the cameras' frame records here (JSON lines).")
+    ] = None,
 ) -> None:
     """Serve BUNDLE's model over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, as Triton does.
 
     Two model names: NAME takes the artifact's own tensors; NAME-image takes a JPEG/PNG (input
     IMAGE, BYTES) or a UINT8 HxWx3 BGR frame and answers labels or detections in frame pixels.
+    With --source, cameras run beside the server on the same model: their frames and the image
+    requests are inferred in the same batches, each frame within its budget.
     """
     from edgekit.core.tokens import read_token
     from edgekit.serve import Batching, Limits, ServeOptions, start
@@ -148,7 +170,10 @@ def serve_command(
 
                 options = dataclasses.replace(options, tracer=trace_requests(model, device_id=device_id))
             running = start(model, options)
+            cameras = None
             try:
+                if source:
+                    cameras = _Cameras(model, running, source, budget, records)
                 scheme = "https" if tls_cert else "http"
                 err_console.print(
                     f"ready: {model.name} {model.manifest.model.version} ({model.task}) on "
@@ -163,10 +188,59 @@ def serve_command(
                     pass
                 err_console.print("stopping", highlight=False)
             finally:
+                if cameras is not None:  # before the server: its frames need the model until they end
+                    cameras.stop()
                 running.stop()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+class _Cameras:
+    """The cameras' pipeline on the server's model worker, run on its own thread."""
+
+    def __init__(
+        self, model: Model, running: Running, sources: list[str], budget: float | None, records: Path | None
+    ) -> None:
+        from edgekit.pipeline import Pipeline
+        from edgekit.pipeline.sinks import FunctionSink
+
+        self.pipeline = Pipeline(model, sources=sources, budget_ms=budget, shared=running.frames())
+        if records is not None:
+            out = records.open("w", encoding="utf-8")
+
+            def write(result: FrameResult) -> None:
+                out.write(json.dumps(result.record.to_dict()) + "\n")
+
+            self.pipeline.add_sink(FunctionSink("records", write, depth=RECORDS_QUEUE, close=out.close))
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="edgekit-serve-cameras", daemon=True)
+        self._thread.start()
+        err_console.print(
+            f"cameras: {', '.join(f'{n} ({redact_source(s.info.uri)})' for n, s in self.pipeline.sources.items())}"
+            f", {self.pipeline.budget_ms:g} ms budget, sharing the model with the requests",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+
+    def _run(self) -> None:
+        # The server goes on when its cameras end (a file, a camera that failed): said once, here.
+        try:
+            for _ in self.pipeline:
+                pass
+        except BaseException as err:  # noqa: BLE001 (the requests are still served)
+            self.error = err
+            err_console.print(f"the cameras stopped: {err}", highlight=False, markup=False)
+        else:
+            if self.pipeline.ended_by != "stop":
+                err_console.print(f"the cameras ended: {self.pipeline.ended_by}", highlight=False)
+
+    def stop(self) -> None:
+        self.pipeline.stop()
+        self._thread.join(30)
+        self.pipeline.close()
+        err_console.print(self.pipeline.summary().render(), highlight=False, markup=False)
 
 
 def _url_host(host: str) -> str:
