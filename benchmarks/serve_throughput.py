@@ -10,20 +10,29 @@ refused; a refusal would be counted, not retried.
 The request is the model's own preprocessed input (``--kind tensor``, to ``NAME``) or a
 640x480 JPEG (``--kind image``, to ``NAME-image``: decoding and preprocessing in the server,
 request by request, around one batched inference).  Every answer is checked against the
-in-process one; the mean batch is the server's own count (``/metrics``: requests answered per
-inference; the clients' first, warming calls included).  Batching needs an artifact with a free batch dimension (``edgekit build``
+in-process one; the mean batch is the server's own count (``/metrics``: requests, and camera
+frames with ``--cameras``, answered per inference; the clients' first, warming calls included).  Batching needs an artifact with a free batch dimension (``edgekit build``
 exports ONNX and OpenVINO so); with a fixed batch both settings serve one at a time.
 
+``--cameras N`` runs N synthetic 640x480 30 fps cameras beside the clients (``edgekit serve
+--source synthetic:640x480@30``, repeated): their frames share the model and its batches with
+the requests.  Each row then also says the cameras' frames while its clients ran (from the
+server's ``--records``, by capture time): their latency p99 against the frame budget
+(``--budget``, default the bundle's), the frames that missed it and those the cameras' slots
+dropped.  The request p99 is to be read against the server's ``--deadline``.
+
     .venv/bin/python -m benchmarks.serve_throughput [BUNDLE] [--clients 1,4,16] [--requests 200]
-        [--max-batch 8] [--max-queue-delay-ms 0] [--kind tensor|image] [--json]
+        [--max-batch 8] [--max-queue-delay-ms 0] [--kind tensor|image] [--cameras 4] [--budget MS] [--json]
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -86,12 +95,13 @@ def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check
     for t in threads:
         t.start()
     start.wait()
-    t0 = time.perf_counter()
+    t0, began = time.perf_counter(), time.time()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     ms = sorted(x * 1e3 for per in times for x in per)
     return {
+        "window": (began, time.time()),
         "clients": n,
         "answered": len(ms),
         "refused": sum(refused),
@@ -102,17 +112,44 @@ def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check
 
 
 def inferences(http_port: int) -> tuple[int, int]:
-    """The server's (inferences, requests they answered) so far, from /metrics."""
+    """The server's (inferences, requests and camera frames they answered) so far, from /metrics."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     counts = dict(re.findall(r"^(edgekit_serve_\w+_total) (\d+)$", text, re.M))
-    return int(counts["edgekit_serve_inferences_total"]), int(counts["edgekit_serve_batched_requests_total"])
+    answered = int(counts["edgekit_serve_batched_requests_total"])
+    return int(counts["edgekit_serve_inferences_total"]), answered + int(
+        counts.get("edgekit_serve_camera_frames_total", 0)
+    )
+
+
+def camera_frames(records: Path, window: tuple[float, float]) -> dict[str, Any]:
+    """The cameras' frames captured in ``window`` (wall clock): latency p99, missed, dropped."""
+    rows = []
+    for line in records.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        if window[0] <= r["captured_at"] <= window[1]:
+            rows.append(r)
+    ms = sorted(r["latency_ms"] for r in rows)
+    return {
+        "cam_frames": len(rows),
+        "cam_p99_ms": round(percentile(ms, 99), 2) if ms else None,
+        "cam_missed": sum(1 for r in rows if not r["met"]),
+        "cam_dropped": sum(r["dropped_before"] for r in rows),
+    }
 
 
 def bench(
-    bundle: Path, device: str, counts: list[int], requests: int, max_batch: int, delay_ms: float, kind: str
+    bundle: Path,
+    device: str,
+    counts: list[int],
+    requests: int,
+    max_batch: int,
+    delay_ms: float,
+    kind: str,
+    cameras: int = 0,
+    budget_ms: float | None = None,
 ) -> dict[str, Any]:
     import cv2
 
@@ -150,7 +187,12 @@ def bench(
 
     rows = []
     queue = str(max(counts) + 4)
+    work = Path(tempfile.mkdtemp(prefix="serve-throughput-"))
     for setting in ("off", str(max_batch)):
+        records = work / f"records-{setting}.jsonl"
+        beside = [a for _ in range(cameras) for a in ("--source", "synthetic:640x480@30")]
+        if cameras:
+            beside += ["--records", str(records)] + (["--budget", str(budget_ms)] if budget_ms else [])
         args = [
             "--http-port",
             "0",
@@ -162,6 +204,7 @@ def bench(
             setting,
             "--max-queue-delay-ms",
             str(delay_ms),
+            *beside,
         ]
         proc, http_port, port = start_server(bundle, device, *args)
         try:
@@ -173,8 +216,12 @@ def bench(
                 row["mean_batch"] = round(answered / runs, 2) if runs else None
                 rows.append({"max_batch": setting, **row})
         finally:
-            proc.terminate()
+            proc.terminate()  # SIGTERM: the cameras stop and their records are written out
             proc.wait(30)
+        for row in rows:
+            window = row.pop("window", None)
+            if cameras and window is not None:  # this setting's rows: their cameras' frames
+                row.update(camera_frames(records, window))
     return {
         "model": model.name,
         "candidate": model.candidate,
@@ -182,6 +229,8 @@ def bench(
         "kind": kind,
         "requests_per_client": requests,
         "max_queue_delay_ms": delay_ms,
+        "cameras": cameras,
+        "budget_ms": budget_ms or model.manifest.device.budget_ms,
         "rows": rows,
     }
 
@@ -190,15 +239,26 @@ def render(doc: dict[str, Any]) -> str:
     lines = [
         f"{doc['model']} on {doc['candidate']} ({'free batch' if doc['batchable'] else 'fixed batch of one'}), "
         f"{doc['kind']} requests over gRPC, {doc['requests_per_client']} per client, "
-        f"max queue delay {doc['max_queue_delay_ms']} ms",
+        f"max queue delay {doc['max_queue_delay_ms']} ms"
+        + (
+            f"; {doc['cameras']} synthetic 30 fps camera(s) beside them, frame budget {doc['budget_ms']:g} ms"
+            if doc.get("cameras")
+            else ""
+        ),
         f"{'max batch':>10s}{'clients':>9s}{'req/s':>10s}{'p50 ms':>10s}{'p99 ms':>10s}{'mean batch':>12s}"
-        f"{'refused':>9s}",
+        f"{'refused':>9s}"
+        + (f"{'frames':>8s}{'frame p99':>11s}{'missed':>8s}{'dropped':>9s}" if doc.get("cameras") else ""),
     ]
     for r in doc["rows"]:
-        lines.append(
+        line = (
             f"{r['max_batch']:>10s}{r['clients']:9d}{r['req_per_s']:10.1f}"
             f"{r['p50_ms'] or 0:10.2f}{r['p99_ms'] or 0:10.2f}{r['mean_batch'] or 0:12.2f}{r['refused']:9d}"
         )
+        if doc.get("cameras"):
+            line += (
+                f"{r['cam_frames']:8d}{r['cam_p99_ms'] or 0:11.2f}{r['cam_missed']:8d}{r['cam_dropped']:9d}"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -209,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batch", type=int, default=8, help="the batched setting's --max-batch")
     ap.add_argument("--max-queue-delay-ms", type=float, default=0.0, help="the server's --max-queue-delay-ms")
     ap.add_argument("--kind", choices=("tensor", "image"), default="tensor", help="what each request sends")
+    ap.add_argument("--cameras", type=int, default=0, help="synthetic 30 fps cameras beside the clients")
+    ap.add_argument("--budget", type=float, default=None, help="the cameras' frame budget, ms")
     args = parse(ap, argv)
     counts = [int(c) for c in args.clients.split(",")]
     with progress_on_stderr(args.json):
@@ -220,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             args.max_batch,
             args.max_queue_delay_ms,
             args.kind,
+            args.cameras,
+            args.budget,
         )
     print_doc(doc, args.json, render)
     return 0
