@@ -101,6 +101,38 @@ def test_a_camera_frame_and_a_picture_are_one_inference_with_their_own_labels(mo
         running.stop()
 
 
+def test_a_late_request_is_not_computed_and_a_late_frame_is_labelled_and_missed(model: edgekit.Model) -> None:
+    gate = Gate(model.session.run)
+    model.session.run = gate  # type: ignore[method-assign]
+    running = serve(model, max_batch=8, deadline_s=0.2)
+    pipeline = edgekit.Pipeline(model, sources=[CAMERA], frames=1, budget_ms=50, shared=running.frames())
+    try:
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{running.grpc_port}")
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(grpc.infer, NAME, [tensor(inputs(0))])
+            assert gate.entered.wait(30)
+            thread, results = run_pipeline(pipeline)
+            wait_for_depth(running, 1)
+            late = pool.submit(grpc.infer, f"{NAME}-image", [picture(frame(2))])
+            wait_for_depth(running, 2)
+            threading.Event().wait(0.3)  # both past their deadlines while the worker is held
+            gate.open.set()
+            first.result(30)
+            with pytest.raises(InferenceServerException, match="past its deadline: not computed") as err:
+                late.result(30)
+            assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            thread.join(30)
+        assert len(results) == 1 and not results[0].record.met  # late, labelled, counted missed
+        same_labels(model, results[0])
+        runner = running.service.runner
+        assert runner.frames == 1 and runner.requests == 1 and runner.shared == 0
+        assert pipeline.summary().counters["missed"] == 1
+    finally:
+        gate.open.set()
+        pipeline.close()
+        running.stop()
+
+
 def test_the_queue_stays_bounded_requests_get_busy_and_frames_drop(model: edgekit.Model) -> None:
     gate = Gate(model.session.run)
     model.session.run = gate  # type: ignore[method-assign]

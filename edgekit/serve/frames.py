@@ -18,8 +18,9 @@ finds the room full is refused and counted as dropped by the pipeline.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Hashable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING
 
 from edgekit.errors import PipelineError
@@ -92,12 +93,22 @@ def _outputs(future: Future[InferResult]) -> Future[Inferred]:
     out: Future[Inferred] = Future()
 
     def done(f: Future[InferResult]) -> None:
+        if f.cancelled():
+            return
         err = f.exception()
-        if err is None:
-            result = f.result()
-            out.set_result(Inferred([t.data for t in result.outputs], result.batch))
-        else:
-            out.set_exception(PipelineError(f"the shared model failed a frame: {err}", "see the log above"))
+        with contextlib.suppress(InvalidStateError):  # the pipeline gave up on it meanwhile
+            if err is None:
+                result = f.result()
+                out.set_result(Inferred([t.data for t in result.outputs], result.batch))
+            else:
+                out.set_exception(
+                    PipelineError(f"the shared model failed a frame: {err}", "see the log above")
+                )
+
+    def given_up(o: Future[Inferred]) -> None:
+        if o.cancelled():  # not computed, if it still waits
+            future.cancel()
 
     future.add_done_callback(done)
+    out.add_done_callback(given_up)
     return out
