@@ -97,7 +97,7 @@ class ServeMetrics:
                 lines.append(f"edgekit_serve_stage_seconds_sum{{{base}}} {hist.sum!r}")
                 lines.append(f"edgekit_serve_stage_seconds_count{{{base}}} {hist.count}")
         lines += [
-            "# HELP edgekit_serve_queue_depth Requests waiting for the inference worker now.",
+            "# HELP edgekit_serve_queue_depth Requests (and camera frames) waiting for the inference worker now.",
             "# TYPE edgekit_serve_queue_depth gauge",
             f"edgekit_serve_queue_depth {self.queue_depth()}",
             "# HELP edgekit_serve_queue_capacity Requests the queue holds before answering 429.",
