@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -223,3 +224,39 @@ def test_the_command_runs_cameras_beside_the_server(bundle: tuple[Path, Path], t
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert rows and {r["camera"] for r in rows} <= {"cam0", "cam1"} and all(r["labels"] for r in rows)
     assert any("Camera cam0" in line for line in served.stderr)  # the cameras' summary, at the end
+
+
+def test_the_cameras_report_telemetry_as_edgekit_run_does(bundle: tuple[Path, Path], broker: Any) -> None:
+    from served import serving
+    from test_telemetry import Subscriber
+
+    sub = Subscriber(broker.port, topic="edgekit/v1/default/served-cams/#")
+    try:
+        url = f"mqtt://127.0.0.1:{broker.port}"
+        args = ("--key", str(bundle[1]), "--source", CAMERA, "--mqtt", url, "--telemetry-interval", "0.2")
+        with serving(bundle[0], *args, "--device-id", "served-cams"):
+
+            def counted() -> bool:
+                return any(
+                    m["window"]["frames"] > 0 and "cam0" in m["window"].get("cameras", {})
+                    for m in sub.of("telemetry")
+                )
+
+            assert sub.wait_for(counted, 60)
+    finally:
+        sub.close()
+
+
+def test_mqtt_without_a_camera_is_refused_before_the_model_loads(bundle: tuple[Path, Path]) -> None:
+    import subprocess
+
+    from conftest import EDGEKIT, ROOT
+
+    r = subprocess.run(
+        [*EDGEKIT, "serve", str(bundle[0]), "--key", str(bundle[1]), "--mqtt", "mqtt://127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "--mqtt reports the cameras' telemetry" in r.stderr

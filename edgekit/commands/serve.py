@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from edgekit.commands.common import err_console
+from edgekit.commands.common import MqttCaOpt, MqttCertOpt, MqttKeyOpt, MqttProtocolOpt, err_console
 from edgekit.commands.run import RECORDS_QUEUE, BudgetOpt, DeviceOpt, _load
 from edgekit.core.redact import redact_source
+from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
     from edgekit.model import Model
@@ -116,7 +117,9 @@ def serve_command(
     device_id: Annotated[
         str | None,
         typer.Option(
-            "--device-id", help="Device id in the traces' resource (device.id); default: the host name."
+            "--device-id",
+            help="Device id in the traces' resource (device.id) and the cameras' telemetry (MQTT "
+            "client id); default: the host name.",
         ),
     ] = None,
     source: Annotated[
@@ -132,6 +135,25 @@ def serve_command(
     records: Annotated[
         Path | None, typer.Option("--records", help="Write the cameras' frame records here (JSON lines).")
     ] = None,
+    mqtt: Annotated[
+        str | None,
+        typer.Option(
+            "--mqtt",
+            envvar="EDGEKIT_MQTT",
+            help="Report the cameras' telemetry to this broker, as edgekit run does: mqtt[s]://[user@]host[:port].",
+        ),
+    ] = None,
+    fleet: Annotated[str, typer.Option("--fleet", help="Fleet name in the telemetry topics.")] = "default",
+    telemetry_interval: Annotated[
+        float, typer.Option("--telemetry-interval", help="Seconds between telemetry messages.")
+    ] = 5.0,
+    spool: Annotated[
+        Path | None, typer.Option("--spool", help="SQLite file holding telemetry until the broker has it.")
+    ] = None,
+    mqtt_ca: MqttCaOpt = None,
+    mqtt_cert: MqttCertOpt = None,
+    mqtt_key: MqttKeyOpt = None,
+    mqtt_protocol: MqttProtocolOpt = "3.1.1",
 ) -> None:
     """Serve BUNDLE's model over the Open Inference Protocol (KServe v2): HTTP/REST and gRPC, as Triton does.
 
@@ -156,6 +178,8 @@ def serve_command(
         batching=Batching(_max_batch(max_batch), max_queue_delay_ms),
     )
     check_access(options)  # before the model loads: a refusal costs nothing
+    if mqtt is not None and not source:
+        raise EdgekitError("--mqtt reports the cameras' telemetry, and there are none", "add --source URI")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -173,7 +197,20 @@ def serve_command(
             cameras = None
             try:
                 if source:
-                    cameras = _Cameras(model, running, source, budget, records)
+                    telemetry = None
+                    if mqtt is not None:
+                        telemetry = {
+                            "mqtt": mqtt,
+                            "device_id": device_id,
+                            "fleet": fleet,
+                            "interval_s": telemetry_interval,
+                            "spool": spool,
+                            "ca_file": mqtt_ca,
+                            "cert_file": mqtt_cert,
+                            "key_file": mqtt_key,
+                            "protocol": mqtt_protocol,
+                        }
+                    cameras = _Cameras(model, running, source, budget, records, telemetry)
                 scheme = "https" if tls_cert else "http"
                 err_console.print(
                     f"ready: {model.name} {model.manifest.model.version} ({model.task}) on "
@@ -200,12 +237,26 @@ class _Cameras:
     """The cameras' pipeline on the server's model worker, run on its own thread."""
 
     def __init__(
-        self, model: Model, running: Running, sources: list[str], budget: float | None, records: Path | None
+        self,
+        model: Model,
+        running: Running,
+        sources: list[str],
+        budget: float | None,
+        records: Path | None,
+        telemetry: dict[str, Any] | None,
     ) -> None:
         from edgekit.pipeline import Pipeline
         from edgekit.pipeline.sinks import FunctionSink
 
         self.pipeline = Pipeline(model, sources=sources, budget_ms=budget, shared=running.frames())
+        if telemetry is not None:
+            from edgekit.telemetry import report
+
+            try:
+                report(self.pipeline, **telemetry)  # stops with the pipeline
+            except BaseException:
+                self.pipeline.close()  # a camera must not stay claimed
+                raise
         if records is not None:
             out = records.open("w", encoding="utf-8")
 
