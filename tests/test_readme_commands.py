@@ -212,6 +212,12 @@ SUBSTITUTIONS = [
     ),
     Substitution(r"\[(--[^\]]*)\]", r"\1", "options in [brackets]: run with them"),
     Substitution(
+        r"^edgekit serve bundles/enl0-x86 --source rtsp://door/s1 --source 0 (.*)$",
+        r"edgekit serve bundles/enl0-x86 --source synthetic:320x240@30 --source synthetic:320x240@30 \1"
+        r" --http-port {http_port} --grpc-port 0",
+        "no cameras here: two synthetic ones; ports 8000 and 8001 may be another user's",
+    ),
+    Substitution(
         r"--source 0 --preview :8080",
         "--source synthetic:320x240@30 --preview 127.0.0.1:{http_port}",
         "no camera here; the live view serves until stopped, on a free port (8080 may be another user's)",

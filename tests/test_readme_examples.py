@@ -37,6 +37,10 @@ NOT_RUN = {
         "a fragment: the reader's loaded model, served on ports 8000 and 8001; tests/test_serve_traces.py"
         " makes the same calls against an OTLP receiver"
     ),
+    "shared=running.frames()": (
+        "a network camera and the first camera beside a server on ports 8000 and 8001;"
+        " tests/test_serve_cameras.py makes the same calls with synthetic cameras"
+    ),
     'request.headers.get("traceparent")': (
         "a fragment of the reader's own request handler; tests/test_traces.py records request spans"
         " and checks them in an OTLP receiver"
