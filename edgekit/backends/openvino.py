@@ -262,7 +262,10 @@ class OpenVINOSession(Session):
             # directly and a bare infer(): infer(arrays, share_inputs=True) took 70-110 us longer
             # a call on EfficientNet-Lite0, in its Python dispatch and the outputs it copies.
             for i, array in enumerate(arrays):
-                self._request.set_input_tensor(i, self._tensor(self._contiguous(array), shared_memory=True))
+                # A read-only array (np.frombuffer over a request's bytes, a memory map) cannot be
+                # shared: OpenVINO refuses it ("array is not writeable").  Those alone are copied.
+                shared = self._contiguous(array) if array.flags.writeable else array.copy()
+                self._request.set_input_tensor(i, self._tensor(shared, shared_memory=True))
             self._request.infer(share_outputs=True)
             # Copy: OpenVINO reuses its output tensors on the next infer.
             return [self._request.get_output_tensor(i).data.copy() for i in range(len(self.outputs))]

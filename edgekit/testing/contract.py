@@ -135,6 +135,19 @@ def runs_repeatedly_with_fresh_outputs(subject: Subject, workdir: Path) -> None:
 
 
 @_check
+def reads_an_input_it_may_not_write(subject: Subject, workdir: Path) -> None:
+    # A server decodes a request's tensor with np.frombuffer over the received bytes, which is
+    # read-only; so is a memory-mapped file.  A backend that shares the caller's memory with
+    # its runtime must still run it, and leave it alone.
+    x = np.frombuffer(subject.input.tobytes(), dtype=subject.input.dtype).reshape(subject.input.shape)
+    assert not x.flags.writeable
+    with subject.open() as session:
+        (logits,) = session.run(x)
+    np.testing.assert_allclose(logits, subject.expected, atol=subject.atol, rtol=0)
+    np.testing.assert_array_equal(x, subject.input)
+
+
+@_check
 def wrong_shape_names_backend_file_and_expectation(subject: Subject, workdir: Path) -> None:
     x = subject.input
     with subject.open() as session:
