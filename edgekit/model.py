@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -68,7 +69,9 @@ class Model:
         self.preprocess = PreprocessSpec.from_manifest(manifest)
         self.labels: tuple[str, ...] = tuple(manifest.labels)
         self.candidates: tuple[Candidate, ...] = tuple(candidates)  # what load() chose among, in order
-        self._preps: dict[tuple[int, str], Preprocessor] = {}
+        # Each thread its own preprocessors: one writes every frame into the same buffer, so two
+        # threads sharing one (a server's worker and a camera loop) would overwrite each other's.
+        self._preps = threading.local()
         #: What ``load()`` spent, in ms, by phase (``imports``, ``unpack``, ``verify``, ``profile``,
         #: ``session``; a runtime's import counts where it happens): the cold-start breakdown.
         self.load_ms: Mapping[str, float] = MappingProxyType(dict(load_ms or {}))
@@ -107,15 +110,27 @@ class Model:
         """Whether the output still needs a softmax."""
         return self.manifest.model.output != "probabilities"
 
-    def preprocessor(self, session: Session | None = None, color: str = "BGR") -> Preprocessor:
-        """The frame -> tensor function for ``session`` (this model's own by default), cached."""
+    def preprocessor(
+        self, session: Session | None = None, color: str = "BGR", *, fresh: bool = False
+    ) -> Preprocessor:
+        """The frame -> tensor function for ``session`` (this model's own by default).
+
+        It returns the same buffer for every frame, so it belongs to one thread: it is cached per
+        calling thread, and ``fresh=True`` makes a new one for a thread that will own it (made
+        here, used there, as a pipeline's loop does).
+        """
         from edgekit.processing.preprocessing import Preprocessor
 
         session = session or self.session
+        if fresh:
+            return Preprocessor(self.preprocess, session.inputs[0], image_color=color)
+        cache: dict[tuple[int, str], Preprocessor] | None = getattr(self._preps, "cache", None)
+        if cache is None:
+            cache = self._preps.cache = {}
         key = (id(session), color)
-        prep = self._preps.get(key)
+        prep = cache.get(key)
         if prep is None:
-            prep = self._preps[key] = Preprocessor(self.preprocess, session.inputs[0], image_color=color)
+            prep = cache[key] = Preprocessor(self.preprocess, session.inputs[0], image_color=color)
         return prep
 
     def outputs(self, frame: np.ndarray, color: str = "BGR") -> list[np.ndarray]:

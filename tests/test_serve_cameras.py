@@ -260,3 +260,25 @@ def test_mqtt_without_a_camera_is_refused_before_the_model_loads(bundle: tuple[P
         timeout=120,
     )
     assert r.returncode != 0 and "--mqtt reports the cameras' telemetry" in r.stderr
+
+
+def test_a_preprocessing_buffer_is_never_shared_between_threads(model: edgekit.Model) -> None:
+    # A preprocessor writes every frame into one buffer.  The server's worker and a camera loop
+    # once shared the model's: a picture's tensor was overwritten by a camera frame's while it
+    # waited to be batched (seen as other labels for the picture, under load).
+    mine = cv2.imdecode(np.frombuffer(frame(3), np.uint8), cv2.IMREAD_COLOR)
+    theirs = cv2.imdecode(np.frombuffer(frame(6), np.uint8), cv2.IMREAD_COLOR)
+    assert mine is not None and theirs is not None
+    x = model.preprocessor()(mine)
+    want = x.copy()
+    other = threading.Thread(target=lambda: model.preprocessor()(theirs))
+    other.start()
+    other.join()
+    np.testing.assert_array_equal(x, want)
+    # A pipeline made on this thread and run on its own prepares frames in buffers of its own.
+    with edgekit.Pipeline(model, sources=[CAMERA], frames=3) as pipeline:
+        thread, results = run_pipeline(pipeline)
+        thread.join(30)
+    assert len(results) == 3
+    np.testing.assert_array_equal(x, want)
+    assert model.preprocessor() is model.preprocessor()  # one thread's is still cached

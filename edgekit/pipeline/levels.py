@@ -92,7 +92,7 @@ def degrade_chain(primary: Level, model: Model) -> list[Level]:
     primary.speed_ms = measure(primary)
     found = []
     for session in model.load_alternatives():
-        level = Level(session.candidate, session, model.preprocessor(session), owned=True)
+        level = Level(session.candidate, session, model.preprocessor(session, fresh=True), owned=True)
         level.speed_ms = measure(level)
         found.append(level)
     measured = ", ".join(f"{lv.name} {lv.speed_ms:.1f} ms" for lv in [primary, *found])

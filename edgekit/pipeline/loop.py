@@ -215,7 +215,7 @@ class Pipeline:
         self._started_ns = 0
         self._ended_ns = 0
         self.ended_by = ""
-        self._levels = [Level(model.candidate, model.session, model.preprocessor())]
+        self._levels = [Level(model.candidate, model.session, model.preprocessor(fresh=True))]
         self._level = 0
         self._controller: DegradeController | None = None
         if self.policy is Policy.DEGRADE and shared is not None:
