@@ -173,6 +173,31 @@ def test_a_batch_holds_at_most_max_batch_requests(model: edgekit.Model) -> None:
         running.stop()
 
 
+def test_every_batch_size_is_made_before_the_server_is_ready(model: edgekit.Model) -> None:
+    # Made on first use, a batch size's first inference waited for its compilation (0.2 s on
+    # OpenVINO), and the requests and camera frames in and behind it missed their deadlines.
+    made: list[int] = []
+    batched = model.session.batched
+
+    def counting(n: int) -> Any:
+        made.append(n)
+        return batched(n)
+
+    model.session.batched = counting  # type: ignore[method-assign]
+    gate = Gate(model.session.run)
+    model.session.run = gate  # type: ignore[method-assign]
+    running = serve(model, max_batch=4, queue_size=16)
+    try:
+        assert sorted(made) == [2, 3, 4] and gate.calls == 0  # each size once; the warm runs are its own
+        xs = [inputs(seed) for seed in range(7)]
+        held_then_released(running, gate, [(NAME, tensor(x)) for x in xs])
+        assert running.service.runner.inferences == 1 + 2  # 1, then 4 + 3
+        assert sorted(made) == [2, 3, 4]  # none made while requests waited
+    finally:
+        gate.open.set()
+        running.stop()
+
+
 def test_a_burst_past_the_bound_is_refused_at_once_and_never_queued(model: edgekit.Model) -> None:
     gate = Gate(model.session.run)
     model.session.run = gate  # type: ignore[method-assign]

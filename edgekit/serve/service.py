@@ -47,6 +47,7 @@ class Service:
         self.endpoints = endpoints_of(model, self.limits)
         self.metrics = ServeMetrics(queue_capacity=self.limits.queue_size)
         self.runner = ModelRunner(model, self.batching.max_batch)
+        self.runner.warm()
         self.queue = InferenceQueue(
             self.runner, self.limits.queue_size, self.metrics, self.batching.max_queue_delay_ms / 1e3
         )
