@@ -79,6 +79,7 @@ def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check
     times: list[list[float]] = [[] for _ in range(n)]
     refused = [0] * n
     start = threading.Barrier(n + 1)
+    wrong: list[str] = []
 
     def client(i: int) -> None:
         conn = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
@@ -87,6 +88,8 @@ def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check
             check(conn.infer(name, inputs))  # a connection's first call sets it up: not its speed
         except InferenceServerException:
             refused[i] += 1  # refused or late (cameras ahead of it): counted, and the run goes on
+        except SystemExit as err:  # a thread drops SystemExit without a word: the run must not
+            wrong.append(str(err))
         finally:
             start.wait()  # a client that failed must not hold the others at the start
         for _ in range(requests):
@@ -107,6 +110,8 @@ def clients(port: int, n: int, requests: int, name: str, make_inputs: Any, check
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if wrong:
+        raise SystemExit(wrong[0])
     ms = sorted(x * 1e3 for per in times for x in per)
     return {
         "window": (began, time.time()),
