@@ -8,8 +8,8 @@ requests already waiting).  The queue is made deep enough for every client, so n
 refused; a refusal would be counted, not retried.
 
 The request is the model's own preprocessed input (``--kind tensor``, to ``NAME``) or a
-640x480 JPEG (``--kind image``, to ``NAME-image``: decoding and preprocessing in the server,
-request by request, around one batched inference).  Every answer is checked against the
+640x480 JPEG (``--kind image``, to ``NAME-image``: decoded and preprocessed in the server
+on each request's own thread, then one batched inference).  Every answer is checked against the
 in-process one; the mean batch is the server's own count (``/metrics``: requests, and camera
 frames with ``--cameras``, answered per inference; the clients' first, warming calls included).  Batching needs an artifact with a free batch dimension (``edgekit build``
 exports ONNX and OpenVINO so); with a fixed batch both settings serve one at a time.

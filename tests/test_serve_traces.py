@@ -49,7 +49,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 NAME = "tiny-classifier"
 IMAGE = f"{NAME}-image"
 #: A picture request's stages, in the order they run.
-STAGES = ["receive", "queue", "decode", "preprocess", "infer", "postprocess", "respond"]
+STAGES = ["receive", "decode", "preprocess", "queue", "infer", "postprocess", "respond"]
 SERVER = 2  # SPAN_KIND_SERVER
 ERROR = 2  # STATUS_CODE_ERROR
 #: The caller's trace and span in the serve guide's curl example.

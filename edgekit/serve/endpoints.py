@@ -74,6 +74,9 @@ class InferRequest:
     deadline: float = float("inf")
     #: Its times for its trace; None when the server traces nothing.
     timing: Timing | None = None
+    #: Made ready for the session on the thread that received it (``Service.infer``), so the
+    #: inference worker only infers; None: the worker prepares it.
+    prepared: Prepared | None = None
 
 
 @dataclass
@@ -167,9 +170,13 @@ class Endpoint:
         """The request's answer from the session's outputs for its rows."""
         raise NotImplementedError
 
+    def ready(self, request: InferRequest) -> Prepared:
+        """``request`` prepared: as its receiving thread made it, or now."""
+        return request.prepared if request.prepared is not None else self.prepare(request)
+
     def run(self, request: InferRequest) -> InferResult:
         """``request`` alone on the model's session."""
-        prepared = self.prepare(request)
+        prepared = self.ready(request)
         t = time.perf_counter()
         raw = self.model.session.run(*prepared.arrays)
         prepared.stages["infer"] = _lap(t)

@@ -3,9 +3,10 @@
 Only made when the server has a tracer (``ServeOptions.tracer``): without one, a request
 carries ``None`` and costs nothing more.  The tracer (``edgekit.telemetry.trace_requests``)
 decides on its own thread which requests become spans; the server only fills this in as the
-request goes: ``receive`` (reading and decoding it, until it is queued), ``queue`` (waiting for
-the worker), the worker's stages (``decode``, ``preprocess``, ``infer``, ``postprocess``), and
-``respond`` (the rest: its answer handed back and encoded), which together make its whole time.
+request goes: ``receive`` (reading it and decoding the protocol), the stages its own thread runs
+before queueing it (``decode``, ``preprocess``: ``Service.infer`` prepares it there), ``queue``
+(waiting for the worker), the worker's stages (``infer``, ``postprocess``), and ``respond`` (the
+rest: its answer handed back and encoded), which together make its whole time.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class Timing:
     queued_s: float | None = None
     #: The requests inferred with it, itself included (0: none ran).
     batch: int = 0
-    #: The worker's stages (seconds), from its ``InferResult``.
+    #: The stages run on its own thread before it was queued (seconds): its preparation.
+    prepared: Mapping[str, float] = field(default_factory=dict)
+    #: The worker's stages (seconds), from its ``InferResult`` (the prepared ones again: skipped).
     worked: Mapping[str, float] = field(default_factory=dict)
     protocol: str = ""
     #: Its deadline (``time.monotonic``).
@@ -61,10 +64,11 @@ class Timing:
         total = max(end - self.started, 0.0)
         if not self.submitted:
             return [("receive", total)]
-        out = [("receive", self.submitted - self.started)]
+        early = dict(self.prepared)
+        out = [("receive", max(self.submitted - self.started - sum(early.values()), 0.0)), *early.items()]
         if self.queued_s is not None:
             out.append(("queue", self.queued_s))
-        out += self.worked.items()
+        out += ((stage, s) for stage, s in self.worked.items() if stage not in early)
         # What is left: the answer handed back to the request's thread, and encoded.
         out.append(("respond", max(total - sum(s for _, s in out), 0.0)))
         return out
