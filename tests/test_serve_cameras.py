@@ -9,6 +9,7 @@ because this machine is slow.  The cameras are ``synthetic:`` sources (a generat
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -282,3 +283,53 @@ def test_a_preprocessing_buffer_is_never_shared_between_threads(model: edgekit.M
     assert len(results) == 3
     np.testing.assert_array_equal(x, want)
     assert model.preprocessor() is model.preprocessor()  # one thread's is still cached
+
+
+def test_while_cameras_share_the_model_no_batch_outgrows_their_budget(model: edgekit.Model) -> None:
+    # A stand-in latency: k rows take k x 10 ms, whatever this machine's speed.  With a 50 ms
+    # frame budget two batches of 2 rows fit (40 ms) and of 3 do not (60 ms): a frame that
+    # arrives as a batch starts must wait for it and then its own.
+    rows_run: list[int] = []
+
+    def slowed(run: Any, rows: int) -> Any:
+        def call(*arrays: Any) -> Any:
+            rows_run.append(rows)
+            time.sleep(0.01 * rows)
+            return run(*arrays)
+
+        return call
+
+    batched = model.session.batched
+
+    def slow_batched(n: int) -> Any:
+        session = batched(n)
+        session.run = slowed(session.run, n)  # type: ignore[method-assign]
+        return session
+
+    model.session.batched = slow_batched  # type: ignore[method-assign]
+    gate = Gate(slowed(model.session.run, 1))
+    model.session.run = gate  # type: ignore[method-assign]
+    running = serve(model, max_batch=8, queue_size=16)
+    pipeline = edgekit.Pipeline(model, sources=[CAMERA], frames=2, budget_ms=50, shared=running.frames())
+    try:
+        rows_run.clear()  # the warm runs at start: one per batch size
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{running.grpc_port}")
+        with ThreadPoolExecutor(8) as pool:
+            first = pool.submit(grpc.infer, NAME, [tensor(inputs(0))])
+            assert gate.entered.wait(30)
+            thread, results = run_pipeline(pipeline)
+            wait_for_depth(running, 1)  # a camera frame waits ...
+            pics = [pool.submit(grpc.infer, f"{NAME}-image", [picture(frame(s))]) for s in range(6)]
+            wait_for_depth(running, 7)  # ... and six pictures
+            gate.open.set()
+            first.result(30)
+            for pic in pics:
+                pic.result(30)
+            thread.join(30)
+        assert not thread.is_alive() and len(results) == 2
+        assert max(rows_run) == 2, rows_run  # batched, but never past what the budget allows
+        assert sum(rows_run) == 1 + 6 + 2  # the held request, the pictures, the two frames
+    finally:
+        gate.open.set()
+        pipeline.close()
+        running.stop()

@@ -501,7 +501,8 @@ class Pipeline:
             x = np.array(level.prep(f.image))  # copied: the preprocessor reuses its buffer
             t1 = time.perf_counter_ns()
             left_s = (f.captured_ns + budgets_ns[f.camera] - t1) / 1e9
-            ready.append(SharedFrame(f.camera, x, time.monotonic() + left_s))
+            budget_s = budgets_ns[f.camera] / 1e9
+            ready.append(SharedFrame(f.camera, x, time.monotonic() + left_s, budget_s))
             times.append((t0, t1))
         out = []
         for f, future, (t0, t1) in zip(frames, shared.submit_frames(ready), times, strict=True):

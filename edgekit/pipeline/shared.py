@@ -32,6 +32,8 @@ class SharedFrame:
     x: Any
     #: ``time.monotonic()`` by which it should be labelled: its capture time plus its budget.
     deadline: float
+    #: Its camera's frame budget (seconds; 0: not said): the worker keeps its batches within it.
+    budget: float = 0.0
 
 
 @dataclass

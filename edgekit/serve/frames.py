@@ -82,6 +82,9 @@ class FrameLane:
         requests = [
             InferRequest(self._endpoint, {_INPUT: f.x}, id=f.camera, deadline=f.deadline) for f in frames
         ]
+        budgets = [f.budget for f in frames if f.budget > 0]
+        if budgets:
+            self._queue.frames_come(min(budgets))
         try:
             futures = self._queue.submit_all(requests)
         except ProtocolError as err:  # stopping: the pipeline cannot go on without its model

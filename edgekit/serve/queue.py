@@ -29,9 +29,16 @@ log = logging.getLogger(__name__)
 _Item = tuple[InferRequest, "Future[InferResult]"]
 
 
+#: How long camera frames keep capping the batches after the last one came (seconds).
+FRAMES_HOLD_S = 2.0
+
+
 class Runner(Protocol):
     #: The most rows one inference takes (1: no batching).
     max_batch: int
+
+    def rows_within(self, budget_s: float) -> int:
+        """The most rows one inference may hold while frames with ``budget_s`` share the model."""
 
     def key(self, request: InferRequest) -> Hashable | None:
         """Requests with equal keys may share one inference; None: this one runs alone."""
@@ -53,6 +60,9 @@ class InferenceQueue:
         lanes: dict[Hashable, int] = {FRAMES: frame_room or size}
         self._queue: BatchQueue[_Item] = BatchQueue(size, runner.max_batch, max_delay_s, lanes)
         self._metrics = metrics
+        #: The tightest frame budget of the cameras sharing the model, and until when it holds.
+        self._frame_budget_s = float("inf")
+        self._frames_until = 0.0
         self._worker = threading.Thread(target=self._work, name="edgekit-serve-infer", daemon=True)
         self._worker.start()
 
@@ -90,6 +100,18 @@ class InferenceQueue:
             raise ProtocolError("the server is stopping", Outcome.UNAVAILABLE) from None
         return [None if id(j) in refused else j.payload[1] for j in jobs]
 
+    def frames_come(self, budget_s: float) -> None:
+        """Camera frames with ``budget_s`` share the model: batches stay small enough for them."""
+        now = time.monotonic()
+        if now >= self._frames_until or budget_s < self._frame_budget_s:
+            self._frame_budget_s = budget_s
+        self._frames_until = now + FRAMES_HOLD_S
+
+    def _rows(self) -> int:
+        if time.monotonic() < self._frames_until:
+            return self._runner.rows_within(self._frame_budget_s)
+        return self._runner.max_batch
+
     def _job(self, request: InferRequest, future: Future[InferResult]) -> Job[_Item]:
         endpoint = request.endpoint
         return Job(
@@ -102,6 +124,9 @@ class InferenceQueue:
 
     def _work(self) -> None:
         while True:
+            # A batch of requests that a frame arriving now must wait for is its batch too:
+            # while cameras share the model, no batch outgrows what their budget allows.
+            self._queue.max_rows = self._rows()
             taken = self._queue.take()
             if taken is None:
                 return

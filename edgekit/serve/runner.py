@@ -2,9 +2,9 @@
 
 A batch needs a session whose artifact has a free batch dimension (``Session.batchable``: the
 build makes its ONNX and OpenVINO artifacts so); ``session.batched(k)`` makes the session for
-``k`` rows, made the first time a batch of ``k`` comes and kept (at most ``max_batch - 1`` of
-them).  Each request is prepared alone (decoded, preprocessed), the rows go through the session
-at once, and each request's answer is made from its own rows: the same answer it gets alone.
+``k`` rows, made for every ``k`` before the server is ready (``warm``) and kept.  Each request
+comes prepared (decoded, preprocessed on the thread that received it: ``Service.infer``), the
+rows go through the session at once, and each request's answer is made from its own rows: the same answer it gets alone.
 A batch may hold camera frames that share the model (``edgekit.serve.frames``) beside pictures:
 each is finished by its own endpoint.
 """
@@ -71,6 +71,10 @@ class ModelRunner:
         #: Camera frames those inferences labelled, and the inferences that held frames and requests.
         self.frames = 0
         self.shared = 0
+        #: Seconds an inference of k rows took here when ``warm`` measured it, k -> seconds.
+        #: Measured once, on a quiet worker, as the pipeline's batcher does: times taken under
+        #: load would only ever shrink the batches (a size above the cap is never run again).
+        self.infer_s: dict[int, float] = {}
 
     def warm(self) -> None:
         """Make and run once the session for every batch size now, before the server says ready.
@@ -86,11 +90,32 @@ class ModelRunner:
             try:
                 session = self._session(rows)
                 if all(None not in t.shape for t in session.inputs):  # a free dimension: made, not run
-                    session.run(*(np.zeros([d or 0 for d in t.shape], t.dtype) for t in session.inputs))
+                    zeros = [np.zeros([d or 0 for d in t.shape], t.dtype) for t in session.inputs]
+                    session.run(*zeros)  # the first run sets the runtime up: not its speed
+                    t = time.perf_counter()
+                    session.run(*zeros)
+                    self.infer_s[rows] = time.perf_counter() - t
             except EdgekitError as err:
                 log.warning("serve: %s batches stop at %d rows (%s)", self.model.name, rows - 1, err)
                 self.max_batch = rows - 1
                 return
+
+    def rows_within(self, budget_s: float) -> int:
+        """The most rows one inference may hold while camera frames with ``budget_s`` share it.
+
+        A frame that arrives as a batch starts waits for that batch and then its own, so two
+        inferences of k rows must fit its budget (the pipeline's batcher keeps the same rule).
+        Nothing measured (a model with other free dimensions): no cap.  Never fewer than one row.
+        """
+        if not self.infer_s:
+            return self.max_batch
+        most = 1
+        for k in range(2, self.max_batch + 1):
+            took = self.infer_s.get(k)
+            if took is None or 2 * took > budget_s:
+                break
+            most = k
+        return most
 
     def key(self, request: InferRequest) -> Hashable | None:
         return request.endpoint.batch_key(request) if self.max_batch > 1 else None
@@ -107,7 +132,7 @@ class ModelRunner:
         rows: list[list[np.ndarray]] = []  # per model input, each request's row, copied
         for i, request in enumerate(requests):
             try:  # a picture that does not decode is its request's error, not the batch's
-                prepared = request.endpoint.prepare(request)
+                prepared = request.endpoint.ready(request)
             except Exception as err:  # noqa: BLE001 (handed to that request's caller)
                 out.append(err)
                 continue
