@@ -125,15 +125,17 @@ def test_a_cameras_frames_lost_outside_its_outages_are_counted_and_jitter_and_ba
         assert track.lost == 0
         frame(skipped=3)
         assert track.lost == 3
+        frame(late_periods=0.6)  # the last frame before the outage, late: nothing after it to tell
         p.sources["cam"].counters.outages += 1
         t += 2 * 10**9  # a counted outage: 2 s without frames, then the reopen's backlog in a burst
         frame()
         frame(read=60, burst=True)
         assert (track.lost, track.gaps, track.uncounted_gaps) == (3, 1, 0)
+        assert track.at_edges == 1  # counted with the outage, apart from the frames lost
         t += 2 * 10**9  # a gap the source did not count: a stall nobody noticed
         frame()
         assert (track.lost, track.gaps, track.uncounted_gaps) == (3, 1, 1)
-        assert frames_lost(track, 30.0)["lost"] == 3
+        assert frames_lost(track, 30.0)["lost"] == 3 and frames_lost(track, 30.0)["lost_at_edges"] == 1
 
 
 def test_the_verdict_names_a_camera_with_frames_lost_or_an_index_ahead_of_its_rate() -> None:

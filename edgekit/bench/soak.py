@@ -17,6 +17,9 @@ rate, sent the time between the captures' worth: a running balance of the two, n
 0 (a backlog read in a burst after a reopen is late frames, not extra ones), falls by one
 for each frame the camera sent and the pipeline never captured, and a late frame's dip comes
 back with the frame after it.  ``CameraTrack.lost`` is how far it fell, banked at each gap.
+The last frame before a gap has no frame after it to tell late from lost: what its interval
+took from the balance is counted apart (``CameraTrack.at_edges``), with the outage that
+followed, not as a frame lost while the camera ran.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class CameraTrack:
     outages_seen: int = 0  # the source's outage counter at the last gap (or the first frame)
     banked: int = 0  # frames lost before the last gap
     balance: float = 0.0  # frames read less frames the camera sent since the last gap (at most 0)
+    before_last: float = 0.0  # the balance before the last frame's interval
+    at_edges: int = 0  # frames short in the last interval before a gap: late or lost as it went away
 
     @property
     def lost(self) -> int:
@@ -174,8 +179,12 @@ class SoakRecorder:
                 track.uncounted_gaps += 1
                 track.uncounted_gap_s += gap
             track.outages_seen = outages
-            track.banked, track.balance = track.lost, 0.0  # the reopen's backlog must not pay for it
+            kept = max(0, round(-track.before_last))
+            track.at_edges += max(0, max(0, round(-track.balance)) - kept)
+            track.banked += kept
+            track.balance = track.before_last = 0.0  # the reopen's backlog must not pay for it
         else:
+            track.before_last = track.balance
             sent = (record.captured_ns - track.last_ns) * self._per_ns[record.camera]
             track.balance = min(0.0, track.balance + (record.index - track.last_index) - sent)
         track.last_index, track.last_ns = record.index, record.captured_ns

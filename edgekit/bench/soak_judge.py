@@ -134,7 +134,8 @@ def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
 
     ``lost`` is the recorder's count between frames (``CameraTrack.lost``): 0 when the camera's
     every frame outside its counted outages was captured (labelled or dropped by the slot).
-    ``expected`` is the clock's count, one frame a period from its first frame to its last
+    ``lost_at_edges``: frames short in the last interval before an outage (a frame late as the
+    camera went away, or lost with it), not judged.  ``expected`` is the clock's count, one frame a period from its first frame to its last
     less each counted outage's time without frames; against ``captured`` it checks the rate,
     and a backlog read in a burst after a reopen shows as more captured than expected.
     """
@@ -149,8 +150,11 @@ def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
     if fps and fps > 0 and track.captured:
         d["expected"] = round(1 + fps * (track.span_s - track.gap_s) + track.gaps)
         d["lost"] = track.lost
+        d["lost_at_edges"] = track.at_edges
     else:
-        d["expected"] = d["lost"] = None  # as fast as it goes: no rate to expect frames at
+        d["expected"] = d["lost"] = d["lost_at_edges"] = (
+            None  # as fast as it goes: no rate to expect frames at
+        )
     return d
 
 
@@ -276,6 +280,8 @@ def render(doc: Mapping[str, Any]) -> str:
         )
     for name, c in doc["cameras"].items():
         acct = f"expected {c['expected']}, lost {c['lost']}" if c.get("expected") is not None else "unpaced"
+        if c.get("lost_at_edges"):
+            acct += f" (and {c['lost_at_edges']} at outages' edges)"
         lines.append(
             f"camera {name}: {c['captured']} captured, {acct}; {c['outage_gaps']} counted outages "
             f"({c['outage_s']:.1f} s), {c['uncounted_gaps']} uncounted gaps ({c['uncounted_gap_s']:.1f} s)"
