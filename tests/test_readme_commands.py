@@ -171,6 +171,19 @@ SKIPPED = {
     "edgekit bench B --threads 2 --min-duration 3 --min-queries 20 --max-duration 8 --fps 0": (
         "a measurement's recipe (docs/measurements)"
     ),
+    # Serve's costs (docs/measurements): minutes of clients and servers on the reference bundle.
+    **dict.fromkeys(
+        [
+            "python -m benchmarks.serve_overhead --json",
+            "python -m benchmarks.serve_throughput --kind tensor --json",
+            "python -m benchmarks.serve_throughput --kind image --json",
+            "python -m benchmarks.serve_throughput --kind image --cameras 4 --deadline 0.2 --json",
+        ],
+        "a measurement's recipe (docs/measurements); tests/test_serve_*.py test what it measures",
+    ),
+    "python -m benchmarks.trace_cost --rounds 3 --frames 300": (
+        "a measurement's recipe (docs/measurements); tests/test_traces.py tests what it measures"
+    ),
     # Soaks: an hour (or minutes) of four live cameras; tests/test_soak.py runs the CI-sized soak.
     "python -m benchmarks.soak --minutes 60 --cameras 4 --fps 30 --restart-every 180 --json > soak.json": (
         "an hour-long soak; tests/test_soak.py runs the CI-sized one"
