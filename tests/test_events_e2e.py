@@ -137,9 +137,11 @@ def detector(tmp_path_factory: pytest.TempPathFactory, keys: tuple[Path, Path]) 
 
 def run_events(model: edgekit.Model, video: Path, proof_dir: Path | None = None) -> list[Event]:
     with edgekit.Pipeline(model, str(video)) as pipeline:
-        pipeline.add_events(
-            regions_from_dict(REGIONS), proof_dir=proof_dir, proof=ProofConfig(pre_s=1.0, post_s=1.0)
-        )
+        # The file is read as fast as the loop goes, faster than a camera: a queue that holds the
+        # whole clip, so a machine busy with other work does not drop proofs (by design, when the
+        # writer falls behind) and make this test about its speed.
+        proof = ProofConfig(pre_s=1.0, post_s=1.0, queue_size=1024)
+        pipeline.add_events(regions_from_dict(REGIONS), proof_dir=proof_dir, proof=proof)
         return list(pipeline.events())
 
 
