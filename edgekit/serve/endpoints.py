@@ -171,8 +171,19 @@ class Endpoint:
         raise NotImplementedError
 
     def ready(self, request: InferRequest) -> Prepared:
-        """``request`` prepared: as its receiving thread made it, or now."""
-        return request.prepared if request.prepared is not None else self.prepare(request)
+        """``request`` prepared, kept on it, its arrays its own: made once, by the first to ask.
+
+        ``Service.infer`` asks on the thread that received it; the worker for a request queued
+        unprepared.  A preprocessor returns its thread's one buffer, reused for the next
+        picture, so the arrays are copied here, once, for the queued request to keep.
+        """
+        if request.prepared is None:
+            import numpy as np
+
+            prepared = self.prepare(request)
+            prepared.arrays = [np.array(x) for x in prepared.arrays]
+            request.prepared = prepared
+        return request.prepared
 
     def run(self, request: InferRequest) -> InferResult:
         """``request`` alone on the model's session."""

@@ -80,7 +80,11 @@ class FrameLane:
 
     def submit_frames(self, frames: Sequence[SharedFrame]) -> list[Future[Inferred] | None]:
         requests = [
-            InferRequest(self._endpoint, {_INPUT: f.x}, id=f.camera, deadline=f.deadline) for f in frames
+            # Prepared already: the frame's row is its own copy (``SharedFrame.x``), kept as it is.
+            InferRequest(
+                self._endpoint, {_INPUT: f.x}, id=f.camera, deadline=f.deadline, prepared=Prepared([f.x])
+            )
+            for f in frames
         ]
         budgets = [f.budget for f in frames if f.budget > 0]
         if budgets:

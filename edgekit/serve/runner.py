@@ -129,17 +129,16 @@ class ModelRunner:
 
         out: list[InferResult | Exception] = []
         ready: list[tuple[int, Prepared]] = []
-        rows: list[list[np.ndarray]] = []  # per model input, each request's row, copied
+        rows: list[list[np.ndarray]] = []  # per model input, each request's row (its own: ``ready``)
         for i, request in enumerate(requests):
             try:  # a picture that does not decode is its request's error, not the batch's
                 prepared = request.endpoint.ready(request)
             except Exception as err:  # noqa: BLE001 (handed to that request's caller)
                 out.append(err)
                 continue
-            # Copied now: a preprocessor writes each frame into the same buffer it returns.
             rows = rows or [[] for _ in prepared.arrays]
             for held, x in zip(rows, prepared.arrays, strict=True):
-                held.append(np.array(x))
+                held.append(x)
             ready.append((i, prepared))
             out.append(ValueError("not run"))
         if not ready:

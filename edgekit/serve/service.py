@@ -12,7 +12,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 from edgekit._version import __version__
-from edgekit.serve.endpoints import Endpoint, InferRequest, InferResult, Prepared, endpoints_of
+from edgekit.serve.endpoints import Endpoint, InferRequest, InferResult, endpoints_of
 from edgekit.serve.frames import FrameEndpoint, FrameLane
 from edgekit.serve.limits import Limits
 from edgekit.serve.metrics import ServeMetrics
@@ -95,10 +95,10 @@ class Service:
             # Decoded and preprocessed here, on the thread that received it: pictures are
             # prepared side by side on both cores while the worker infers, and a batch (camera
             # frames in it too) waits for its inference alone, not for each picture's decoding.
-            request.prepared = _owned(request.endpoint.prepare(request))
+            prepared = request.endpoint.ready(request)
             if timing is not None:
                 timing.protocol, timing.deadline = protocol, request.deadline
-                timing.prepared = dict(request.prepared.stages)
+                timing.prepared = dict(prepared.stages)
                 timing.submitted = time.perf_counter()
             future = self.queue.submit(request)
             try:
@@ -151,12 +151,3 @@ class Service:
         self.runner.close()
         if self.tracer is not None:  # after the queue: the requests it answered on closing are traced
             self.tracer.close()
-
-
-def _owned(prepared: Prepared) -> Prepared:
-    # A preprocessor returns its own buffer (one per thread), reused for this thread's next
-    # request: the queued request keeps a copy.
-    import numpy as np
-
-    prepared.arrays = [np.array(x) for x in prepared.arrays]
-    return prepared
