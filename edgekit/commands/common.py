@@ -38,6 +38,14 @@ MqttCaOpt = Annotated[Path | None, typer.Option("--mqtt-ca", help="CA certificat
 MqttCertOpt = Annotated[Path | None, typer.Option("--mqtt-cert", help="Client certificate (PEM).")]
 MqttKeyOpt = Annotated[Path | None, typer.Option("--mqtt-key", help="Client key (PEM).")]
 MqttProtocolOpt = Annotated[str, typer.Option("--mqtt-protocol", help="3.1.1 or 5.")]
+# A pipeline's telemetry (edgekit run, and the cameras beside edgekit serve).
+FleetOpt = Annotated[str, typer.Option("--fleet", help="Fleet name in the telemetry topics.")]
+TelemetryIntervalOpt = Annotated[
+    float, typer.Option("--telemetry-interval", help="Seconds between telemetry messages.")
+]
+SpoolOpt = Annotated[
+    Path | None, typer.Option("--spool", help="SQLite file holding telemetry until the broker has it.")
+]
 
 
 @contextlib.contextmanager

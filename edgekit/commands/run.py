@@ -16,11 +16,14 @@ import typer
 from rich.live import Live
 
 from edgekit.commands.common import (
+    FleetOpt,
     JsonOpt,
     MqttCaOpt,
     MqttCertOpt,
     MqttKeyOpt,
     MqttProtocolOpt,
+    SpoolOpt,
+    TelemetryIntervalOpt,
     console,
     err_console,
     print_json,
@@ -218,16 +221,12 @@ def run_command(
             help="Report telemetry to this broker: mqtt[s]://[user@]host[:port] (as `edgekit agent run`).",
         ),
     ] = None,
-    fleet: Annotated[str, typer.Option("--fleet", help="Fleet name in the telemetry topics.")] = "default",
+    fleet: FleetOpt = "default",
     device_id: Annotated[
         str | None, typer.Option("--device-id", help="Device id (MQTT client id); default: the host name.")
     ] = None,
-    telemetry_interval: Annotated[
-        float, typer.Option("--telemetry-interval", help="Seconds between telemetry messages.")
-    ] = 5.0,
-    spool: Annotated[
-        Path | None, typer.Option("--spool", help="SQLite file holding telemetry until the broker has it.")
-    ] = None,
+    telemetry_interval: TelemetryIntervalOpt = 5.0,
+    spool: SpoolOpt = None,
     mqtt_ca: MqttCaOpt = None,
     mqtt_cert: MqttCertOpt = None,
     mqtt_key: MqttKeyOpt = None,

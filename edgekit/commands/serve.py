@@ -11,7 +11,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from edgekit.commands.common import MqttCaOpt, MqttCertOpt, MqttKeyOpt, MqttProtocolOpt, err_console
+from edgekit.commands.common import (
+    FleetOpt,
+    MqttCaOpt,
+    MqttCertOpt,
+    MqttKeyOpt,
+    MqttProtocolOpt,
+    SpoolOpt,
+    TelemetryIntervalOpt,
+    err_console,
+)
 from edgekit.commands.run import RECORDS_QUEUE, BudgetOpt, DeviceOpt, _load
 from edgekit.core.redact import redact_source
 from edgekit.errors import EdgekitError
@@ -143,13 +152,9 @@ def serve_command(
             help="Report the cameras' telemetry to this broker, as edgekit run does: mqtt[s]://[user@]host[:port].",
         ),
     ] = None,
-    fleet: Annotated[str, typer.Option("--fleet", help="Fleet name in the telemetry topics.")] = "default",
-    telemetry_interval: Annotated[
-        float, typer.Option("--telemetry-interval", help="Seconds between telemetry messages.")
-    ] = 5.0,
-    spool: Annotated[
-        Path | None, typer.Option("--spool", help="SQLite file holding telemetry until the broker has it.")
-    ] = None,
+    fleet: FleetOpt = "default",
+    telemetry_interval: TelemetryIntervalOpt = 5.0,
+    spool: SpoolOpt = None,
     mqtt_ca: MqttCaOpt = None,
     mqtt_cert: MqttCertOpt = None,
     mqtt_key: MqttKeyOpt = None,
