@@ -179,8 +179,8 @@ class SoakRecorder:
                 track.uncounted_gaps += 1
                 track.uncounted_gap_s += gap
             track.outages_seen = outages
-            kept = max(0, round(-track.before_last))
-            track.at_edges += max(0, max(0, round(-track.balance)) - kept)
+            kept = round(-track.before_last)  # balances are never above 0
+            track.at_edges += max(0, round(-track.balance) - kept)
             track.banked += kept
             track.balance = track.before_last = 0.0  # the reopen's backlog must not pay for it
         else:

@@ -135,8 +135,8 @@ def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
     ``lost`` is the recorder's count between frames (``CameraTrack.lost``): 0 when the camera's
     every frame outside its counted outages was captured (labelled or dropped by the slot).
     ``lost_at_edges``: frames short in the last interval before an outage (a frame late as the
-    camera went away, or lost with it), not judged.  ``expected`` is the clock's count, one frame a period from its first frame to its last
-    less each counted outage's time without frames; against ``captured`` it checks the rate,
+    camera went away, or lost with it), not judged.  ``expected`` is the clock's count, one frame
+    a period from its first frame to its last less each counted outage's time without frames; against ``captured`` it checks the rate,
     and a backlog read in a burst after a reopen shows as more captured than expected.
     """
     d: dict[str, Any] = {
@@ -152,9 +152,8 @@ def frames_lost(track: CameraTrack, fps: float | None) -> dict[str, Any]:
         d["lost"] = track.lost
         d["lost_at_edges"] = track.at_edges
     else:
-        d["expected"] = d["lost"] = d["lost_at_edges"] = (
-            None  # as fast as it goes: no rate to expect frames at
-        )
+        # As fast as it goes: no rate to expect frames at.
+        d["expected"] = d["lost"] = d["lost_at_edges"] = None
     return d
 
 
