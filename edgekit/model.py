@@ -124,14 +124,12 @@ class Model:
         session = session or self.session
         if fresh:
             return Preprocessor(self.preprocess, session.inputs[0], image_color=color)
-        cache: dict[tuple[int, str], Preprocessor] | None = getattr(self._preps, "cache", None)
-        if cache is None:
-            cache = self._preps.cache = {}
+        # A thread-local's __dict__ is the calling thread's own.
+        cache: dict[tuple[int, str], Preprocessor] = self._preps.__dict__.setdefault("cache", {})
         key = (id(session), color)
-        prep = cache.get(key)
-        if prep is None:
-            prep = cache[key] = Preprocessor(self.preprocess, session.inputs[0], image_color=color)
-        return prep
+        if key not in cache:
+            cache[key] = self.preprocessor(session, color, fresh=True)
+        return cache[key]
 
     def outputs(self, frame: np.ndarray, color: str = "BGR") -> list[np.ndarray]:
         """One frame (HxWx3 in ``color`` order; gray, BGRA and 16-bit converted) -> every output, as float.
