@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
             return len(text.encode()) / 2**20, time.monotonic() - t0
 
         config = BrokerConfig.from_url(f"mqtt://fleet:{USERS['fleet']}@127.0.0.1:{broker.port}")
-        sub = FleetSubscriber(config, handle, client_id="bench-flood").start()
+        sub = FleetSubscriber(config, handle, client_id="bench-flood", commit=collector.flush).start()
         result: dict[str, Any] = {}
         try:
             rss0, store0 = rss_mb(), store_mb(db)

@@ -66,12 +66,12 @@ def collector_main(url: str, db: str, core: int, batch: int, conn: Connection, b
         times[1] = time.monotonic()
 
     config = BrokerConfig.from_url(url)
-    sub = FleetSubscriber(config, handle, client_id="bench-collector").start()
+    sub = FleetSubscriber(config, handle, client_id="bench-collector", commit=collector.flush).start()
     conn.send("ready")
     if backlog:
         sub.stop()
         expected = conn.recv()
-        sub = FleetSubscriber(config, handle, client_id="bench-collector").start()
+        sub = FleetSubscriber(config, handle, client_id="bench-collector", commit=collector.flush).start()
         cpu0 = _cpu_s()
     else:
         cpu0 = _cpu_s()

@@ -167,3 +167,30 @@ def test_tls_with_a_password_and_refusals_with_hints(secure_broker: tuple[Mosqui
     with pytest.raises(TelemetryError) as err:
         FleetSubscriber(untrusted, inbox).start()
     assert "certificate" in str(err.value).lower()
+
+
+def test_nothing_is_acknowledged_before_commit_returns(broker: Mosquitto) -> None:
+    """A read whose commit fails is not acknowledged: the broker delivers it again (a crash before the
+    store's transaction committed loses nothing)."""
+    inbox = Inbox()
+    commits: list[int] = []
+
+    def commit() -> None:
+        commits.append(len(inbox.got))
+        if len(commits) == 1:
+            raise RuntimeError("the store's transaction failed")
+
+    sub = FleetSubscriber(BrokerConfig.from_url(broker.url), inbox, client_id="collector-e", commit=commit)
+    sub.start()
+    try:
+        msgs = [("edgekit/v1/f/d/telemetry", str(i).encode()) for i in range(50)]
+        publish(broker.port, msgs)
+        assert inbox.wait(lambda got: {p for _, p in got} >= {p for _, p in msgs}, 30)
+        assert sub.commit_errors == 1 and sub.connects >= 2
+        first = commits[0]  # what the failed read had handled: every one of them came again
+        again = [p for _, p in inbox.got[first:]]
+        assert all(p in again for _, p in inbox.got[:first]), (
+            "a message of the failed read was not redelivered"
+        )
+    finally:
+        sub.stop()

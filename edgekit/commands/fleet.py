@@ -285,8 +285,9 @@ def serve_command(
     # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
     ticker = Ticker(view, housekeeping=housekeeping, each_tick=collector.flush)
     try:
+        # commit: each read's windows are written before the broker is told they arrived.
         subscriber = FleetSubscriber(
-            broker, collector.handle, client_id=client_id, reject=collector.reject
+            broker, collector.handle, client_id=client_id, reject=collector.reject, commit=collector.flush
         ).start()
     except BaseException:
         store.close()

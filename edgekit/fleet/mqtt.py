@@ -6,9 +6,12 @@ makes redelivery harmless), SUBSCRIBE with QoS 1, PUBLISH in, PUBACK out, PINGRE
 not paho: paho parses every packet with several ``recv()`` calls, a ``select()``, a wake-up
 socket write and a ``send()`` per PUBACK — measured here as much CPU per message as the
 collector itself (0.26 ms/msg end to end with paho, 0.15 with this; benchmarks/fleet_ingest.py).
-This reads up to 256 KiB per ``recv()``, handles every complete packet in it, then
-acknowledges them all with one ``sendall()``: a crash before handling means redelivery,
-never loss.  TLS, user/password, keep-alive and reconnect with back-off are supported.
+This reads up to 256 KiB per ``recv()``, handles every complete packet in it, calls ``commit()``
+(the collector writes what it buffered, in one transaction), and only then acknowledges them all
+with one ``sendall()``: a crash before the commit means redelivery, never loss (and a redelivered
+message the store already has is dropped by its insert).  A ``commit`` that raises sends no
+acknowledgement: the connection is dropped and made again, and the broker delivers the messages
+again.  TLS, user/password, keep-alive and reconnect with back-off are supported.
 
 Nothing a client publishes can stop it (any device may publish on its own topics, retained):
 
@@ -83,12 +86,20 @@ class Malformed(ConnectionError):
     """A packet that breaks MQTT 3.1.1: the stream cannot be trusted past it, so the connection ends."""
 
 
+def _no_commit() -> None:
+    pass
+
+
 def _no_reject(topic: str, reason: str, detail: str) -> None:
     log.warning("fleet: dropped a message on %r (%s: %s)", topic[:200], reason, detail)
 
 
 class FleetSubscriber:
-    """Subscribes to ``topics`` with QoS 1 and calls ``handle(topic, payload)`` for each message, in order."""
+    """Subscribes to ``topics`` with QoS 1 and calls ``handle(topic, payload)`` for each message, in order.
+
+    ``commit()`` is called after each read's messages were handled and before they are
+    acknowledged: whatever ``handle`` buffered must be stored when it returns (``Collector.flush``).
+    """
 
     def __init__(
         self,
@@ -98,9 +109,11 @@ class FleetSubscriber:
         topics: tuple[str, ...] = TOPICS,
         reject: Callable[[str, str, str], object] = _no_reject,
         max_packet: int = MAX_PACKET,
+        commit: Callable[[], object] = _no_commit,
     ) -> None:
         self.broker = broker
         self.handle = handle
+        self.commit = commit
         self.reject = reject  # (topic, reason, detail) of a message dropped before ``handle``
         self.client_id = client_id
         self.topics = topics
@@ -113,6 +126,7 @@ class FleetSubscriber:
         self.too_large = 0  # PUBLISHes drained unread
         self.malformed = 0  # connections ended by a malformed packet
         self.restarts = 0  # times the reader caught something unexpected and started over
+        self.commit_errors = 0  # reads not acknowledged because ``commit`` failed (the broker redelivers)
         self._skip = 0  # bytes of an oversized PUBLISH still to drain
         self._skip_ack = b""  # its PUBACK, sent once it is drained (acks go in order)
         self._stop = threading.Event()
@@ -232,6 +246,7 @@ class FleetSubscriber:
             "malformed": self.malformed,
             "restarts": self.restarts,
             "handler_errors": self.handler_errors,
+            "commit_errors": self.commit_errors,
         }
 
     def _run(self) -> None:
@@ -300,6 +315,7 @@ class FleetSubscriber:
                     pos = self._frames(buf, acks)
                     del buf[:pos]
                 if acks:
+                    self._commit()
                     self._send(sock, b"".join(acks))
                     last_sent = now
             elif now - last_heard > 1.5 * keepalive:  # not even a PINGRESP: the link is dead
@@ -307,6 +323,15 @@ class FleetSubscriber:
             if now - last_sent > keepalive / 2:
                 self._send(sock, _packet(PINGREQ, 0, b""))
                 last_sent = now
+
+    def _commit(self) -> None:
+        """Have what this read's messages left buffered stored before they are acknowledged."""
+        try:
+            self.commit()
+        except Exception as err:
+            self.commit_errors += 1
+            # Not acknowledged: the broker still holds them, and sends them again once we are back.
+            raise ConnectionError(f"storing what was read failed ({err!r:.200}); not acknowledged") from err
 
     def _frames(self, buf: bytearray, acks: list[bytes]) -> int:
         """Handle every complete packet in ``buf``, adding the PUBACKs owed to ``acks``; returns how far it got."""
