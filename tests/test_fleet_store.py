@@ -417,3 +417,48 @@ def test_a_bad_sqlite_path_is_an_edgekit_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot open the fleet database") as caught:
         open_store(tmp_path / "dir.db")
     assert "--db" in caught.value.hint
+
+
+def test_two_collectors_writing_one_database_store_each_message_once(store_url: str) -> None:
+    """Two stores on one database (two collector processes, as far as the database can tell) get the
+    same new devices, windows and events at once, in different orders: every row is stored once, each
+    counted new by exactly one of them, and neither fails (no key clash on a new device, no deadlock)."""
+    stores = [open_store(store_url), open_store(store_url)]
+    lat = np.full(4, 10.0)
+    devices = [f"cam-{i}" for i in range(6)]
+    rows = [row("lab", payload(d, s, T + s, lat)) for s in range(60) for d in devices]
+    event = {"schema": "edgekit/v1/event", "device": "cam-0", "fleet": "lab", "id": "e-1", "camera": "",
+             "kind": "enter", "zone": "door", "t": T, "seq": 0, "frame_index": 7}  # fmt: skip
+    added = [0, 0]
+    new_events = [0, 0]
+    errors: list[str] = []
+    start = threading.Barrier(2)
+
+    def collect(i: int) -> None:
+        mine = rows if i == 0 else rows[::-1]  # the other one meets everything in the opposite order
+        try:
+            start.wait()
+            for d in devices if i == 0 else devices[::-1]:
+                stores[i].set_state("lab", d, "online", T, None)
+            for b in range(0, len(mine), 25):
+                added[i] += stores[i].add_windows(mine[b : b + 25])
+            new_events[i] += stores[i].add_event("lab", "cam-0", event, json.dumps(event), T)
+        except BaseException:  # noqa: BLE001 (reported by the main thread)
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=collect, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert added[0] + added[1] == len(rows)
+        assert sorted(new_events) == [0, 1]
+        assert all(stores[0].seqs("lab", d) == list(range(60)) for d in devices)
+        assert stores[0].merged().count == len(rows) * 4
+        assert {d["device"]: d["last_seq"] for d in stores[1].devices()} == dict.fromkeys(devices, 59)
+        assert len(stores[1].events("lab", "cam-0")) == 1
+    finally:
+        for s in stores:
+            s.close()

@@ -41,6 +41,7 @@ INSERT_STAGED = f"""INSERT INTO windows ({COLUMNS})
         SELECT 1 FROM compacted c
         WHERE c.fleet = s.fleet AND c.device = s.device AND c.epoch = s.epoch
             AND c.first_seq <= s.seq AND c.last_seq >= s.seq)
+    ORDER BY fleet, device, epoch, seq
     ON CONFLICT DO NOTHING"""
 
 

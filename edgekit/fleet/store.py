@@ -161,15 +161,18 @@ class FleetStore:
     def set_state(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
         """Record ``online``/``offline`` (``since`` moves only when the state changes; a birth replaces the last)."""
         with self._lock, self._transaction():
+            # ON CONFLICT: another collector on this database may meet the same new device at the
+            # same moment; a plain INSERT would fail one of them on the key (and lose its message).
+            if self._execute(
+                "INSERT INTO devices (fleet, device, state, since, last_seen, birth, last_seq, epoch) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO NOTHING",
+                (fleet, device, state, at, at, json.dumps(birth or {}), -1, ""),
+            ):
+                return
             rows = self._query(
                 "SELECT state, birth FROM devices WHERE fleet = ? AND device = ?", (fleet, device)
             )
-            if not rows:
-                self._execute(
-                    "INSERT INTO devices (fleet, device, state, since, last_seen, birth, last_seq, epoch) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (fleet, device, state, at, at, json.dumps(birth or {}), -1, ""),
-                )
+            if not rows:  # aged out by another collector in between
                 return
             since_changed = rows[0][0] != state
             self._execute(
@@ -187,11 +190,15 @@ class FleetStore:
             )
 
     def set_epoch(self, fleet: str, device: str, epoch: str) -> None:
-        """The device's sequence restarted (a new spool): its numbering begins again."""
+        """The device's sequence restarted (a new spool): its numbering begins again.
+
+        Only once per epoch: another collector on this database may have seen the new epoch
+        first and stored windows of it already (their ``last_seq`` stays).
+        """
         with self._lock:
             self._execute(
-                "UPDATE devices SET epoch = ?, last_seq = -1 WHERE fleet = ? AND device = ?",
-                (epoch, fleet, device),
+                "UPDATE devices SET epoch = ?, last_seq = -1 WHERE fleet = ? AND device = ? AND epoch <> ?",
+                (epoch, fleet, device, epoch),
             )
 
     # -- windows and gaps -------------------------------------------------------------------------
@@ -203,7 +210,9 @@ class FleetStore:
         """
         if not rows:
             return 0
-        values = [window_row(fleet, device, p, raw) for fleet, device, p, raw, _ in rows]
+        # Rows are written in key order, and the devices' rows too: two collectors writing one
+        # PostgreSQL then take their row locks in the same order and cannot deadlock each other.
+        values = sorted(window_row(fleet, device, p, raw) for fleet, device, p, raw, _ in rows)
         latest: dict[tuple[str, str], tuple[float, int]] = {}
         newest: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}  # each device's newest window
         for fleet, device, p, _, at in rows:
@@ -214,11 +223,11 @@ class FleetStore:
                 newest[(fleet, device)] = (end, p["window"])
         with self._lock, self._transaction():
             added = self._insert_windows(values)
-            camera_health.write(self._execute, self._execute_many, newest)
+            camera_health.write(self._execute, self._execute_many, dict(sorted(newest.items())))
             self._execute_many(
                 "UPDATE devices SET last_seen = {greatest}(last_seen, ?), last_seq = {greatest}(last_seq, ?) "
                 "WHERE fleet = ? AND device = ?",
-                [(at, seq, f, d) for (f, d), (at, seq) in latest.items()],
+                [(at, seq, f, d) for (f, d), (at, seq) in sorted(latest.items())],
             )
         return added
 
