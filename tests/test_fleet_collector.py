@@ -561,3 +561,20 @@ def test_a_camera_secret_in_a_birth_is_never_stored_or_shown(tmp_path: Path) -> 
     shown = rec.statuses[0][3]["source"]
     stored = json.dumps(c.store.devices())
     assert "hunter2" not in shown and "hunter2" not in stored and "10.0.0.5" in shown
+
+
+def test_collectors_sharing_a_stream_record_no_gaps_but_the_store_knows_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    """Two collectors of one shared-subscription group take every other window each: neither mistakes the
+    other's share for a loss, and together they store every window once; a window neither got is missing."""
+    store = FleetStore(tmp_path / "fleet.db")
+    members = [Collector(store, shared=True), Collector(FleetStore(tmp_path / "fleet.db"), shared=True)]
+    dev = FakeDevice("cam-s", tmp_path)
+    sent = [dev.window_of(np.full(10, 12.0)) for _ in range(12)]
+    for i, body in enumerate(sent):
+        if i != 9:  # lost before the broker: nobody gets it
+            assert members[i % 2].handle(dev.topic, body) == "telemetry"
+    assert store.gaps("lab", "cam-s") == [] and all(m.seen["gaps"] == 0 for m in members)
+    assert store.seqs("lab", "cam-s") == [s for s in range(12) if s != 9]
+    assert members[0].open_gaps("lab", "cam-s") == [(9, 9)]

@@ -12,8 +12,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edgekit.errors import TelemetryError
-from edgekit.fleet.mqtt import FleetSubscriber
+from edgekit.errors import EdgekitError, TelemetryError
+from edgekit.fleet.mqtt import FleetSubscriber, shared_topics
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
 
@@ -194,3 +194,35 @@ def test_nothing_is_acknowledged_before_commit_returns(broker: Mosquitto) -> Non
         )
     finally:
         sub.stop()
+
+
+def test_a_shared_group_splits_the_data_and_gives_every_member_the_states(broker: Mosquitto) -> None:
+    inboxes = [Inbox(), Inbox()]
+    config = BrokerConfig.from_url(broker.url)
+    subs = [
+        FleetSubscriber(config, inbox, client_id=f"collector-g{i}", topics=shared_topics("g")).start()
+        for i, inbox in enumerate(inboxes)
+    ]
+    try:
+        data = [(f"edgekit/v1/f/d{i % 4}/telemetry", f"w{i}".encode()) for i in range(200)]
+        data += [("edgekit/v1/f/d0/events", b"e1"), ("spBv1.0/f/DDATA/d0/pipeline", b"\x08\x01")]
+        states = [("edgekit/v1/f/d0/status", b"online"), ("spBv1.0/f/NBIRTH/d0", b"\x08\x00")]
+        publish(broker.port, [*states, *data])
+        everything = set(data) | set(states)
+        assert inboxes[0].wait(lambda _: set(inboxes[0].got) | set(inboxes[1].got) >= everything)
+        time.sleep(0.3)  # anything delivered twice would be here by now
+        got = [set(inbox.got) - set(states) for inbox in inboxes]
+        assert got[0] and got[1], "one member took the whole stream"
+        assert got[0] | got[1] == set(data) and not got[0] & got[1]  # each data message to one member
+        assert all(len(inbox.got) == len(set(inbox.got)) for inbox in inboxes)
+        assert all(set(states) <= set(inbox.got) for inbox in inboxes)  # the real topics, not $share/...
+    finally:
+        for sub in subs:
+            sub.stop()
+
+
+@pytest.mark.parametrize("group", ["", "a/b", "a+", "#", "two words", "x" * 65])
+def test_a_bad_group_name_says_what_a_good_one_is(group: str) -> None:
+    with pytest.raises(EdgekitError) as err:
+        shared_topics(group)
+    assert "--share" in str(err.value) and "e.g. --share collectors" in err.value.hint

@@ -134,6 +134,11 @@ class Collector:
     With ``batch_size > 1`` telemetry windows are written in transactions of that many (or
     every ``flush_s``); call ``flush()`` before reading the store.  Thread-safe.
     ``lag`` is a sketch of how long accepted windows took from the device (``sent_at``) to here, in ms.
+
+    ``shared``: one of several collectors sharing the stream (an MQTT shared subscription,
+    ``edgekit fleet collect --share``).  Each sees only its share of a device's windows, so a jump
+    in ``seq`` is another collector's share, not a loss: no gaps are recorded (``open_gaps``
+    still finds what is missing, from the store).
     """
 
     def __init__(
@@ -144,8 +149,10 @@ class Collector:
         listener: CollectorListener | None = None,
         max_devices: int | None = None,
         quotas: Quotas | None = None,
+        shared: bool = False,
     ) -> None:
         self.store = store
+        self.shared = shared
         self.quotas = quotas or Quotas()
         if max_devices is not None:
             self.quotas = dataclasses.replace(self.quotas, max_devices=max_devices)
@@ -390,7 +397,7 @@ class Collector:
             track.epoch, track.high, track.recent = epoch, -1, set()
         if seq in track.recent:
             return "duplicate"
-        if seq > track.high + 1 and track.high >= 0:
+        if seq > track.high + 1 and track.high >= 0 and not self.shared:
             self.store.add_gap(fleet, device, track.high + 1, seq - 1, at, epoch)
             self.seen["gaps"] += 1
             self._events.append(("gap", fleet, device))

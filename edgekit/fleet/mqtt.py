@@ -28,6 +28,7 @@ Nothing a client publishes can stop it (any device may publish on its own topics
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -35,13 +36,33 @@ import time
 from collections.abc import Callable
 
 from edgekit.core.backoff import Backoff
-from edgekit.errors import TelemetryError
+from edgekit.errors import EdgekitError, TelemetryError
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.protocol.topics import EVERYTHING
 
 log = logging.getLogger(__name__)
 
 TOPICS = (EVERYTHING, "spBv1.0/#")
+# A member of a shared-subscription group (``shared_topics``) takes its share of the data: each
+# message goes to one member of the group.  Windows and events carry their own (epoch, seq) or id,
+# so the store keeps each once whichever member writes it.
+SHARED_TOPICS = (
+    "edgekit/v1/+/+/telemetry",
+    "edgekit/v1/+/+/events",
+    "edgekit/v1/+/+/labels",
+    "spBv1.0/+/DDATA/+/+",
+)
+# ...and every member gets every state message: a Sparkplug DDATA needs its node's NBIRTH (the
+# session that numbers it) on whichever member it lands, and a device's online/offline must be
+# applied in the order it was sent, which one subscription keeps and a group of them would not.
+STATE_TOPICS = (
+    "edgekit/v1/+/+/status",
+    "spBv1.0/+/NBIRTH/+",
+    "spBv1.0/+/NDEATH/+",
+    "spBv1.0/+/DBIRTH/+/+",
+    "spBv1.0/+/DDEATH/+/+",
+)
+GROUP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT = (
     1, 2, 3, 4, 8, 9, 12, 13, 14,
 )  # fmt: skip
@@ -58,6 +79,23 @@ CONNACK_REASONS = {
     4: "the user name or password is wrong",
     5: "not authorized (a wrong user or password, or a user the broker does not allow)",
 }
+
+
+def shared_topics(group: str) -> tuple[str, ...]:
+    """The topic filters of a collector in shared-subscription group ``group`` (``$share/<group>/...``).
+
+    The broker hands each data message to one member of the group; a shared subscription's
+    PUBLISH carries the message's own topic, so ``handle`` sees the same topics as without.
+    """
+    # MQTT forbids only '/', '+' and '#' (and an empty name); the rest is kept to what every broker
+    # and every log shows plainly.
+    if not GROUP_NAME.fullmatch(group):
+        raise EdgekitError(
+            f"--share {group!r} is not a group name",
+            "up to 64 letters, digits, '.', '_' or '-' (no '/', '+', '#'), the same for every collector "
+            "of the group: e.g. --share collectors",
+        )
+    return (*(f"$share/{group}/{t}" for t in SHARED_TOPICS), *STATE_TOPICS)
 
 
 def _varint(n: int) -> bytes:
@@ -174,7 +212,12 @@ class FleetSubscriber:
             self.stop()
             raise TelemetryError(
                 f"{b.describe()} did not confirm the subscription within {wait_s:g} s: {self.last_error or 'no answer'}",
-                "check the broker's ACL for edgekit/v1/# and spBv1.0/#",
+                "check the broker's ACL for edgekit/v1/# and spBv1.0/#"
+                + (
+                    ", and that it takes shared subscriptions ($share/, Mosquitto 1.6 or later)"
+                    if any(t.startswith("$share/") for t in self.topics)
+                    else ""
+                ),
             )
         return self
 
