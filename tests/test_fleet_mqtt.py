@@ -226,3 +226,30 @@ def test_a_bad_group_name_says_what_a_good_one_is(group: str) -> None:
     with pytest.raises(EdgekitError) as err:
         shared_topics(group)
     assert "--share" in str(err.value) and "e.g. --share collectors" in err.value.hint
+
+
+def test_a_member_that_leaves_leaves_its_share_to_the_others(broker: Mosquitto) -> None:
+    """Stopped with leave=True a member unsubscribes: the broker queues nothing for its session (which
+    would wait for it, maybe for ever), and the member that stays gets every message."""
+    inboxes = [Inbox(), Inbox()]
+    config = BrokerConfig.from_url(broker.url)
+
+    def member(i: int) -> FleetSubscriber:
+        return FleetSubscriber(config, inboxes[i], client_id=f"collector-l{i}", topics=shared_topics("g"))
+
+    leaving, staying = member(0).start(), member(1).start()
+    try:
+        before = [(f"edgekit/v1/f/d{i % 3}/telemetry", f"a{i}".encode()) for i in range(100)]
+        publish(broker.port, before)
+        assert inboxes[0].wait(lambda _: len(inboxes[0].got) + len(inboxes[1].got) >= 100)
+        leaving.stop(leave=True)
+        assert set(inboxes[0].got) | set(inboxes[1].got) == set(before)
+        after = [(f"edgekit/v1/f/d{i % 3}/telemetry", f"b{i}".encode()) for i in range(100)]
+        publish(broker.port, after)
+        assert inboxes[1].wait(lambda got: set(after) <= set(got)), "a message went to the member that left"
+        back = member(0).start()  # the same client id: its session has nothing waiting
+        time.sleep(1.0)
+        back.stop(leave=True)
+        assert not set(after) & set(inboxes[0].got)
+    finally:
+        staying.stop()

@@ -63,9 +63,12 @@ STATE_TOPICS = (
     "spBv1.0/+/DDEATH/+/+",
 )
 GROUP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, PINGREQ, PINGRESP, DISCONNECT = (
-    1, 2, 3, 4, 8, 9, 12, 13, 14,
+CONNECT, CONNACK, PUBLISH, PUBACK, SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = (
+    1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 14,
 )  # fmt: skip
+# How long ``stop(leave=True)`` waits for the broker to confirm the unsubscription and send what
+# it had queued; the link is drained once nothing has come for QUIET_S.
+LEAVE_S, QUIET_S = 10.0, 0.5
 # A PUBLISH bigger than this is drained unread (the collector refuses payloads over 256 KiB anyway;
 # topics are at most 64 KiB).  MQTT itself caps a packet at 256 MiB (a four-byte length).
 MAX_PACKET = 1024 * 1024
@@ -168,6 +171,9 @@ class FleetSubscriber:
         self._skip = 0  # bytes of an oversized PUBLISH still to drain
         self._skip_ack = b""  # its PUBACK, sent once it is drained (acks go in order)
         self._stop = threading.Event()
+        self._left = threading.Event()  # the broker confirmed ``stop(leave=True)``'s unsubscription
+        self._unsubacked = False  # an UNSUBACK in the read being handled (``_left`` once it is acked)
+        self._idle_since: float | None = None  # when the last read was handled and acknowledged
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._tls = self._tls_context() if broker.tls else None
@@ -221,8 +227,26 @@ class FleetSubscriber:
             )
         return self
 
-    def stop(self) -> None:
-        """Disconnect cleanly and end the reading thread."""
+    def stop(self, leave: bool = False) -> None:
+        """Disconnect cleanly and end the reading thread.
+
+        ``leave``: unsubscribe first (a shared group's member that stops), reading on until the
+        broker confirms: what it sent before that is handled, committed and acknowledged, and it
+        sends nothing more for this client id, so no message waits in this session for a member
+        that may never return; the other members take its share.  Without ``leave`` the
+        persistent session stays, and the broker queues for this client id until it is back.
+        """
+        sock = self._sock
+        if leave and sock is not None and self.connected.is_set() and self._thread.is_alive():
+            self._left.clear()
+            self._unsubacked = False
+            try:
+                filters = b"".join(_str(t) for t in self.topics)
+                self._send(sock, _packet(UNSUBSCRIBE, 2, b"\x00\x02" + filters))
+            except OSError:
+                pass
+            else:
+                self._drain(time.monotonic() + LEAVE_S)
         self._stop.set()
         sock = self._sock
         if sock is not None:
@@ -233,6 +257,20 @@ class FleetSubscriber:
                 pass
         if self._thread.is_alive():
             self._thread.join(5)
+
+    def _drain(self, deadline: float) -> None:
+        """Until ``deadline``: wait for the UNSUBACK, then for the broker to stop sending what it had queued."""
+        if not self._left.wait(max(0.0, deadline - time.monotonic())):
+            log.warning("fleet: %s did not confirm the unsubscription", self.broker.describe())
+            return
+        # Messages queued for this session before it left still come; each read is acknowledged
+        # (after its commit) before ``_idle_since`` moves, so a quiet link has nothing unacknowledged.
+        while time.monotonic() < deadline:
+            idle = self._idle_since
+            if idle is not None and time.monotonic() - idle >= QUIET_S:
+                return
+            time.sleep(0.05)
+        log.warning("fleet: still receiving from %s when it had to stop", self.broker.describe())
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -344,6 +382,7 @@ class FleetSubscriber:
                 raise ConnectionError("the broker closed the connection")
             if data:
                 last_heard = now
+                self._idle_since = None
                 acks: list[bytes] = []
                 fresh = memoryview(data)
                 if self._skip:  # the rest of an oversized PUBLISH: count it off, keep nothing
@@ -361,6 +400,9 @@ class FleetSubscriber:
                     self._commit()
                     self._send(sock, b"".join(acks))
                     last_sent = now
+                self._idle_since = time.monotonic()
+                if self._unsubacked:  # after this read's acks: what came before the UNSUBACK is done
+                    self._left.set()
             elif now - last_heard > 1.5 * keepalive:  # not even a PINGRESP: the link is dead
                 raise ConnectionError(f"nothing from the broker for {now - last_heard:.0f} s")
             if now - last_sent > keepalive / 2:
@@ -423,6 +465,8 @@ class FleetSubscriber:
                 except Exception:  # one bad message must not end the subscription
                     self.handler_errors += 1
                     log.exception("fleet: handling a message on %r failed", topic[:200])
+            elif kind == UNSUBACK:
+                self._unsubacked = True
             elif kind == SUBACK:
                 if 0x80 in buf[i + 2 : stop]:
                     raise Refused("the broker refused a subscription (its ACL?)")
