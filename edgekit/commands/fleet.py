@@ -1,4 +1,5 @@
 """``edgekit fleet serve``: the collector, its store, the live dashboard and ``/metrics`` in one process;
+``edgekit fleet collect``: the collector alone (``edgekit.commands.fleet_collect``);
 ``edgekit fleet simulate``: simulated devices publishing to a broker (``edgekit.telemetry.simulate``)."""
 
 from __future__ import annotations
@@ -11,6 +12,22 @@ from typing import Annotated, Any
 import typer
 
 from edgekit.commands.common import MqttCaOpt, err_console
+from edgekit.commands.fleet_collect import collect_command
+from edgekit.commands.fleet_options import (
+    DbOpt,
+    DeviceBurstOpt,
+    DeviceBytesOpt,
+    DeviceRateOpt,
+    KeepOpt,
+    MaxDevicesOpt,
+    MaxFleetsOpt,
+    MqttOpt,
+    PerCredentialOpt,
+    QuietOpt,
+    RawKeepOpt,
+    describe_db,
+    quotas,
+)
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
 
@@ -21,18 +38,6 @@ log = logging.getLogger(__name__)
 
 def register(app: typer.Typer) -> None:
     app.add_typer(fleet_app, name="fleet")
-
-
-def _describe_db(db: str) -> str:
-    """The database without its password (it goes to logs and terminals)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(db)
-    if not parts.scheme.startswith("postgres"):
-        return db
-    user = f"{parts.username}@" if parts.username else ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
 
 
 def _check_port(host: str, port: int) -> None:
@@ -51,24 +56,12 @@ def _check_port(host: str, port: int) -> None:
 
 @fleet_app.command("serve")
 def serve_command(
-    mqtt: Annotated[
-        str, typer.Option("--mqtt", help="The broker the devices publish to: mqtt[s]://[user@]host[:port].")
-    ] = "mqtt://127.0.0.1:1883",
-    db: Annotated[
-        str,
-        typer.Option(
-            "--db",
-            envvar="EDGEKIT_FLEET_DB",
-            help="SQLite file, or postgresql://user@host/db for a bigger fleet (its password: PGPASSWORD, "
-            "~/.pgpass, or the whole URL in EDGEKIT_FLEET_DB).",
-        ),
-    ] = "fleet.db",
+    mqtt: MqttOpt = "mqtt://127.0.0.1:1883",
+    db: DbOpt = "fleet.db",
     host: Annotated[str, typer.Option("--host", help="Address the dashboard listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port of the dashboard and /metrics.")] = 8765,
-    raw_keep: Annotated[
-        str, typer.Option("--raw-keep", help="Keep raw windows this long, then one-minute rollups.")
-    ] = "1h",
-    keep: Annotated[str, typer.Option("--keep", help="Delete rollups older than this.")] = "30d",
+    raw_keep: RawKeepOpt = "1h",
+    keep: KeepOpt = "30d",
     slo_for: Annotated[
         str, typer.Option("--slo-for", help="A latency breach must last this long to fire an alert.")
     ] = "5m",
@@ -125,39 +118,16 @@ def serve_command(
             "--allowed-host", help="Also answer requests for this host name (browsers' Host header)."
         ),
     ] = None,
-    max_devices: Annotated[
-        int,
-        typer.Option("--max-devices", help="Track at most this many devices; more are rejected, counted."),
-    ] = 10_000,
+    max_devices: MaxDevicesOpt = 10_000,
     max_streams: Annotated[
         int, typer.Option("--max-streams", help="At most this many live dashboards (SSE) at once, then 503.")
     ] = 64,
-    max_fleets: Annotated[
-        int, typer.Option("--max-fleets", help="Track at most this many fleets; more are rejected, counted.")
-    ] = 1_000,
-    per_credential: Annotated[
-        int,
-        typer.Option(
-            "--per-credential",
-            help="Fleets one device name may report in (with the broker ACL in docs/guides/fleet.md, one credential's devices).",
-        ),
-    ] = 4,
-    device_rate: Annotated[
-        float,
-        typer.Option(
-            "--device-rate", help="Messages per minute one device may send (burst: --device-burst)."
-        ),
-    ] = 300.0,
-    device_burst: Annotated[
-        int, typer.Option("--device-burst", help="Messages a device may send at once (a spool's replay).")
-    ] = 20_000,
-    device_bytes: Annotated[
-        str, typer.Option("--device-bytes", help="Bytes per minute one device may send (burst: 64 MiB).")
-    ] = "4MiB",
-    quiet: Annotated[
-        str,
-        typer.Option("--quiet", help="A device not heard from this long is aged out when room is needed."),
-    ] = "24h",
+    max_fleets: MaxFleetsOpt = 1_000,
+    per_credential: PerCredentialOpt = 4,
+    device_rate: DeviceRateOpt = 300.0,
+    device_burst: DeviceBurstOpt = 20_000,
+    device_bytes: DeviceBytesOpt = "4MiB",
+    quiet: QuietOpt = "24h",
     metrics_max_series: Annotated[
         int, typer.Option("--metrics-max-series", help="At most this many device samples in /metrics.")
     ] = 250_000,
@@ -184,7 +154,6 @@ def serve_command(
     from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.open_store import open_store
     from edgekit.fleet.proofs import ProofFetcher
-    from edgekit.fleet.quotas import Quotas
     from edgekit.fleet.view import FleetView, SloPolicy
     from edgekit.protocol.broker import BrokerConfig
 
@@ -256,15 +225,7 @@ def serve_command(
             f"--artifacts {artifacts} is not a folder",
             "create it; edgekit deploy --fleet writes bundles there",
         )
-    quotas = Quotas(
-        max_devices=max_devices,
-        max_fleets=max_fleets,
-        per_credential=per_credential,
-        messages_per_min=device_rate,
-        message_burst=device_burst,
-        bytes_per_min=_bytes(device_bytes),
-        quiet_s=parse_seconds(quiet, "--quiet"),
-    )
+    limits = quotas(max_devices, max_fleets, per_credential, device_rate, device_burst, device_bytes, quiet)
     sign = None
     if sign_key is not None:
         from edgekit.deploy.command_trust import load_signing_key
@@ -273,7 +234,7 @@ def serve_command(
     store = open_store(db)
     view = FleetView(store, slo=slo, trace_url=trace_url)
     view.load()
-    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, quotas=quotas)
+    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, quotas=limits)
 
     def housekeeping() -> None:
         import time
@@ -314,7 +275,7 @@ def serve_command(
     if artifacts_port is not None:
         bundles = _artifact_server(artifacts, host, artifacts_port, artifact_token, hosts)
     err_console.print(
-        f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {_describe_db(db)}; "
+        f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {describe_db(db)}; "
         f"dashboard on http://{host}:{port}/  (metrics: /metrics)"
         + (" — token required" if token else "")
         + (
@@ -338,20 +299,6 @@ def serve_command(
         subscriber.stop()
         collector.flush()
         store.close()
-
-
-def _bytes(text: str) -> int:
-    """``4MiB``, ``512KiB``, ``1000000`` -> bytes (``--device-bytes``)."""
-    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "b": 1}
-    t = text.strip().lower()
-    unit = next((u for u in units if t.endswith(u)), "")
-    try:
-        value = float(t[: len(t) - len(unit)]) * units.get(unit, 1)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise EdgekitError(f"--device-bytes {text!r} is not a size", "e.g. 4MiB, 512KiB or 1000000")
-    return int(value)
 
 
 def _artifact_server(folder: Path | None, host: str, port: int, token: str | None, hosts: list[str]) -> Any:
@@ -378,6 +325,9 @@ def _artifact_server(folder: Path | None, host: str, port: int, token: str | Non
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     threading.Thread(target=server.run, name="edgekit-fleet-artifacts", daemon=True).start()
     return server
+
+
+fleet_app.command("collect")(collect_command)
 
 
 @fleet_app.command("simulate")

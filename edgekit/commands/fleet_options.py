@@ -1,0 +1,106 @@
+"""The options ``edgekit fleet serve`` and ``edgekit fleet collect`` share (broker, database, quotas,
+retention), and what turns them into the fleet's objects."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from edgekit.core.units import parse_seconds
+from edgekit.errors import EdgekitError
+
+if TYPE_CHECKING:
+    from edgekit.fleet.quotas import Quotas
+
+MqttOpt = Annotated[
+    str, typer.Option("--mqtt", help="The broker the devices publish to: mqtt[s]://[user@]host[:port].")
+]
+DbOpt = Annotated[
+    str,
+    typer.Option(
+        "--db",
+        envvar="EDGEKIT_FLEET_DB",
+        help="SQLite file, or postgresql://user@host/db for a bigger fleet (its password: PGPASSWORD, "
+        "~/.pgpass, or the whole URL in EDGEKIT_FLEET_DB).",
+    ),
+]
+RawKeepOpt = Annotated[
+    str, typer.Option("--raw-keep", help="Keep raw windows this long, then one-minute rollups.")
+]
+KeepOpt = Annotated[str, typer.Option("--keep", help="Delete rollups older than this.")]
+MaxDevicesOpt = Annotated[
+    int, typer.Option("--max-devices", help="Track at most this many devices; more are rejected, counted.")
+]
+MaxFleetsOpt = Annotated[
+    int, typer.Option("--max-fleets", help="Track at most this many fleets; more are rejected, counted.")
+]
+PerCredentialOpt = Annotated[
+    int,
+    typer.Option(
+        "--per-credential",
+        help="Fleets one device name may report in (with the broker ACL in docs/guides/fleet.md, one credential's devices).",
+    ),
+]
+DeviceRateOpt = Annotated[
+    float,
+    typer.Option("--device-rate", help="Messages per minute one device may send (burst: --device-burst)."),
+]
+DeviceBurstOpt = Annotated[
+    int, typer.Option("--device-burst", help="Messages a device may send at once (a spool's replay).")
+]
+DeviceBytesOpt = Annotated[
+    str, typer.Option("--device-bytes", help="Bytes per minute one device may send (burst: 64 MiB).")
+]
+QuietOpt = Annotated[
+    str, typer.Option("--quiet", help="A device not heard from this long is aged out when room is needed.")
+]
+
+
+def describe_db(db: str) -> str:
+    """The database without its password (it goes to logs and terminals)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(db)
+    if not parts.scheme.startswith("postgres"):
+        return db
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{user}{parts.hostname or ''}{port}{parts.path}"
+
+
+def parse_bytes(text: str) -> int:
+    """``4MiB``, ``512KiB``, ``1000000`` -> bytes (``--device-bytes``)."""
+    units = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "b": 1}
+    t = text.strip().lower()
+    unit = next((u for u in units if t.endswith(u)), "")
+    try:
+        value = float(t[: len(t) - len(unit)]) * units.get(unit, 1)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise EdgekitError(f"--device-bytes {text!r} is not a size", "e.g. 4MiB, 512KiB or 1000000")
+    return int(value)
+
+
+def quotas(
+    max_devices: int,
+    max_fleets: int,
+    per_credential: int,
+    device_rate: float,
+    device_burst: int,
+    device_bytes: str,
+    quiet: str,
+) -> Quotas:
+    """The collector's quotas from their options (``edgekit.fleet.quotas``)."""
+    from edgekit.fleet.quotas import Quotas
+
+    return Quotas(
+        max_devices=max_devices,
+        max_fleets=max_fleets,
+        per_credential=per_credential,
+        messages_per_min=device_rate,
+        message_burst=device_burst,
+        bytes_per_min=parse_bytes(device_bytes),
+        quiet_s=parse_seconds(quiet, "--quiet"),
+    )
