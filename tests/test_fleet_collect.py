@@ -170,3 +170,18 @@ def test_a_collector_killed_mid_run_and_started_again_loses_and_repeats_nothing(
         group.close()
     # The restarted c1 took what was queued for it while it was away, and its share after.
     assert again["seen"].get("telemetry", 0) > 0
+
+
+def test_collect_mistakes_are_plain_and_say_what_to_do(tmp_path: Path) -> None:
+    def collect(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*EDGEKIT, "fleet", "collect", "--db", str(tmp_path / "f.db"), *args],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    r = collect("--share", "g")
+    assert r.returncode == 2 and "--share needs --client-id" in r.stderr and "hint:" in r.stderr
+    r = collect("--share", "a/b", "--client-id", "c1")
+    assert r.returncode == 2 and "not a group name" in r.stderr and "--share collectors" in r.stderr
+    r = collect("--mqtt", "mqtt://127.0.0.1:1", "--share", "g", "--client-id", "c1")
+    assert r.returncode == 2 and "cannot reach" in r.stderr and "Traceback" not in r.stderr
