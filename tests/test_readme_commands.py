@@ -152,6 +152,15 @@ SKIPPED = {
     "[--raw-keep 1h] [--keep 30d] [--slo-for 5m] [--max-devices 10000]": (
         "a TLS broker and PostgreSQL; tests/test_secrets.py, tests/test_fleet_serve.py and tests/test_fleet_store.py"
     ),
+    **dict.fromkeys(
+        [
+            f"edgekit fleet collect --mqtt mqtts://fleet@broker.local:8883 --mqtt-ca ca.pem --share collectors "
+            f"--client-id collector-{i}"
+            for i in (1, 2)
+        ],
+        "a TLS broker and PostgreSQL by name; tests/test_fleet_collect.py runs two collectors of a group"
+        " against a real Mosquitto and PostgreSQL",
+    ),
     "edgekit run ... --mqtt mqtts://cam-7@broker.local:8883 --mqtt-ca ca.pem [--mqtt-cert c.pem --mqtt-key c.key]": (
         "a fragment ('...'); tests/test_telemetry.py and tests/test_fleet_mqtt.py use TLS"
     ),
