@@ -578,3 +578,53 @@ def test_collectors_sharing_a_stream_record_no_gaps_but_the_store_knows_what_is_
     assert store.gaps("lab", "cam-s") == [] and all(m.seen["gaps"] == 0 for m in members)
     assert store.seqs("lab", "cam-s") == [s for s in range(12) if s != 9]
     assert members[0].open_gaps("lab", "cam-s") == [(9, 9)]
+
+
+def test_while_the_store_cannot_take_writes_nothing_is_acknowledged_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the SQLite database's write lock past the store's 5 s busy wait (a real
+    'database is locked', as a PostgreSQL that went away gives a real connection error): the collector
+    stores nothing and acknowledges nothing, and once the lock goes every window is stored, once."""
+    import sqlite3
+    import threading
+
+    from edgekit.fleet.collector import StoreUnavailable
+    from edgekit.fleet.mqtt import FleetSubscriber
+
+    broker = Mosquitto(tmp_path).start()
+    db = tmp_path / "fleet.db"
+    collector = Collector(FleetStore(db), batch_size=200)
+    sub = FleetSubscriber(
+        BrokerConfig.from_url(broker.url),
+        collector.handle,
+        client_id="collector-locked",
+        commit=collector.flush,
+        retry_on=(StoreUnavailable,),
+    ).start()
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    dev = FakeDevice("cam-x", tmp_path)
+    pub = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="cam-x")
+    pub.connect("127.0.0.1", broker.port)
+    pub.loop_start()
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        released = threading.Timer(7.0, lambda: holder.execute("COMMIT"))
+        released.start()
+        infos = [pub.publish(dev.topic, dev.window_of(np.full(10, 12.0)), qos=1) for _ in range(30)]
+        for info in infos:
+            info.wait_for_publish(10)
+        released.join()
+        deadline = time.monotonic() + 60
+        while len(collector.store.seqs("lab", "cam-x")) < 30 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert collector.store.seqs("lab", "cam-x") == list(range(30))  # every one, each once (the key)
+        assert sub.unacknowledged >= 1, "the lock was never met: the test tested nothing"
+        assert collector.seen["store-unavailable"] >= 1 and "store-error" not in collector.rejected
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        sub.stop()
+        holder.close()
+        collector.store.close()
+        broker.stop()

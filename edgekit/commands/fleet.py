@@ -149,7 +149,7 @@ def serve_command(
         ) from err
     from edgekit.core.redact import warn_secret_on_command_line
     from edgekit.fleet.access import ARTIFACT_TOKEN_ENV, MAKE_ONE, allowed_hosts, needs_token, read_token
-    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.collector import Collector, StoreUnavailable
     from edgekit.fleet.dashboard import Ticker, create_app
     from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.open_store import open_store
@@ -239,16 +239,21 @@ def serve_command(
     def housekeeping() -> None:
         import time
 
-        collector.flush()
+        collector.try_flush()
         done = store.compact(time.time(), raw_keep_s=raw_keep_s, keep_s=keep_s)
         log.info("fleet: compacted the store: %s", done)
 
     # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
-    ticker = Ticker(view, housekeeping=housekeeping, each_tick=collector.flush)
+    ticker = Ticker(view, housekeeping=housekeeping, each_tick=collector.try_flush)
     try:
         # commit: each read's windows are written before the broker is told they arrived.
         subscriber = FleetSubscriber(
-            broker, collector.handle, client_id=client_id, reject=collector.reject, commit=collector.flush
+            broker,
+            collector.handle,
+            client_id=client_id,
+            reject=collector.reject,
+            commit=collector.flush,
+            retry_on=(StoreUnavailable,),
         ).start()
     except BaseException:
         store.close()
@@ -297,7 +302,7 @@ def serve_command(
             bundles.should_exit = True
         proofs.stop()
         subscriber.stop()
-        collector.flush()
+        collector.try_flush()
         store.close()
 
 

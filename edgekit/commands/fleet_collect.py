@@ -72,7 +72,7 @@ def collect_command(
 ) -> None:
     """Collect fleet telemetry from MQTT into the store, without the dashboard (several can share the work)."""
     from edgekit.core.redact import warn_secret_on_command_line
-    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.collector import Collector, StoreUnavailable
     from edgekit.fleet.mqtt import TOPICS, FleetSubscriber, shared_topics
     from edgekit.fleet.open_store import open_store
     from edgekit.protocol.broker import BrokerConfig
@@ -125,6 +125,7 @@ def collect_command(
             topics=topics,
             reject=collector.reject,
             commit=collector.flush,
+            retry_on=(StoreUnavailable,),
         ).start()
     except BaseException:
         store.close()
@@ -146,7 +147,7 @@ def collect_command(
     finally:
         # A member of a group leaves it: the others take its share while it is away (see FleetSubscriber.stop).
         subscriber.stop(leave=share is not None)
-        collector.flush()
+        collector.try_flush()
         stats = {**collector.stats(), "link": subscriber.stats()}
         store.close()
         log.info("fleet: collector stopped: %s", json.dumps(stats, sort_keys=True))

@@ -115,6 +115,16 @@ class _Node:
     facts: dict[str, Any]
 
 
+class StoreUnavailable(Exception):
+    """The store cannot take writes now (``FleetStore.transient``): nothing of the message is lost.
+
+    Raised by ``Collector.handle`` and ``Collector.flush``; what they took is kept (buffered
+    windows stay buffered) or not marked as seen, so the same message delivered again is stored
+    once the database is back.  The MQTT reader sends no acknowledgement on it: the broker keeps
+    the messages and delivers them again (``FleetSubscriber(retry_on=...)``).
+    """
+
+
 def check_sketch(sketch: Any) -> None:
     """Raise ``ValueError`` unless ``sketch`` is a latency sketch dict that merges cleanly with the fleet's."""
     Sketch.model_validate(sketch)
@@ -217,6 +227,9 @@ class Collector:
                     outcome = self._sparkplug(topic, payload, at)
                 else:
                     outcome = self._handle(topic, payload, at)
+            except self.store.transient as err:
+                self.seen["store-unavailable"] += 1
+                raise StoreUnavailable(f"the fleet store cannot take writes: {err}") from err
             except Rejected as err:
                 outcome = f"rejected:{err.reason}"
                 self.rejected[err.reason] += 1
@@ -259,36 +272,65 @@ class Collector:
             }
 
     def flush(self) -> None:
-        """Write the buffered windows (one transaction; one by one if that fails, dropping what cannot be stored)."""
+        """Write the buffered windows (one transaction; one by one if that fails, dropping what cannot be stored).
+
+        Raises ``StoreUnavailable`` when the database cannot take writes now: the windows not
+        stored stay buffered, for the next flush.
+        """
         with self._lock:
             pending, self._pending = self._pending, []
             self._last_flush = time.monotonic()
             if not pending:
                 return
-            # The store's own errors (sqlite3 or psycopg) and what bad numbers raise on the way in.
-            failures: tuple[type[BaseException], ...] = (
-                *self.store.errors,
-                OverflowError,
-                ValueError,
-                TypeError,
-            )
             try:
-                self.store.add_windows(pending)
-                return
-            except failures:
-                log.exception("collector: writing %d windows failed; retrying one by one", len(pending))
-            for row in pending:
-                try:
-                    self.store.add_windows([row])
-                except failures as err:
-                    fleet, device, body = row[0], row[1], row[2]
-                    self.rejected["store-error"] += 1
-                    log.error(
-                        "collector: could not store %s/%s seq %s: %s", fleet, device, body.get("seq"), err
-                    )
-                    track = self._tracks.get((fleet, device))
-                    if track is not None:
-                        track.recent.discard(int(body["seq"]))  # a replay may still bring it
+                self._write(pending)
+            except self.store.transient as err:
+                self._pending = [*pending, *self._pending]
+                self.seen["store-unavailable"] += 1
+                raise StoreUnavailable(f"the fleet store cannot take writes: {err}") from err
+
+    def try_flush(self) -> bool:
+        """``flush``, or, while the store cannot take writes, leave the windows buffered and say ``False``.
+
+        For timers and shutdown: a window still buffered then belongs to a message the reader left
+        unacknowledged (``FleetSubscriber(commit=...)``), so the broker still has it.
+        """
+        try:
+            self.flush()
+        except StoreUnavailable as err:
+            log.warning("collector: %d windows wait for the store: %s", len(self._pending), err)
+            return False
+        return True
+
+    def _write(self, pending: list[tuple[str, str, dict[str, Any], str, float]]) -> None:
+        """``flush``'s transaction, and the one-by-one retry; a transient failure is left to the caller."""
+        # The store's own errors (sqlite3 or psycopg) and what bad numbers raise on the way in.
+        failures: tuple[type[BaseException], ...] = (
+            *self.store.errors,
+            OverflowError,
+            ValueError,
+            TypeError,
+        )
+        try:
+            self.store.add_windows(pending)
+            return
+        except self.store.transient:
+            raise
+        except failures:
+            log.exception("collector: writing %d windows failed; retrying one by one", len(pending))
+        for i, row in enumerate(pending):
+            try:
+                self.store.add_windows([row])
+            except self.store.transient:
+                del pending[:i]  # those before are stored; the rest stay buffered
+                raise
+            except failures as err:
+                fleet, device, body = row[0], row[1], row[2]
+                self.rejected["store-error"] += 1
+                log.error("collector: could not store %s/%s seq %s: %s", fleet, device, body.get("seq"), err)
+                track = self._tracks.get((fleet, device))
+                if track is not None:
+                    track.recent.discard(int(body["seq"]))  # a replay may still bring it
 
     def _track(self, fleet: str, device: str) -> _Track | None:
         key = (fleet, device)
@@ -427,6 +469,8 @@ class Collector:
         failures: tuple[type[BaseException], ...] = (*self.store.errors, OverflowError, ValueError, TypeError)
         try:
             new = self.store.add_event(fleet, device, body, raw, at)
+        except self.store.transient:
+            raise  # not a bad event: the database is away (``StoreUnavailable``)
         except failures as err:
             log.error("collector: could not store event %s of %s/%s: %s", message.id, fleet, device, err)
             raise Rejected("store-error", str(err)[:120]) from None

@@ -104,7 +104,7 @@ class Ticker:
         period_s: float = 1.0,
         housekeeping: Callable[[], None] | None = None,
         housekeeping_s: float = 300.0,
-        each_tick: Callable[[], None] | None = None,
+        each_tick: Callable[[], object] | None = None,
     ) -> None:
         self.view = view
         self.each_tick = each_tick

@@ -123,6 +123,11 @@ class Refused(ConnectionError):
     """The broker answered, and said no (credentials, ACL): retrying the same will not help."""
 
 
+class Unacknowledged(ConnectionError):
+    """What this read brought could not be stored now: the connection ends unacknowledged, so the
+    broker keeps the messages and delivers them again once it is made again."""
+
+
 class Malformed(ConnectionError):
     """A packet that breaks MQTT 3.1.1: the stream cannot be trusted past it, so the connection ends."""
 
@@ -140,6 +145,10 @@ class FleetSubscriber:
 
     ``commit()`` is called after each read's messages were handled and before they are
     acknowledged: whatever ``handle`` buffered must be stored when it returns (``Collector.flush``).
+    An exception of ``retry_on`` from ``handle`` (the store cannot take writes now), or any from
+    ``commit``, acknowledges nothing of the read: the connection is made again after a back-off and
+    the broker delivers the messages again.  Any other exception from ``handle`` is that message's
+    alone: it is logged, counted and acknowledged (delivering it again would fail again).
     """
 
     def __init__(
@@ -151,10 +160,12 @@ class FleetSubscriber:
         reject: Callable[[str, str, str], object] = _no_reject,
         max_packet: int = MAX_PACKET,
         commit: Callable[[], object] = _no_commit,
+        retry_on: tuple[type[Exception], ...] = (),
     ) -> None:
         self.broker = broker
         self.handle = handle
         self.commit = commit
+        self.retry_on = retry_on
         self.reject = reject  # (topic, reason, detail) of a message dropped before ``handle``
         self.client_id = client_id
         self.topics = topics
@@ -167,7 +178,9 @@ class FleetSubscriber:
         self.too_large = 0  # PUBLISHes drained unread
         self.malformed = 0  # connections ended by a malformed packet
         self.restarts = 0  # times the reader caught something unexpected and started over
-        self.commit_errors = 0  # reads not acknowledged because ``commit`` failed (the broker redelivers)
+        self.unacknowledged = (
+            0  # reads left unacknowledged: the store could not take them (the broker redelivers)
+        )
         self._skip = 0  # bytes of an oversized PUBLISH still to drain
         self._skip_ack = b""  # its PUBACK, sent once it is drained (acks go in order)
         self._stop = threading.Event()
@@ -327,7 +340,7 @@ class FleetSubscriber:
             "malformed": self.malformed,
             "restarts": self.restarts,
             "handler_errors": self.handler_errors,
-            "commit_errors": self.commit_errors,
+            "unacknowledged": self.unacknowledged,
         }
 
     def _run(self) -> None:
@@ -342,6 +355,14 @@ class FleetSubscriber:
             except Refused as err:
                 self.last_error = str(err)
                 log.error("fleet: %s refused the collector: %s", self.broker.describe(), err)
+            except Unacknowledged as err:
+                self.last_error = str(err)
+                log.warning(
+                    "fleet: %s; not acknowledged: %s delivers it again when we reconnect in %g s",
+                    err,
+                    self.broker.describe(),
+                    backoff.delay_s,
+                )
             except Malformed as err:
                 self.malformed += 1
                 self.last_error = str(err)
@@ -414,9 +435,9 @@ class FleetSubscriber:
         try:
             self.commit()
         except Exception as err:
-            self.commit_errors += 1
+            self.unacknowledged += 1
             # Not acknowledged: the broker still holds them, and sends them again once we are back.
-            raise ConnectionError(f"storing what was read failed ({err!r:.200}); not acknowledged") from err
+            raise Unacknowledged(f"storing what was read failed ({err!r:.200})") from err
 
     def _frames(self, buf: bytearray, acks: list[bytes]) -> int:
         """Handle every complete packet in ``buf``, adding the PUBACKs owed to ``acks``; returns how far it got."""
@@ -462,6 +483,9 @@ class FleetSubscriber:
                 self.messages += 1
                 try:
                     self.handle(topic, bytes(buf[p:stop]))
+                except self.retry_on as err:  # not this message's fault: all of the read comes again
+                    self.unacknowledged += 1
+                    raise Unacknowledged(f"storing a message on {topic[:200]!r} failed ({err})") from err
                 except Exception:  # one bad message must not end the subscription
                     self.handler_errors += 1
                     log.exception("fleet: handling a message on %r failed", topic[:200])

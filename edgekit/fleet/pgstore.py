@@ -94,6 +94,8 @@ class PostgresStore(FleetStore):
 
     dialect: ClassVar[Dialect] = POSTGRES
     errors: ClassVar[tuple[type[Exception], ...]] = (psycopg.Error,)
+    # A lost connection, a server shutting down, a deadlock or serialization failure, a timeout.
+    transient: ClassVar[tuple[type[Exception], ...]] = (psycopg.OperationalError,)
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -414,7 +414,8 @@ def _collector_families(stats: Mapping[str, Any]) -> list[_Family]:
         "edgekit_collector_link_events_total",
         "counter",
         "The MQTT reader: messages read, connects, messages too large (drained), malformed packets "
-        "(connection ended), reader restarts, handler errors.",
+        "(connection ended), reader restarts, handler errors, reads left unacknowledged (the store "
+        "could not take them; the broker delivers them again).",
     )
     for event, n in sorted(dict(stats.get("link") or {}).items()):
         if isinstance(n, int) and not isinstance(n, bool):

@@ -55,6 +55,9 @@ class FleetStore:
     dialect: ClassVar[Dialect] = SQLITE
     # What the database raises on a failed statement; the collector catches these around writes.
     errors: ClassVar[tuple[type[Exception], ...]] = (sqlite3.Error,)
+    # Those of them that say the database cannot take writes now (locked, unreachable, a deadlock),
+    # not that the row is bad: the collector keeps the message unacknowledged for a later try.
+    transient: ClassVar[tuple[type[Exception], ...]] = (sqlite3.OperationalError,)
 
     def __init__(self, path: Path | str = ":memory:") -> None:
         self.path = str(path)
