@@ -9,9 +9,9 @@ collector itself (0.26 ms/msg end to end with paho, 0.15 with this; benchmarks/f
 This reads up to 256 KiB per ``recv()``, handles every complete packet in it, calls ``commit()``
 (the collector writes what it buffered, in one transaction), and only then acknowledges them all
 with one ``sendall()``: a crash before the commit means redelivery, never loss (and a redelivered
-message the store already has is dropped by its insert).  A ``commit`` that raises sends no
-acknowledgement: the connection is dropped and made again, and the broker delivers the messages
-again.  TLS, user/password, keep-alive and reconnect with back-off are supported.
+message the store already has is dropped by its insert).  When the store cannot take a read
+(``commit`` raises, or ``handle`` raises one of ``retry_on``) nothing of it is acknowledged: the
+connection is dropped and made again, and the broker delivers the messages again.  TLS, user/password, keep-alive and reconnect with back-off are supported.
 
 Nothing a client publishes can stop it (any device may publish on its own topics, retained):
 
@@ -178,9 +178,7 @@ class FleetSubscriber:
         self.too_large = 0  # PUBLISHes drained unread
         self.malformed = 0  # connections ended by a malformed packet
         self.restarts = 0  # times the reader caught something unexpected and started over
-        self.unacknowledged = (
-            0  # reads left unacknowledged: the store could not take them (the broker redelivers)
-        )
+        self.unacknowledged = 0  # reads the store could not take: not acknowledged, so redelivered
         self._skip = 0  # bytes of an oversized PUBLISH still to drain
         self._skip_ack = b""  # its PUBACK, sent once it is drained (acks go in order)
         self._stop = threading.Event()
