@@ -321,8 +321,21 @@ def test_stats_before_any_window() -> None:
         "seen": {},
         "rejected": {},
         "lag_ms": {"p50": None, "p99": None},
+        "stored_lag_ms": {"p50": None, "p99": None},
         "devices": {"tracked": 0, "max": 10_000, "fleets": 0},
     }
+
+
+def test_the_lag_to_the_row_counts_until_the_commit(tmp_path: Path) -> None:
+    c = Collector(FleetStore(), batch_size=10, flush_s=3600)  # nothing is written until flush()
+    dev = FakeDevice("cam-s", tmp_path)
+    body = json.loads(dev.window_of(np.full(5, 10.0))) | {"sent_at": time.time() - 2.0}
+    assert c.handle(dev.topic, json.dumps(body).encode(), now=body["sent_at"] + 0.1) == "telemetry"
+    assert c.lag.count == 1 and c.stored_lag.count == 0  # received, not yet in the store
+    c.flush()
+    stats = c.stats()
+    assert stats["lag_ms"]["p50"] == pytest.approx(100, rel=0.02)
+    assert 2000 * 0.99 <= stats["stored_lag_ms"]["p50"] < 60_000 and c.stored_lag.count == 1
 
 
 def sketch(**change: Any) -> dict[str, Any]:

@@ -130,6 +130,12 @@ def check_sketch(sketch: Any) -> None:
     Sketch.model_validate(sketch)
 
 
+def _quantiles(sketch: LatencySketch) -> dict[str, float | None]:
+    """p50 and p99 of a lag sketch in ms (``None`` before any window)."""
+    out = {f"p{q}": sketch.quantile(q / 100) for q in (50, 99)}
+    return {k: None if math.isnan(v) else round(v, 3) for k, v in out.items()}
+
+
 def _valid(model: type[_M], body: dict[str, Any]) -> _M:
     """``body`` validated into its message model, or rejected as ``bad-field`` saying where."""
     try:
@@ -143,7 +149,8 @@ class Collector:
 
     With ``batch_size > 1`` telemetry windows are written in transactions of that many (or
     every ``flush_s``); call ``flush()`` before reading the store.  Thread-safe.
-    ``lag`` is a sketch of how long accepted windows took from the device (``sent_at``) to here, in ms.
+    ``lag`` is a sketch of how long accepted windows took from the device (``sent_at``) to here, in ms;
+    ``stored_lag`` to the commit of their row (what a dashboard reading the store waits for).
 
     ``shared``: one of several collectors sharing the stream (an MQTT shared subscription,
     ``edgekit fleet collect --share``).  Each sees only its share of a device's windows, so a jump
@@ -173,6 +180,7 @@ class Collector:
         self.seen: Counter[str] = Counter()  # accepted messages by kind, duplicates, gaps
         self.rejected: Counter[str] = Counter()  # by reason
         self.lag = LatencySketch()
+        self.stored_lag = LatencySketch()
         self._tracks: dict[tuple[str, str], _Track] = {}
         self._nodes: dict[tuple[str, str], _Node] = {}  # Sparkplug sessions
         self._topics: dict[str, tuple[str, str, str]] = {}  # valid topics seen
@@ -262,11 +270,11 @@ class Collector:
     def stats(self) -> dict[str, Any]:
         """``{seen: {...}, rejected: {...}, lag_ms: {p50, p99}, devices: {tracked, max}}`` (lag ``None`` before any window)."""
         with self._lock:
-            lag = {f"p{q}": self.lag.quantile(q / 100) for q in (50, 99)}
             return {
                 "seen": dict(self.seen),
                 "rejected": dict(self.rejected),
-                "lag_ms": {k: None if math.isnan(v) else round(v, 3) for k, v in lag.items()},
+                "lag_ms": _quantiles(self.lag),
+                "stored_lag_ms": _quantiles(self.stored_lag),
                 "devices": {"tracked": len(self.gate), "max": self.max_devices, "fleets": self.gate.fleets()},
                 "quotas": dataclasses.asdict(self.quotas),
             }
@@ -288,6 +296,11 @@ class Collector:
                 self._pending = [*pending, *self._pending]
                 self.seen["store-unavailable"] += 1
                 raise StoreUnavailable(f"the fleet store cannot take writes: {err}") from err
+            committed = time.time()
+            for row in pending:
+                sent_at = row[2].get("sent_at")
+                if isinstance(sent_at, int | float):  # what the device sent (the model may have coerced it)
+                    self.stored_lag.add((committed - sent_at) * 1000.0)
 
     def try_flush(self) -> bool:
         """``flush``, or, while the store cannot take writes, leave the windows buffered and say ``False``.
