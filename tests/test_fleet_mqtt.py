@@ -13,7 +13,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edgekit.errors import EdgekitError, TelemetryError
-from edgekit.fleet.mqtt import FleetSubscriber, shared_topics
+from edgekit.fleet.mqtt import COMMIT_MAX, FleetSubscriber, shared_topics
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.testing.mosquitto import Mosquitto, secure_mosquitto
 
@@ -35,6 +35,15 @@ class Inbox:
                     return True
             time.sleep(0.05)
         return False
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
 
 
 def publish(port: int, messages: list[tuple[str, bytes]], **tls: str) -> None:
@@ -193,6 +202,35 @@ def test_nothing_is_acknowledged_before_commit_returns(broker: Mosquitto) -> Non
             "a message of the failed read was not redelivered"
         )
     finally:
+        sub.stop()
+
+
+def test_a_trickle_of_messages_shares_commits(broker: Mosquitto) -> None:
+    """At a fleet's steady trickle a read holds one message: the reader holds the acks for up to
+    ``commit_delay_s`` (or COMMIT_MAX messages) so that one transaction stores many."""
+    inbox = Inbox()
+    commits: list[int] = []  # messages handled at each commit
+    sub = FleetSubscriber(
+        BrokerConfig.from_url(broker.url),
+        inbox,
+        client_id="collector-t",
+        commit=lambda: commits.append(len(inbox.got)),
+        commit_delay_s=0.2,
+    ).start()
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="pub-trickle")
+    c.connect("127.0.0.1", broker.port)
+    c.loop_start()
+    try:
+        assert sub.connected.wait(10)
+        for i in range(20):  # one every 10 ms: each its own read
+            c.publish("edgekit/v1/f/d/telemetry", str(i).encode(), qos=1)
+            time.sleep(0.01)
+        assert wait_until(lambda: bool(commits) and commits[-1] == 20), commits
+        assert 2 <= len(commits) <= 10, commits  # grouped; never more than COMMIT_MAX held at once
+        assert all(b - a <= COMMIT_MAX for a, b in zip([0, *commits], commits, strict=False)), commits
+    finally:
+        c.disconnect()
+        c.loop_stop()
         sub.stop()
 
 
