@@ -369,8 +369,36 @@ def simulate_command(
             help="The last N devices run a face detector (BlazeFace): per-class detection counts.",
         ),
     ] = 0,
+    scale: Annotated[
+        bool,
+        typer.Option(
+            "--scale",
+            help="Thousands of devices from one thread, each its own connection: a window every --interval, "
+            "outages and restarts, then a JSON line (use --keepalive 30 or more).",
+        ),
+    ] = False,
+    outages: Annotated[
+        float,
+        typer.Option(
+            "--outages", metavar="SHARE", help="Scale mode: this share of the devices loses its link once."
+        ),
+    ] = 0.0,
+    restarts: Annotated[
+        float,
+        typer.Option(
+            "--restarts", metavar="SHARE", help="Scale mode: this share restarts once (a new epoch)."
+        ),
+    ] = 0.0,
+    ledger: Annotated[
+        str,
+        typer.Option(
+            "--ledger",
+            metavar="FILE",
+            help="Scale mode: write the seqs the broker acknowledged, per device and epoch.",
+        ),
+    ] = "",
 ) -> None:
-    """Simulated devices publishing realistic telemetry (a fleet to look at, or a load to ingest)."""
+    """Simulated devices publishing realistic telemetry (a fleet to look at, a load to ingest, a fleet at scale)."""
     from edgekit.telemetry.simulate import SimOptions, run
 
     if not 0 <= detectors <= devices:
@@ -381,6 +409,7 @@ def simulate_command(
     options = SimOptions(
         mqtt=mqtt, fleet=fleet, devices=devices, prefix=prefix, interval=interval, keepalive=keepalive,
         duration=duration, format=format, rate=rate, offline=tuple(offline or ()), detectors=detectors,
+        scale=scale, outages=outages, restarts=restarts, ledger=ledger,
     )  # fmt: skip
     code = run(options)
     if code:

@@ -66,6 +66,11 @@ class SimOptions:
     rate: float = 0.0  # load mode: messages a second over all devices
     offline: tuple[str, ...] = ()  # DEVICE@SECONDS: that device drops its connection then
     detectors: int = 0  # the last N devices run a face detector (per-class detection counts)
+    # Scale mode (``edgekit.telemetry.simulate_fleet``): thousands of devices from one thread.
+    scale: bool = False
+    outages: float = 0.0  # share of the devices that lose their connection once
+    restarts: float = 0.0  # share of the devices that restart once (a new epoch)
+    ledger: str = ""  # where to write what the broker acknowledged
 
 
 @dataclass(frozen=True)
@@ -467,5 +472,12 @@ def run(options: SimOptions) -> int:
             f"--format {options.format}: not one of {', '.join(FORMATS)}", "e.g. --format json"
         )
     broker = dataclasses.replace(BrokerConfig.from_url(options.mqtt), keepalive_s=options.keepalive)
+    for name, share in (("--outages", options.outages), ("--restarts", options.restarts)):
+        if not 0.0 <= share <= 1.0:
+            raise EdgekitError(f"{name} {share:g}: a share of the devices, 0 to 1", f"e.g. {name} 0.01")
     stop = Stopper().event
+    if options.scale:
+        from edgekit.telemetry.simulate_fleet import run_scale
+
+        return run_scale(options, broker, stop)
     return load(options, broker, stop) if options.rate > 0 else simulate(options, broker, stop)
