@@ -447,7 +447,10 @@ class Collector:
                     track.epoch,
                     epoch,
                 )
-            self.flush()
+            # The old epoch's buffered windows go first (set_epoch resets last_seq); a flush only for
+            # them: a fleet's first minute is 10,000 first windows, each a new epoch to this collector.
+            if any(p[0] == fleet and p[1] == device for p in self._pending):
+                self.flush()
             self.store.set_epoch(fleet, device, epoch)
             track.epoch, track.high, track.recent = epoch, -1, set()
         if seq in track.recent:
