@@ -10,7 +10,8 @@ simulator's ledger (what the broker acknowledged, per device and epoch):
 
 - sent, stored, lost (acknowledged but not in the store: the goal is 0), duplicated rows (the
   same device, epoch and seq twice: 0), stored but never acknowledged (a PUBACK lost with a link);
-- p50 / p99 lag from the device's ``sent_at`` to the commit of its row (each collector's own);
+- p50 / p99 lag from the device (its window's end) to the commit of its row, every row's own
+  (PostgreSQL's commit timestamps), and p99 per minute;
 - CPU seconds per 1,000 messages of the collectors, the broker, PostgreSQL and the simulator, from
   the moment every device is online (a collector started again after its kill counts in full);
 - the devices' rows: every device known, every one "offline" after the run.
@@ -134,16 +135,37 @@ def wait_for(check: Callable[[], bool], timeout: float) -> bool:
     return check()
 
 
-def stored_keys(db: str) -> tuple[set[tuple[str, str, int]], int, dict[str, int]]:
-    """The store's (device, epoch, seq) of the fleet, its row count, and its devices by state."""
+def stored_keys(db: str) -> tuple[set[tuple[str, str, int]], int, dict[str, int], list[tuple[float, float]]]:
+    """The store's (device, epoch, seq) of the fleet, its row count, its devices by state, and each
+    row's (window end, commit time): the server tracks commit timestamps (``track_commit_timestamp``)."""
     import psycopg
 
     with psycopg.connect(db) as conn:
-        rows = conn.execute("SELECT device, epoch, seq FROM windows WHERE fleet = %s", (FLEET,)).fetchall()
+        rows = conn.execute(
+            "SELECT device, epoch, seq, stop, extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 "
+            "FROM windows WHERE fleet = %s",
+            (FLEET,),
+        ).fetchall()
         states = conn.execute(
             "SELECT state, count(*) FROM devices WHERE fleet = %s GROUP BY state", (FLEET,)
         ).fetchall()
-    return {(d, e, int(s)) for d, e, s in rows}, len(rows), {str(s): int(n) for s, n in states}
+    keys = {(d, e, int(s)) for d, e, s, _, _ in rows}
+    times = [(float(stop), float(at)) for *_, stop, at in rows if at is not None]
+    return keys, len(rows), {str(s): int(n) for s, n in states}, times
+
+
+def lag_ms(times: list[tuple[float, float]]) -> dict[str, Any]:
+    """Device (window end) to committed row, in ms: over the run, and p99 per minute of window ends."""
+    import numpy as np
+
+    if not times:
+        return {"p50": None, "p99": None, "p999": None, "max": None, "p99_by_minute": []}
+    stop = np.array([t[0] for t in times])
+    lag = (np.array([t[1] for t in times]) - stop) * 1000.0
+    minute = ((stop - stop.min()) // 60).astype(int)
+    by_minute = [round(float(np.percentile(lag[minute == m], 99)), 1) for m in range(int(minute.max()) + 1)]
+    q = {k: round(float(np.percentile(lag, p)), 1) for k, p in (("p50", 50), ("p99", 99), ("p999", 99.9))}
+    return {**q, "max": round(float(lag.max()), 1), "p99_by_minute": by_minute}
 
 
 def stored_count(db: str) -> int:
@@ -186,7 +208,8 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda s
     with tempfile.TemporaryDirectory(prefix="fleet-scale-") as tmp:
         folder = Path(tmp)
         broker = Mosquitto(folder, BROKER, persistence=False, log=False).start()
-        pg = PostgresServer().start()
+        # Commit timestamps: each row's own lag from the device, whichever collector wrote it (killed or not).
+        pg = PostgresServer({"track_commit_timestamp": "on"}).start()
         meter = CpuMeter()
         collectors: Collectors | None = None
         sim: subprocess.Popen[bytes] | None = None
@@ -250,7 +273,7 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda s
             settle_s = time.monotonic() - settle
             sample(meter, collectors, broker, pg, None)
             collectors.stop_all()
-            keys, rows, states = stored_keys(db)
+            keys, rows, states, times = stored_keys(db)
         finally:
             if sim is not None and sim.poll() is None:
                 stop_process(sim, grace_s=5, sig=signal.SIGKILL)
@@ -284,6 +307,7 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda s
         "stored_not_acked": len(keys - acked),
         "duplicates_seen": sum(r["seen"].get("duplicate", 0) for r in reports),
         "settle_s": round(settle_s, 1),
+        "lag_ms": lag_ms(times),
         "stored_lag_ms": {r["collector"]: r["stored_lag_ms"] for r in reports},
         "cpu_s_per_1000": per_1000,
         "devices_by_state": states,
@@ -292,7 +316,11 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda s
 
 
 def render(r: dict[str, Any]) -> str:
-    lags = "; ".join(f"{c} p50 {v['p50']} ms, p99 {v['p99']} ms" for c, v in r["stored_lag_ms"].items())
+    lag = r["lag_ms"]
+    lags = (
+        f"p50 {lag['p50']} ms, p99 {lag['p99']} ms, p99.9 {lag['p999']} ms, max {lag['max']} ms; "
+        f"p99 by minute {lag['p99_by_minute']}"
+    )
     cpu = r["cpu_s_per_1000"]
     kill = (
         f"; collector c1 SIGKILLed at {r['killed_at_s']} s, back at {r['restarted_at_s']} s"

@@ -11,8 +11,8 @@ __all__ = ["PASSWORD", "USER", "PostgresServer"]
 
 
 class PostgresServer(_Server):
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
         try:
-            super().__init__()
+            super().__init__(settings)
         except PostgresMissing as err:
             pytest.skip(f"{err.message} ({err.hint})")

@@ -37,7 +37,7 @@ def test_a_fleet_through_two_collectors_one_killed_loses_and_repeats_nothing() -
         r["stored_not_acked"] == 0
     )  # what a lost PUBACK left unacknowledged was sent again and acknowledged
     assert r["devices_by_state"] == {"offline": 200}  # every device known, and gone at the end
-    assert all(v["p99"] is not None for v in r["stored_lag_ms"].values())
+    assert r["lag_ms"]["p50"] is not None and r["lag_ms"]["p50"] <= r["lag_ms"]["p99"] <= r["lag_ms"]["max"]
 
 
 def test_the_ledger_keeps_each_seq_once_as_ranges() -> None:

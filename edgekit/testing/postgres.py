@@ -50,7 +50,8 @@ class PostgresMissing(EdgekitError):
 class PostgresServer:
     """``postgres -D <tmp>/data`` on 127.0.0.1:<free port>; ``url(db)`` names a database on it."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: dict[str, str] | None = None) -> None:
+        self.settings = dict(settings or {})  # more ``-c name=value`` for the server
         bindir = bin_dir()
         if bindir is None:
             raise PostgresMissing("PostgreSQL is not installed", "apt-get install postgresql (.ci/run does)")
@@ -128,6 +129,7 @@ class PostgresServer:
                     "synchronous_commit=off",
                     "-c",
                     "full_page_writes=off",
+                    *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}")),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
