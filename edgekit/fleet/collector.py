@@ -93,6 +93,19 @@ class CollectorListener(Protocol):
         """``online`` (with the birth facts when the message had them) or ``offline``."""
 
 
+class StoredSink(Protocol):
+    """Told of what the store has taken (``edgekit.fleet.remote_write.RemoteWriter`` implements it).
+
+    Called from the collector's thread with its lock held, so it must only queue: ``stored`` after
+    each write of windows succeeded (the rows given to ``FleetStore.add_windows``), ``status`` with
+    each birth stored.
+    """
+
+    def stored(self, rows: list[tuple[str, str, dict[str, Any], str, float]]) -> None: ...
+
+    def status(self, fleet: str, device: str, birth: dict[str, Any] | None) -> None: ...
+
+
 # How far below a device's highest seq the collector remembers what it saw (for duplicates).
 RECENT = 4096
 
@@ -156,6 +169,9 @@ class Collector:
     ``edgekit fleet collect --share``).  Each sees only its share of a device's windows, so a jump
     in ``seq`` is another collector's share, not a loss: no gaps are recorded (``open_gaps``
     still finds what is missing, from the store).
+
+    ``sink`` is told of every window once the store has it, and of every birth (``StoredSink``: the
+    remote write to a time-series database).
     """
 
     def __init__(
@@ -167,8 +183,10 @@ class Collector:
         max_devices: int | None = None,
         quotas: Quotas | None = None,
         shared: bool = False,
+        sink: StoredSink | None = None,
     ) -> None:
         self.store = store
+        self.sink = sink
         self.shared = shared
         self.quotas = quotas or Quotas()
         if max_devices is not None:
@@ -277,6 +295,7 @@ class Collector:
                 "stored_lag_ms": _quantiles(self.stored_lag),
                 "devices": {"tracked": len(self.gate), "max": self.max_devices, "fleets": self.gate.fleets()},
                 "quotas": dataclasses.asdict(self.quotas),
+                **({"remote_write": stats()} if (stats := getattr(self.sink, "stats", None)) else {}),
             }
 
     def flush(self) -> None:
@@ -326,6 +345,8 @@ class Collector:
         )
         try:
             self.store.add_windows(pending)
+            if self.sink is not None:
+                self.sink.stored(pending)
             return
         except self.store.transient:
             raise
@@ -334,6 +355,8 @@ class Collector:
         for i, row in enumerate(pending):
             try:
                 self.store.add_windows([row])
+                if self.sink is not None:
+                    self.sink.stored([row])
             except self.store.transient:
                 del pending[:i]  # those before are stored; the rest stay buffered
                 raise
@@ -366,6 +389,8 @@ class Collector:
             # camera URL with its password or token: the fleet never stores or shows one.
             birth = {**birth, "source": redact_source(birth["source"])}
         self.store.set_state(fleet, device, state, at, birth)
+        if self.sink is not None and birth is not None:
+            self.sink.status(fleet, device, birth)
         self.gate.add((fleet, device), at)
         track = self._track(fleet, device)
         if track is not None:
