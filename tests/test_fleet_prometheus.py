@@ -148,6 +148,7 @@ COLLECTOR = {
     "seen": {"telemetry": 16, "status": 3, "duplicate": 1, "gaps": 1},
     "rejected": {"malformed-json": 2, "bad-id": 1},
     "lag_ms": {"p50": 4.2, "p99": 35.0},
+    "remote_write": {"pushes": 7, "samples_dropped": 120, "windows_late": 1, "pending_samples": 3000},
 }
 
 
@@ -228,6 +229,9 @@ def test_every_device_has_its_gauges_counters_and_info(fleet: list[Device]) -> N
     assert value(s, "edgekit_collector_rejected_total", reason="malformed-json") == 2
     assert value(s, "edgekit_collector_messages_total", kind="telemetry") == 16
     assert value(s, "edgekit_collector_lag_seconds", stat="p99") == pytest.approx(0.035)
+    # The push to a time-series database (--remote-write): its counters, and what waits.
+    assert value(s, "edgekit_collector_remote_write_total", event="samples_dropped") == 120
+    assert value(s, "edgekit_collector_remote_write_waiting", what="pending_samples") == 3000
     # A device with no frames yet still has its histogram, at zero, so rate() starts from 0.
     new = {"fleet": "lab", "device": "cam-new"}
     assert value(s, "edgekit_frame_latency_seconds_count", **new) == 0

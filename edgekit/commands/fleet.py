@@ -25,8 +25,11 @@ from edgekit.commands.fleet_options import (
     PerCredentialOpt,
     QuietOpt,
     RawKeepOpt,
+    RemoteWriteIntervalOpt,
+    RemoteWriteOpt,
     describe_db,
     quotas,
+    remote_writer,
 )
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
@@ -131,6 +134,8 @@ def serve_command(
     metrics_max_series: Annotated[
         int, typer.Option("--metrics-max-series", help="At most this many device samples in /metrics.")
     ] = 250_000,
+    remote_write: RemoteWriteOpt = None,
+    remote_write_interval: RemoteWriteIntervalOpt = "5s",
     sign_key: Annotated[
         Path | None,
         typer.Option(
@@ -226,6 +231,10 @@ def serve_command(
             "create it; edgekit deploy --fleet writes bundles there",
         )
     limits = quotas(max_devices, max_fleets, per_credential, device_rate, device_burst, device_bytes, quiet)
+    if remote_write is not None:
+        from edgekit.fleet.remote_write import write_url
+
+        write_url(remote_write)  # a bad URL is said before anything starts
     sign = None
     if sign_key is not None:
         from edgekit.deploy.command_trust import load_signing_key
@@ -234,7 +243,8 @@ def serve_command(
     store = open_store(db)
     view = FleetView(store, slo=slo, trace_url=trace_url)
     view.load()
-    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, quotas=limits)
+    sink = remote_writer(remote_write, remote_write_interval, store)
+    collector = Collector(store, batch_size=200, flush_s=0.2, listener=view, quotas=limits, sink=sink)
 
     def housekeeping() -> None:
         import time
@@ -256,6 +266,8 @@ def serve_command(
             retry_on=(StoreUnavailable,),
         ).start()
     except BaseException:
+        if sink is not None:
+            sink.stop()
         store.close()
         raise
     try:
@@ -263,6 +275,8 @@ def serve_command(
         proofs = ProofFetcher(broker, sign, client_id=f"{client_id}-proofs").start()
     except BaseException:
         subscriber.stop()
+        if sink is not None:
+            sink.stop()
         store.close()
         raise
     view.stats = lambda: {**collector.stats(), "link": subscriber.stats()}
@@ -283,6 +297,7 @@ def serve_command(
         f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {describe_db(db)}; "
         f"dashboard on http://{host}:{port}/  (metrics: /metrics)"
         + (" — token required" if token else "")
+        + (f"; pushing to {sink.url}" if sink is not None else "")
         + (
             f"; bundles on http://{host}:{artifacts_port}/artifacts/"
             + (" (download token required)" if artifact_token else "")
@@ -303,6 +318,8 @@ def serve_command(
         proofs.stop()
         subscriber.stop()
         collector.try_flush()
+        if sink is not None:
+            sink.stop()
         store.close()
 
 

@@ -27,8 +27,11 @@ from edgekit.commands.fleet_options import (
     PerCredentialOpt,
     QuietOpt,
     RawKeepOpt,
+    RemoteWriteIntervalOpt,
+    RemoteWriteOpt,
     describe_db,
     quotas,
+    remote_writer,
 )
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
@@ -69,6 +72,8 @@ def collect_command(
     device_burst: DeviceBurstOpt = 20_000,
     device_bytes: DeviceBytesOpt = "4MiB",
     quiet: QuietOpt = "24h",
+    remote_write: RemoteWriteOpt = None,
+    remote_write_interval: RemoteWriteIntervalOpt = "5s",
 ) -> None:
     """Collect fleet telemetry from MQTT into the store, without the dashboard (several can share the work)."""
     from edgekit.core.redact import warn_secret_on_command_line
@@ -88,6 +93,10 @@ def collect_command(
         raise EdgekitError("--max-devices must be 1 or more", "e.g. --max-devices 10000")
     raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
     limits = quotas(max_devices, max_fleets, per_credential, device_rate, device_burst, device_bytes, quiet)
+    if remote_write is not None:
+        from edgekit.fleet.remote_write import write_url
+
+        write_url(remote_write)  # a bad URL is said before anything starts
     # A service says what it does (connects, compactions, its counters when it stops) unless told
     # otherwise; edgekit's root callback set WARNING without -v, and --debug stays DEBUG.
     level = logging.getLevelName(os.environ.get("EDGEKIT_LOG", "INFO").upper())
@@ -108,7 +117,14 @@ def collect_command(
             "a group that should scale writes to PostgreSQL (--db postgresql://...)"
         )
     store = open_store(db)
-    collector = Collector(store, batch_size=200, flush_s=0.2, quotas=limits, shared=share is not None)
+    try:
+        sink = remote_writer(remote_write, remote_write_interval, store, client_id if share else None)
+    except BaseException:
+        store.close()
+        raise
+    collector = Collector(
+        store, batch_size=200, flush_s=0.2, quotas=limits, shared=share is not None, sink=sink
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -128,11 +144,15 @@ def collect_command(
             retry_on=(StoreUnavailable,),
         ).start()
     except BaseException:
+        if sink is not None:
+            sink.stop()
         store.close()
         raise
     err_console.print(
         f"[bold]edgekit fleet collect[/]: collecting from {broker.describe()} into {describe_db(db)} "
-        f"as {subscriber.client_id}" + (f", one of group {share!r}" if share else "")
+        f"as {subscriber.client_id}"
+        + (f", one of group {share!r}" if share else "")
+        + (f"; pushing to {sink.url}" if sink is not None else "")
     )
     try:
         last = time.monotonic()
@@ -148,10 +168,13 @@ def collect_command(
         # A member of a group leaves it: the others take its share while it is away (see FleetSubscriber.stop).
         subscriber.stop(leave=share is not None)
         collector.try_flush()
+        if sink is not None:
+            sink.stop()
         stats = {**collector.stats(), "link": subscriber.stats()}
         store.close()
         log.info("fleet: collector stopped: %s", json.dumps(stats, sort_keys=True))
 
 
 def _counts(stats: dict[str, object]) -> str:
-    return f"seen {stats['seen']}, rejected {stats['rejected']}"
+    pushed = f", remote write {stats['remote_write']}" if "remote_write" in stats else ""
+    return f"seen {stats['seen']}, rejected {stats['rejected']}{pushed}"

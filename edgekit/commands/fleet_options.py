@@ -12,6 +12,8 @@ from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
     from edgekit.fleet.quotas import Quotas
+    from edgekit.fleet.remote_write import RemoteWriter
+    from edgekit.fleet.store import FleetStore
 
 MqttOpt = Annotated[
     str, typer.Option("--mqtt", help="The broker the devices publish to: mqtt[s]://[user@]host[:port].")
@@ -55,6 +57,35 @@ DeviceBytesOpt = Annotated[
 QuietOpt = Annotated[
     str, typer.Option("--quiet", help="A device not heard from this long is aged out when room is needed.")
 ]
+RemoteWriteOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--remote-write",
+        metavar="URL",
+        envvar="EDGEKIT_FLEET_REMOTE_WRITE",
+        help="Also push every stored window's series, at the window's own time, to this time-series database "
+        "(Prometheus remote write): http://HOST:8428/api/v1/write for VictoriaMetrics.",
+    ),
+]
+RemoteWriteIntervalOpt = Annotated[
+    str, typer.Option("--remote-write-interval", help="Push to --remote-write this often (e.g. 5s, 1m).")
+]
+
+
+def remote_writer(
+    url: str | None, interval: str, store: FleetStore, collector: str | None = None
+) -> RemoteWriter | None:
+    """The started ``RemoteWriter`` of ``--remote-write`` (``None`` without it), its devices' labels from ``store``.
+
+    ``collector``: this collector's id when it is one of a group (each pushes its own share's series).
+    """
+    if url is None:
+        return None
+    from edgekit.fleet.remote_write import RemoteWriter
+
+    every = parse_seconds(interval, "--remote-write-interval")
+    births = {(d["fleet"], d["device"]): d["birth"] or {} for d in store.devices()}
+    return RemoteWriter(url, interval_s=every, collector=collector, births=births).start()
 
 
 def describe_db(db: str) -> str:

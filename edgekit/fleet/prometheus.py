@@ -270,8 +270,8 @@ def render(
 
     ``collector`` is ``view.collector_stats()``: ``seen`` (messages by kind), ``rejected``
     (by reason), ``lag_ms`` (e.g. ``{"p50": 3.1, "p99": 40.0}``), ``devices`` (``tracked``,
-    ``max``) and ``link`` (the MQTT reader's counters: ``connects``, ``too_large``,
-    ``malformed``, ``restarts``...); missing parts are skipped.
+    ``max``), ``link`` (the MQTT reader's counters: ``connects``, ``too_large``,
+    ``malformed``, ``restarts``...) and ``remote_write`` (``RemoteWriter.stats()``); missing parts are skipped.
     """
     f = {
         name: _Family(name, kind, text)
@@ -420,4 +420,22 @@ def _collector_families(stats: Mapping[str, Any]) -> list[_Family]:
     for event, n in sorted(dict(stats.get("link") or {}).items()):
         if isinstance(n, int) and not isinstance(n, bool):
             link.add((("event", event),), n)
-    return [seen, rejected, lag, devices, link]
+    pushed = _Family(
+        "edgekit_collector_remote_write_total",
+        "counter",
+        "The push to a time-series database (--remote-write): pushes, push failures, samples sent, "
+        "samples dropped (the database away too long, or refusing them), windows folded, windows dropped "
+        "(the queue full), windows late (pushed at their device's latest time).",
+    )
+    waiting = _Family(
+        "edgekit_collector_remote_write_waiting",
+        "gauge",
+        "What waits for the time-series database: queued windows and pending samples.",
+    )
+    for event, n in sorted(dict(stats.get("remote_write") or {}).items()):
+        if isinstance(n, int) and not isinstance(n, bool):
+            if event in ("queued_windows", "pending_samples"):
+                waiting.add((("what", event),), n)
+            else:
+                pushed.add((("event", event),), n)
+    return [seen, rejected, lag, devices, link, *((pushed, waiting) if stats.get("remote_write") else ())]
