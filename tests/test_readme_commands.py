@@ -147,6 +147,10 @@ SKIPPED = {
         "a fleet agent answering over MQTT; tests/test_deploy_mqtt.py"
     ),
     # Services this machine does not have.
+    "edgekit fleet collect --mqtt mqtt://broker.local --db fleet.db --remote-write http://vm.local:8428/api/v1/write": (
+        "a VictoriaMetrics by name; tests/test_fleet_remote_write.py runs fleet collect --remote-write against a "
+        "real VictoriaMetrics and Mosquitto"
+    ),
     "edgekit fleet serve --mqtt mqtts://fleet@broker.local:8883 --mqtt-ca ca.pem "
     "--db postgresql://edgekit@db.local/fleet --host 0.0.0.0 --token-file fleet.token [--allowed-host fleet.local] "
     "[--raw-keep 1h] [--keep 30d] [--slo-for 5m] [--max-devices 10000]": (
