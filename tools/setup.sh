@@ -9,12 +9,13 @@ cd "$(dirname "$0")/.."
 # Mosquitto (the broker the telemetry tests start on loopback, and its command-line clients);
 # PostgreSQL (the fleet store's big-fleet option, started by its tests); Chromium and its
 # driver (the dashboard's browser test); prometheus for promtool (checks the shipped alert rules);
+# VictoriaMetrics (the fleet's remote write is tested against a real one on loopback);
 # OpenSSH server and client (`edgekit deploy --host` is tested against a real sshd on loopback);
 # GStreamer with its RTSP server (the camera tests serve H.264/H.265 over RTSP on loopback through
 # gst-rtsp-server from the system Python's PyGObject), x264/x265 encoders and libav's decoders;
 # the headers PyGObject and pycairo build against (edgekit[gstreamer]: PyPI has no wheel of them).
 APT_PACKAGES=(gcc-aarch64-linux-gnu binutils-aarch64-linux-gnu libc6-dev-arm64-cross mosquitto mosquitto-clients
-  postgresql chromium chromium-driver prometheus openssh-server openssh-client
+  postgresql chromium chromium-driver prometheus victoria-metrics openssh-server openssh-client
   gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
   gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-rtsp gir1.2-gst-rtsp-server-1.0
   gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0 python3-gi
