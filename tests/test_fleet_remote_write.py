@@ -4,6 +4,7 @@ slows nothing and drops what it must, counted."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -382,3 +383,56 @@ def test_a_bad_remote_write_url_is_a_plain_mistake(tmp_path: Path) -> None:
         )  # fmt: skip
         assert r.returncode == 2 and "is not an http(s) URL" in r.stderr and "hint:" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_series_start_at_zero_late_windows_keep_time_and_a_group_member_labels_its_own() -> None:
+    """What the writer folds windows into, read off its samples before any push (no database needed)."""
+    writer = RemoteWriter(
+        "http://127.0.0.1:1", collector="collector-2", births={("lab", "cam-a"): {"backend": "ort"}}
+    )
+    rng = np.random.default_rng(3)
+    t0 = 1_800_000_000.0
+
+    def window(seq: int, start: float, cameras: int = 0) -> None:
+        body = json.loads(telemetry("cam-a", seq, start, rng.lognormal(3.0, 0.3, 40), cameras))
+        writer.stored([("lab", "cam-a", body, "", 0.0)])
+
+    window(0, t0, cameras=2)
+    window(1, t0 + WINDOW_S)
+    window(2, t0 - WINDOW_S)  # a spool's replay, older than what was pushed
+    writer.status("lab", "cam-a", {"backend": "tensorrt", "profile": "jetson"})
+    window(3, t0 + 2 * WINDOW_S)
+    writer._fold(final=True)
+    samples = list(writer._pending)
+    frames = [
+        (dict(labels), ts, v)
+        for labels, ts, v in samples
+        if dict(labels)["__name__"] == "edgekit_frames_total"
+    ]
+    ms = int(t0 * 1000)
+    step = int(WINDOW_S * 1000)
+    assert [(d.get("backend"), ts, v) for d, ts, v in frames] == [
+        ("ort", ms, 0.0),  # a new series starts at 0 at its first window's start...
+        ("ort", ms + step, 40.0),  # ...then counts at each window's end
+        ("ort", ms + 2 * step, 80.0),
+        ("ort", ms + 2 * step + 1, 120.0),  # the late window: counted, at the device's latest time
+        ("tensorrt", ms + 2 * step, 0.0),  # a new backend is a new series, from 0
+        ("tensorrt", ms + 3 * step, 40.0),
+    ]
+    assert writer.stats()["windows_late"] == 1
+    assert all(dict(labels)["collector"] == "collector-2" for labels, _, _ in samples)
+    # One window's series: the device's 29, and 3 for each of its cameras.
+    first = {labels for labels, ts, _ in samples if ts == ms + step and "device" in dict(labels)}
+    assert len(first) == SERIES_PER_DEVICE + 2 * SERIES_PER_CAMERA
+    # The fleet's histogram: cumulative on edges 2 % apart, never going down as windows come.
+    fleet = sorted(
+        (float(dict(labels)["le"]), ts, v)
+        for labels, ts, v in samples
+        if dict(labels)["__name__"] == "edgekit_fleet_frame_latency_seconds_bucket"
+        and dict(labels)["le"] != "+Inf"
+    )
+    last = max(ts for _, ts, _ in fleet)
+    edges = [(le, v) for le, ts, v in fleet if ts == last]
+    assert all(b[0] / a[0] == pytest.approx(1.0202, rel=1e-3) for a, b in itertools.pairwise(edges))
+    assert all(a[1] <= b[1] for a, b in itertools.pairwise(edges)) and edges[-1][1] == 160
+    assert edges[-1][0] == pytest.approx(10.0, rel=0.03) and len(edges) + 3 <= fleet_series()
