@@ -436,3 +436,55 @@ def test_series_start_at_zero_late_windows_keep_time_and_a_group_member_labels_i
     assert all(b[0] / a[0] == pytest.approx(1.0202, rel=1e-3) for a, b in itertools.pairwise(edges))
     assert all(a[1] <= b[1] for a, b in itertools.pairwise(edges)) and edges[-1][1] == 160
     assert edges[-1][0] == pytest.approx(10.0, rel=0.03) and len(edges) + 3 <= fleet_series()
+
+
+PROMETHEUS = shutil.which("prometheus")
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (apt-get install prometheus)")
+def test_prometheus_takes_the_same_push_and_refuses_a_backlog_older_than_its_head(tmp_path: Path) -> None:
+    """Prometheus' remote-write receiver reads the encoding too; samples too old for it are dropped, counted."""
+    assert PROMETHEUS is not None
+    port = free_port()
+    (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\n")
+    with (tmp_path / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-remote-write-receiver"],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(base + "/-/ready", timeout=1) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+
+        assert wait_for(ready), (tmp_path / "prometheus.log").read_text()[-2000:]
+        rng = np.random.default_rng(9)
+        now = time.time()
+        writer = RemoteWriter(base, interval_s=0.2)
+        for i in range(6):
+            body = json.loads(telemetry("cam-a", i, now - 600 - (6 - i) * 60, rng.lognormal(3.0, 0.3, 40)))
+            writer.stored([("lab", "cam-a", body, "", 0.0)])
+        assert writer.flush() and writer.stats()["samples_sent"] > 0
+        sent = writer.stats()["samples_sent"]
+        # Three days back, behind what Prometheus' head now holds: refused (400), the batch is dropped and
+        # counted, not retried for ever.
+        old = json.loads(telemetry("cam-old", 0, now - 3 * DAY, rng.lognormal(3.0, 0.3, 40)))
+        writer.stored([("lab", "cam-old", old, "", 0.0)])
+        assert writer.flush()
+        assert writer.stats()["samples_dropped"] > 0 and writer.stats()["samples_sent"] == sent
+        got = wait_for(lambda: query(base, "edgekit_frames_total{device='cam-a'}", now))
+        assert float(got[0]["value"][1]) == 6 * 40
+        p95 = query(
+            base,
+            "histogram_quantile(0.95, sum by (le) (increase(edgekit_fleet_frame_latency_seconds_bucket[1h])))",
+            now,
+        )
+        assert 0.02 < float(p95[0]["value"][1]) < 0.05
+    finally:
+        stop_process(proc)
