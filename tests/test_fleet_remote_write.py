@@ -333,16 +333,19 @@ def test_the_encoding_is_a_write_request_a_snappy_decoder_reads() -> None:
 
 
 @needs_vm
-def test_fleet_collect_pushes_what_it_stores(victoria: str, tmp_path: Path) -> None:
-    """``edgekit fleet collect --remote-write``: simulated devices over a real Mosquitto, into SQLite and VM."""
+@pytest.mark.parametrize("command", ["collect", "serve"])
+def test_fleet_collect_and_serve_push_what_they_store(command: str, victoria: str, tmp_path: Path) -> None:
+    """``edgekit fleet collect|serve --remote-write``: simulated devices over a real Mosquitto, into SQLite and VM."""
     broker = Mosquitto(tmp_path).start()
     db = tmp_path / "fleet.db"
-    log = tmp_path / "collect.log"
+    log = tmp_path / f"{command}.log"
+    port = free_port()
     try:
         with log.open("wb") as err:
             proc = subprocess.Popen(
-                [*EDGEKIT, "fleet", "collect", "--mqtt", broker.url, "--db", str(db),
-                 "--remote-write", victoria, "--remote-write-interval", "0.2s"],
+                [*EDGEKIT, "fleet", command, "--mqtt", broker.url, "--db", str(db),
+                 "--remote-write", victoria, "--remote-write-interval", "0.2s",
+                 *(["--port", str(port)] if command == "serve" else [])],
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
             )  # fmt: skip
         try:
@@ -368,9 +371,15 @@ def test_fleet_collect_pushes_what_it_stores(victoria: str, tmp_path: Path) -> N
 
             # Every frame the store has is in VM, once the last push went out.
             assert wait_for(lambda: frames_in_store() > 0 and pushed() == frames_in_store())
+            if command == "serve":  # and /metrics says so
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                    text = r.read().decode()
+                assert 'edgekit_collector_remote_write_total{event="pushes"}' in text
         finally:
             stop_process(proc, grace_s=30)
-        assert '"samples_sent"' in log.read_text() and "Traceback" not in log.read_text()
+        # collect logs its counters as it stops (serve logs at WARNING unless -v: /metrics said it above).
+        assert "Traceback" not in log.read_text()
+        assert command == "serve" or "samples_sent" in log.read_text()
     finally:
         broker.stop()
 
