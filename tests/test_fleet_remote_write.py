@@ -468,7 +468,7 @@ def test_prometheus_takes_the_same_push_and_refuses_a_backlog_older_than_its_hea
         def ready() -> bool:
             try:
                 with urllib.request.urlopen(base + "/-/ready", timeout=1) as r:
-                    return r.status == 200
+                    return bool(r.status == 200)
             except OSError:
                 return False
 
