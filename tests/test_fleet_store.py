@@ -269,9 +269,11 @@ def test_compaction_keeps_counts_and_percentiles_and_is_idempotent(store: FleetS
     assert store.compact(now, raw_keep_s=3600, rollup_s=60) == {
         "windows": 0,
         "rollups": 0,
+        "rollups_merged": 0,
         "rollups_deleted": 0,
         "gaps_deleted": 0,
         "events_deleted": 0,
+        "partitions_dropped": 0,
     }
     assert store.merged().count == before[0].count
 

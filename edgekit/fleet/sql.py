@@ -52,6 +52,10 @@ SCHEMA = (
         session TEXT NOT NULL, start {real} NOT NULL, stop {real} NOT NULL, frames {int} NOT NULL,
         missed {int} NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (fleet, device, epoch, seq))""",
     "CREATE INDEX IF NOT EXISTS windows_by_time ON windows (fleet, stop)",
+    # A fleet-wide time range (the dashboard's charts read every fleet at once) and compaction's
+    # ``stop < cutoff``; a device's range is served by the key's (fleet, device) prefix: a device
+    # keeps only ``raw_keep_s`` of raw windows.
+    "CREATE INDEX IF NOT EXISTS windows_by_stop ON windows (stop)",
     """CREATE TABLE IF NOT EXISTS gaps (
         fleet TEXT NOT NULL, device TEXT NOT NULL, epoch TEXT NOT NULL, first_missing {int} NOT NULL,
         last_missing {int} NOT NULL, noticed {real} NOT NULL)""",
@@ -62,6 +66,10 @@ SCHEMA = (
         stop {real} NOT NULL, windows {int} NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
         latency TEXT NOT NULL, stages TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0))""",
     "CREATE INDEX IF NOT EXISTS rollups_by_time ON rollups (fleet, stop)",
+    # Rollups are kept for months: a fleet-wide range and one device's range each need their own index
+    # (compaction writes rollups, rarely, so the indexes cost ingest nothing).
+    "CREATE INDEX IF NOT EXISTS rollups_by_stop ON rollups (stop)",
+    "CREATE INDEX IF NOT EXISTS rollups_by_device ON rollups (fleet, device, stop)",
     # A detector's per-class counts of a rollup (a raw window keeps its own in its payload).  A table of
     # its own rather than a column of ``rollups``: a store made before detection gains it as it opens.
     """CREATE TABLE IF NOT EXISTS rollup_detections (
@@ -69,6 +77,7 @@ SCHEMA = (
         stop {real} NOT NULL, name TEXT NOT NULL, frames {int} NOT NULL, objects {int} NOT NULL,
         max_score {real} NOT NULL, PRIMARY KEY (fleet, device, span, t0, name))""",
     "CREATE INDEX IF NOT EXISTS rollup_detections_by_time ON rollup_detections (fleet, stop)",
+    "CREATE INDEX IF NOT EXISTS rollup_detections_by_stop ON rollup_detections (stop)",
     # A many-camera device's per-camera figures of a rollup (a raw window keeps its own in its payload).
     # A table of its own, like ``rollup_detections``: a store made before cameras gains it as it opens.
     """CREATE TABLE IF NOT EXISTS rollup_cameras (
@@ -76,6 +85,7 @@ SCHEMA = (
         stop {real} NOT NULL, name TEXT NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL,
         dropped {int} NOT NULL, latency TEXT NOT NULL, PRIMARY KEY (fleet, device, span, t0, name))""",
     "CREATE INDEX IF NOT EXISTS rollup_cameras_by_time ON rollup_cameras (fleet, stop)",
+    "CREATE INDEX IF NOT EXISTS rollup_cameras_by_stop ON rollup_cameras (stop)",
     # Each camera's latest health (a single source's under camera ""): counts since the device's pipeline
     # started, seconds without frames, seconds since its last frame, as of ``stop`` (its window's end).
     """CREATE TABLE IF NOT EXISTS camera_health (

@@ -16,11 +16,12 @@ up, so a replayed old window is still known as a duplicate.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +29,7 @@ from typing import Any, ClassVar
 from edgekit.core.sketch import LatencySketch
 from edgekit.core.tally import ClassCount
 from edgekit.fleet import camera_health, camera_rollups, zone_events
+from edgekit.fleet.camera_totals import add_cameras
 from edgekit.fleet.sql import (
     INSERT_WINDOW,
     SCHEMA,
@@ -43,6 +45,32 @@ SQLITE = Dialect("sqlite", "?", "MAX", "REAL", "INTEGER")
 
 # Windows compacted per transaction: bounds memory, and lets the collector write between chunks.
 COMPACT_CHUNK = 20_000
+# Devices whose old rollups are merged into a coarser level per transaction (a device has a few per run).
+LEVEL_CHUNK_DEVICES = 200
+
+#: ``FleetStore.layout()`` of a SQLite store: one plain ``windows`` table.
+LAYOUT_SQLITE = "plain table (sqlite)"
+
+
+def retention_levels(
+    rollup_s: float, keep_s: float, levels: Sequence[tuple[float, float]] | None
+) -> tuple[tuple[float, float], ...]:
+    """``compact``'s rollup levels, finest first: ``levels`` checked, or the one level ``(rollup_s, keep_s)``."""
+    plan = tuple((float(s), float(k)) for s, k in levels) if levels is not None else ((rollup_s, keep_s),)
+    if not plan:
+        raise ValueError("compact needs at least one rollup level (span_s, keep_s)")
+    for i, (span, keep) in enumerate(plan):
+        if not span > 0 or keep < 0:
+            raise ValueError(f"rollup level {i} needs span_s > 0 and keep_s >= 0, not ({span}, {keep})")
+        if i:
+            finer, finer_keep = plan[i - 1]
+            # A coarser step must hold whole finer steps, or a finer rollup would straddle two coarser ones.
+            ratio = span / finer
+            if span <= finer or abs(ratio - round(ratio)) > 1e-9:
+                raise ValueError(f"rollup level {i}'s span {span} s must be a multiple of {finer} s")
+            if keep < finer_keep:
+                raise ValueError(f"rollup level {i} must be kept at least as long as level {i - 1}")
+    return plan
 
 
 class FleetStore:
@@ -93,6 +121,18 @@ class FleetStore:
     def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> int:
         """Run a statement once per row; how many rows it changed in all."""
         return self._db.executemany(self.dialect.sql(sql), rows).rowcount
+
+    def _prepare_windows(self, values: list[tuple[Any, ...]]) -> None:
+        """Make room for window rows before their transaction (PostgreSQL: their day's partitions)."""
+
+    def _drop_old_windows(self, cutoff: float) -> int:
+        """Drop whole stores of raw windows older than ``cutoff`` once compaction emptied them; how many."""
+        return 0
+
+    def layout(self) -> str:
+        """How raw windows are kept: ``"plain table (sqlite)"``, ``"native partitions by day"``,
+        ``"timescaledb hypertable"`` or ``"plain table (postgresql)"`` (logged at start, shown by tools)."""
+        return LAYOUT_SQLITE
 
     def _insert_windows(self, values: list[tuple[Any, ...]]) -> int:
         """Insert window rows (``windows``' columns in order) inside the caller's transaction; how many were new."""
@@ -224,14 +264,17 @@ class FleetStore:
             end = float(p["window"]["end"])
             if end >= newest.get((fleet, device), (-math.inf, {}))[0]:
                 newest[(fleet, device)] = (end, p["window"])
-        with self._lock, self._transaction():
-            added = self._insert_windows(values)
-            camera_health.write(self._execute, self._execute_many, dict(sorted(newest.items())))
-            self._execute_many(
-                "UPDATE devices SET last_seen = {greatest}(last_seen, ?), last_seq = {greatest}(last_seq, ?) "
-                "WHERE fleet = ? AND device = ?",
-                [(at, seq, f, d) for (f, d), (at, seq) in sorted(latest.items())],
-            )
+        with self._lock:
+            # Outside the insert's transaction: making a partition takes a table lock of its own.
+            self._prepare_windows(values)
+            with self._transaction():
+                added = self._insert_windows(values)
+                camera_health.write(self._execute, self._execute_many, dict(sorted(newest.items())))
+                self._execute_many(
+                    "UPDATE devices SET last_seen = {greatest}(last_seen, ?), last_seq = {greatest}(last_seq, ?) "
+                    "WHERE fleet = ? AND device = ?",
+                    [(at, seq, f, d) for (f, d), (at, seq) in sorted(latest.items())],
+                )
         return added
 
     def add_window(self, fleet: str, device: str, payload: dict[str, Any], at: float) -> bool:
@@ -398,32 +441,65 @@ class FleetStore:
     # -- retention --------------------------------------------------------------------------------
 
     def compact(
-        self, now: float, raw_keep_s: float = 3600, rollup_s: float = 60, keep_s: float = 30 * 86400
+        self,
+        now: float,
+        raw_keep_s: float = 3600,
+        rollup_s: float = 60,
+        keep_s: float = 30 * 86400,
+        levels: Sequence[tuple[float, float]] | None = None,
     ) -> dict[str, int]:
-        """Roll raw windows older than ``now - raw_keep_s`` into ``rollup_s`` rollups; drop what is older than ``keep_s``.
+        """Roll raw windows older than ``now - raw_keep_s`` into rollups, coarser rollups of old ones, and drop the oldest.
 
-        Each device's windows whose stop falls in one ``rollup_s`` step become one rollup row
-        (counts added, sketches merged), merged into the row already there if an earlier run made
-        it; the raw windows are deleted in the same transaction, and their seqs remembered so a
-        replay of one is still a duplicate.  Rollups, rolled-up seq ranges and gaps older than
-        ``now - keep_s`` are deleted.  Running it again changes nothing.  Returns the counts:
-        ``windows`` rolled up, ``rollups`` written, ``rollups_deleted``, ``gaps_deleted``, and
-        ``events_deleted``: zone and line events are kept as long as rollups (by the time they report).
+        ``levels`` are ``(span_s, keep_s)`` pairs, finest first, e.g. ``((60, 7 * 86400), (3600, 400 * 86400))``:
+        raw windows become rollups of the first span; a level's rollups older than its keep are
+        merged into the next level's (sketches merged, counts added: percentiles stay exact to the
+        sketch); the last level's are deleted past its keep.  Without ``levels`` there is one level,
+        ``(rollup_s, keep_s)``.
+
+        Each device's windows whose stop falls in one step become one rollup row, merged into the
+        row already there if an earlier run made it; the raw windows are deleted in the same
+        transaction, and their seqs remembered so a replay of one is still a duplicate.  Rolled-up
+        seq ranges, gaps and zone and line events (by the time they report) are kept as long as the
+        longest level.  Running it again changes nothing.  Returns the counts: ``windows`` rolled
+        up, ``rollups`` written, ``rollups_merged`` into a coarser level, ``rollups_deleted``,
+        ``gaps_deleted``, ``events_deleted``, and ``partitions_dropped`` (PostgreSQL: days of raw
+        windows dropped whole once rolled up).
         """
-        if not rollup_s > 0 or raw_keep_s < 0 or keep_s < 0:
-            raise ValueError("compact needs rollup_s > 0, raw_keep_s >= 0 and keep_s >= 0")
-        counts = {"windows": 0, "rollups": 0, "rollups_deleted": 0, "gaps_deleted": 0, "events_deleted": 0}
+        plan = retention_levels(rollup_s, keep_s, levels)
+        if raw_keep_s < 0:
+            raise ValueError("compact needs raw_keep_s >= 0")
+        counts = {
+            "windows": 0,
+            "rollups": 0,
+            "rollups_merged": 0,
+            "rollups_deleted": 0,
+            "gaps_deleted": 0,
+            "events_deleted": 0,
+            "partitions_dropped": 0,
+        }
         cutoff = now - raw_keep_s
         while True:
             with self._lock, self._transaction():
                 if self.dialect.compaction_lock:
                     self._execute(self.dialect.compaction_lock)
-                done, written = self._compact_chunk(cutoff, rollup_s)
+                done, written = self._compact_chunk(cutoff, plan[0][0])
             counts["windows"] += done
             counts["rollups"] += written
             if done < COMPACT_CHUNK:
                 break
-        horizon = now - keep_s
+        with self._lock:
+            counts["partitions_dropped"] = self._drop_old_windows(cutoff)
+        for (span, keep), (coarser, _) in itertools.pairwise(plan):
+            while True:
+                with self._lock, self._transaction():
+                    if self.dialect.compaction_lock:
+                        self._execute(self.dialect.compaction_lock)
+                    devices, merged, written = self._merge_level_chunk(now - keep, span, coarser)
+                counts["rollups_merged"] += merged
+                counts["rollups"] += written
+                if devices < LEVEL_CHUNK_DEVICES:
+                    break
+        horizon = now - plan[-1][1]
         with self._lock, self._transaction():
             counts["rollups_deleted"] = self._execute("DELETE FROM rollups WHERE stop < ?", (horizon,))
             self._execute("DELETE FROM rollup_detections WHERE stop < ?", (horizon,))
@@ -436,11 +512,12 @@ class FleetStore:
         return counts
 
     def _compact_chunk(self, cutoff: float, span: float) -> tuple[int, int]:
-        """One transaction's worth of ``compact``: (windows rolled up, rollup rows written)."""
-        # DELETE ... RETURNING takes each window exactly once, even with another writer at work.
+        """One transaction's worth of raw windows rolled up: (windows rolled up, rollup rows written)."""
+        # DELETE ... RETURNING takes each window exactly once, even with another writer at work.  The
+        # key names ``stop`` too: a partitioned table finds each row in its own day's partition.
         rows = self._query(
-            "DELETE FROM windows WHERE (fleet, device, epoch, seq) IN "
-            "(SELECT fleet, device, epoch, seq FROM windows WHERE stop < ? LIMIT ?) "
+            "DELETE FROM windows WHERE (fleet, device, epoch, seq, stop) IN "
+            "(SELECT fleet, device, epoch, seq, stop FROM windows WHERE stop < ? LIMIT ?) "
             "RETURNING fleet, device, epoch, seq, stop, frames, missed, payload",
             (cutoff, COMPACT_CHUNK),
         )
@@ -459,6 +536,62 @@ class FleetStore:
                 stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=detections, cameras=cameras
             )
             seqs.setdefault((f, d, epoch), []).append((int(seq), float(stop)))
+        self._write_rollups(span, rollups)
+        for key, new in seqs.items():
+            self._remember_compacted(key, new)
+        return len(rows), len(rollups)
+
+    def _merge_level_chunk(self, cutoff: float, span: float, coarser: float) -> tuple[int, int, int]:
+        """Merge some devices' ``span`` rollups whose stop is before ``cutoff`` into ``coarser`` ones.
+
+        Returns (devices taken, rollups merged away, coarser rollups written).  The finer rows are
+        deleted in the same transaction, so a query never counts a window twice.
+        """
+        devices = self._query(
+            "SELECT DISTINCT fleet, device FROM rollups WHERE span = ? AND stop < ? ORDER BY fleet, device LIMIT ?",
+            (span, cutoff, LEVEL_CHUNK_DEVICES),
+        )
+        rollups: dict[tuple[str, str, float], WindowSum] = {}
+        merged = 0
+
+        def into(f: str, d: str, t0: float) -> WindowSum:
+            # t0 of the finer step, not its stop: the finer step lies whole inside this coarser one.
+            key = (f, d, float(math.floor(float(t0) / coarser) * coarser))
+            r = rollups.get(key)
+            if r is None:
+                r = rollups[key] = WindowSum()
+            return r
+
+        for f, d in devices:
+            where = "WHERE fleet = ? AND device = ? AND span = ? AND stop < ?"
+            args = (f, d, span, cutoff)
+            for t0, stop, windows, frames, missed, latency, stages in self._query(
+                f"DELETE FROM rollups {where} RETURNING t0, stop, windows, frames, missed, latency, stages",
+                args,
+            ):
+                into(f, d, t0).add(stop, frames, missed, loads(latency), loads(stages), windows=windows)
+                merged += 1
+            # A rollup's detections and cameras carry its stop (they are written whole with it).
+            for t0, name, frames, objects, max_score in self._query(
+                f"DELETE FROM rollup_detections {where} RETURNING t0, name, frames, objects, max_score", args
+            ):
+                r = into(f, d, t0)
+                counted = {str(name): ClassCount(int(frames), int(objects), float(max_score))}
+                r.detections = add_detections(r.detections if r.detections is not None else {}, counted)
+            for t0, name, frames, missed, dropped, latency in self._query(
+                f"DELETE FROM rollup_cameras {where} RETURNING t0, name, frames, missed, dropped, latency",
+                args,
+            ):
+                r = into(f, d, t0)
+                camera = camera_rollups.as_window(frames, missed, dropped, latency)
+                r.cameras = add_cameras(r.cameras, {str(name): camera})
+        self._write_rollups(coarser, rollups)
+        return len(devices), merged, len(rollups)
+
+    def _write_rollups(self, span: float, rollups: dict[tuple[str, str, float], WindowSum]) -> None:
+        """Write ``span`` rollups, each merged with the row an earlier run made for its step (if any)."""
+        if not rollups:
+            return
         by_device: dict[tuple[str, str], list[float]] = {}
         for f, d, t0 in rollups:
             by_device.setdefault((f, d), []).append(t0)
@@ -515,9 +648,6 @@ class FleetStore:
             ],
         )
         camera_rollups.write(self._execute_many, span, rollups)
-        for key, new in seqs.items():
-            self._remember_compacted(key, new)
-        return len(rows), len(rollups)
 
     def _remember_compacted(self, key: tuple[str, str, str], new: list[tuple[int, float]]) -> None:
         """Add rolled-up seqs to the device's ranges, joining neighbours so a device keeps a few rows."""
