@@ -125,8 +125,9 @@ class FleetStore:
     def _prepare_windows(self, values: list[tuple[Any, ...]]) -> None:
         """Make room for window rows before their transaction (PostgreSQL: their day's partitions)."""
 
-    def _drop_old_windows(self, cutoff: float) -> int:
-        """Drop whole stores of raw windows older than ``cutoff`` once compaction emptied them; how many."""
+    def _maintain_windows(self, now: float, cutoff: float) -> int:
+        """After compaction: make the coming days' stores of raw windows, drop those older than ``cutoff``
+        that compaction emptied; how many were dropped (PostgreSQL's day partitions; SQLite has none)."""
         return 0
 
     def layout(self) -> str:
@@ -488,7 +489,7 @@ class FleetStore:
             if done < COMPACT_CHUNK:
                 break
         with self._lock:
-            counts["partitions_dropped"] = self._drop_old_windows(cutoff)
+            counts["partitions_dropped"] = self._maintain_windows(now, cutoff)
         for (span, keep), (coarser, _) in itertools.pairwise(plan):
             while True:
                 with self._lock, self._transaction():
