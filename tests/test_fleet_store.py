@@ -18,7 +18,7 @@ from edgekit.core.sketch import LatencySketch
 from edgekit.errors import EdgekitError
 from edgekit.fleet import Collector
 from edgekit.fleet.open_store import open_store
-from edgekit.fleet.sql import StoreError
+from edgekit.fleet.sql import SCHEMA, StoreError, where_clause, window_row
 from edgekit.fleet.store import FleetStore
 from edgekit.fleet.sums import Bucket
 from edgekit.protocol.stages import STAGES
@@ -464,3 +464,274 @@ def test_two_collectors_writing_one_database_store_each_message_once(store_url: 
     finally:
         for s in stores:
             s.close()
+
+
+# -- retention levels, and PostgreSQL's layout of raw windows -----------------------------------------
+
+DAY = 86400.0
+
+
+def test_rollup_levels_keep_the_fleet_percentiles_and_merge_sketches(store: FleetStore) -> None:
+    """Raw windows -> minute rollups -> hour rollups: the fleet p95 over a range is the same at every
+    step (sketches merged, never percentiles averaged), and so are each hour's counts."""
+    feed = Feed(minutes=240)  # four hours, a window every 20 s per device
+    store.add_windows(feed.rows)
+    now = T + 240 * 60 + 1
+    hour0 = (T // 3600 + 1) * 3600  # the first whole hour of the feed
+    ranges = [(None, None), (T, now), (hour0, hour0 + 2 * 3600 - 1e-3)]
+    before = [store.merged(since=a, until=b) for a, b in ranges]
+    hours_before = [(b.device, b.t0, b.frames, b.missed) for b in store.buckets(T, now, 3600)]
+    levels = ((60, 3600.0), (3600, 400 * DAY))
+
+    counts = store.compact(now, raw_keep_s=1800, levels=levels)
+    assert counts["windows"] == sum(1 for s in feed.samples if s[1] < now - 1800)
+    # Minute rollups older than an hour became hour rollups; the last hour's minutes stay minutes.
+    assert counts["rollups_merged"] > 0 and counts["rollups_deleted"] == 0
+    spans = {b.t0 % 3600 == 0 for b in store.buckets(T, now, 60)}
+    assert spans == {True, False}
+    for (a, b), was in zip(ranges, before, strict=True):
+        got = store.merged(since=a, until=b)
+        assert got.count == was.count
+        for q in (0.5, 0.95, 0.99):
+            # Within the sketch's 1 %; merged counts make it equal in fact.
+            assert close_to(got.quantile(q), was.quantile(q), rel=0.01)
+            assert close_to(got.quantile(q), was.quantile(q), rel=1e-9)
+    # And the truth of the raw samples, within the sketch's 1 %.
+    assert close_to(store.merged().quantile(0.95), float(np.quantile(feed.union(), 0.95)), rel=0.02)
+    assert [(b.device, b.t0, b.frames, b.missed) for b in store.buckets(T, now, 3600)] == hours_before
+    assert store.seqs("lab", "cam-b") == list(range(len(feed.rows) // 2))
+
+    again = store.compact(now, raw_keep_s=1800, levels=levels)
+    assert again["windows"] == again["rollups"] == again["rollups_merged"] == 0
+    assert store.merged().count == before[0].count
+    # Past the last level's keep everything goes.
+    gone = store.compact(now + 400 * DAY + 3600, raw_keep_s=1800, levels=levels)
+    assert gone["rollups_deleted"] > 0 and store.merged().count == 0
+
+
+def test_rollup_levels_are_checked(store: FleetStore) -> None:
+    for bad in ((), ((60, DAY), (90, 2 * DAY)), ((60, DAY), (3600, 3600.0)), ((0, DAY),)):
+        with pytest.raises(ValueError, match="level"):
+            store.compact(T, levels=bad)
+
+
+def test_the_store_says_how_it_keeps_raw_windows(store_url: str) -> None:
+    store = open_store(store_url)
+    want = "plain table (sqlite)" if not store_url.startswith("postgres") else "native partitions by day"
+    assert store.layout() == want
+    store.close()
+
+
+def _admin(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def _partitions(url: str) -> dict[str, int]:
+    """The windows table's partitions -> rows in each."""
+    with _admin(url) as conn:
+        names = [
+            n
+            for (n,) in conn.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = 'windows'::regclass"
+            ).fetchall()
+        ]
+        return {n: conn.execute(f"SELECT count(*) FROM {n}").fetchone()[0] for n in names}
+
+
+def _plan(url: str, sql: str, args: tuple[Any, ...]) -> str:
+    with _admin(url) as conn:
+        conn.execute("ANALYZE")
+        return "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql.replace("?", "%s"), args).fetchall())
+
+
+def _ymd(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y%m%d")
+
+
+def test_postgres_keeps_a_partition_per_day_drops_emptied_ones_and_prunes(pg_server: PostgresServer) -> None:
+    url = pg_server.new_database()
+    store = open_store(url)
+    lat = np.full(5, 12.0)
+    day0 = (T // DAY) * DAY
+    # Three days, a window every 15 minutes per device.
+    bodies = [payload(d, s, day0 + 900 * s + 7, lat) for d in ("cam-a", "cam-b") for s in range(3 * 96)]
+    assert store.add_windows([row("lab", b) for b in bodies]) == len(bodies)
+    parts = _partitions(url)
+    days = sorted(n for n in parts if n != "windows_default")
+    assert days == [f"windows_p{_ymd(day0 + i * DAY)}" for i in range(3)] and parts["windows_default"] == 0
+    assert [parts[n] for n in days] == [2 * 96] * 3
+    # A redelivery is the same bytes: the same stop, the same partition, the same key.
+    assert store.add_windows([row("lab", b) for b in bodies[:50]]) == 0
+
+    # A day's range reads that day's partition only.
+    where, args = where_clause(None, None, day0 + DAY + 100, day0 + DAY + 5000)
+    plan = _plan(url, "SELECT payload FROM windows" + where, tuple(args))
+    assert days[1] in plan and days[0] not in plan and days[2] not in plan, plan
+
+    before = store.merged()
+    # Raw windows kept 12 h: a day and a half rolled up, the first day's partition emptied and dropped.
+    counts = store.compact(day0 + 2 * DAY, raw_keep_s=12 * 3600, rollup_s=60)
+    assert counts["partitions_dropped"] == 1 and counts["windows"] == 2 * (96 + 48)
+    after = _partitions(url)
+    assert days[0] not in after and after[days[1]] == 2 * 48 and after[days[2]] == 2 * 96
+    # Tomorrow's (day 3) was made ahead of the writers.
+    assert f"windows_p{_ymd(day0 + 3 * DAY)}" in after and len(after) == 4
+    got = store.merged()
+    assert got.count == before.count and got.quantile(0.95) == pytest.approx(before.quantile(0.95))
+    assert store.add_windows([row("lab", b) for b in bodies]) == 0  # rolled up or raw, all known
+    store.close()
+
+
+def test_a_window_of_a_day_without_partition_waits_in_default_and_moves(pg_server: PostgresServer) -> None:
+    url = pg_server.new_database()
+    store = open_store(url)
+    lat = np.full(3, 9.0)
+    day0 = (T // DAY) * DAY
+    # Six days in one batch: the newest four get partitions, the two oldest wait in DEFAULT.
+    bodies = [payload("cam-w", s, day0 + s * DAY + 60, lat) for s in range(6)]
+    assert store.add_windows([row("lab", b) for b in bodies]) == 6
+    parts = _partitions(url)
+    assert parts["windows_default"] == 2 and len(parts) == 5
+    # A later window of one of those days makes its partition; the waiting one moves in with it.
+    assert store.add_window("lab", "cam-w", payload("cam-w", 6, day0 + 120, lat), T) is True
+    parts = _partitions(url)
+    assert parts["windows_default"] == 1 and parts[f"windows_p{_ymd(day0)}"] == 2
+    assert store.add_windows([row("lab", b) for b in bodies]) == 0  # still each once
+    assert store.seqs("lab", "cam-w") == list(range(7)) and store.merged().count == 21
+    store.close()
+
+
+def test_two_writers_make_and_drop_partitions_without_duplicates_or_deadlocks(
+    pg_server: PostgresServer,
+) -> None:
+    """Two collectors meet the same windows of new days at once (in opposite orders), then compact at
+    once: each day's partition is made once, each window stored once, nothing fails."""
+    url = pg_server.new_database()
+    stores = [open_store(url), open_store(url)]
+    lat = np.full(4, 10.0)
+    day0 = (T // DAY) * DAY
+    rows = [row("lab", payload(d, s, day0 + 1800 * s + 1, lat)) for s in range(6 * 48) for d in ("c1", "c2")]
+    added = [0, 0]
+    errors: list[str] = []
+    start = threading.Barrier(2)
+
+    def collect(i: int) -> None:
+        mine = rows if i == 0 else rows[::-1]
+        try:
+            start.wait()
+            for b in range(0, len(mine), 40):
+                added[i] += stores[i].add_windows(mine[b : b + 40])
+            start.wait()
+            stores[i].compact(day0 + 5 * DAY, raw_keep_s=0, rollup_s=60)
+        except BaseException:  # noqa: BLE001 (reported by the main thread)
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=collect, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert added[0] + added[1] == len(rows)
+        assert stores[0].merged().count == len(rows) * 4
+        assert stores[1].seqs("lab", "c1") == list(range(6 * 48))
+        parts = _partitions(url)
+        # Days 0-4 emptied and dropped; day 5 keeps its raw windows; day 6 made ahead.
+        day5, day6 = f"windows_p{_ymd(day0 + 5 * DAY)}", f"windows_p{_ymd(day0 + 6 * DAY)}"
+        assert sorted(parts) == sorted(["windows_default", day5, day6])
+        assert parts[day5] == 2 * 48
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_an_old_plain_postgres_windows_table_moves_into_partitions(pg_server: PostgresServer) -> None:
+    """A store made before partitions (windows a plain table) is moved into them as it opens: its
+    windows are all there, still duplicates when replayed, and the old table is gone."""
+    from edgekit.fleet.pgstore import POSTGRES
+
+    url = pg_server.new_database()
+    lat = np.full(6, 14.0)
+    bodies = [payload("cam-o", s, T + 600 * s, lat) for s in range(300)]  # two days and a bit
+    with _admin(url) as conn:
+        for statement in SCHEMA:  # the schema as it was: windows keyed without stop, unpartitioned
+            conn.execute(POSTGRES.sql(statement))
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'windows'").fetchone() == ("r",)
+        with conn.cursor() as cur:
+            cur.executemany(
+                POSTGRES.sql("INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"),
+                [window_row("lab", "cam-o", b, json.dumps(b)) for b in bodies],
+            )
+    store = open_store(url)
+    assert store.layout() == "native partitions by day"
+    parts = _partitions(url)
+    assert sum(parts.values()) == 300 and parts["windows_default"] == 0 and len(parts) == 4
+    with _admin(url) as conn:
+        assert conn.execute("SELECT to_regclass('windows_unpartitioned')").fetchone() == (None,)
+    assert store.add_windows([row("lab", b) for b in bodies]) == 0
+    assert store.merged().count == 300 * 6
+    store.close()
+    again = open_store(url)  # and opening it again changes nothing
+    assert again.layout() == "native partitions by day" and again.merged().count == 300 * 6
+    again.close()
+
+
+def test_the_dashboards_queries_use_indexes(pg_server: PostgresServer) -> None:
+    """At fleet size: a device's range and a fleet-wide range of rollups are index scans, not Seq Scans;
+    a range of raw windows reads by index in its day's partition only."""
+    url = pg_server.new_database()
+    store = open_store(url)
+    day0 = (T // DAY) * DAY
+    for d in (day0 - DAY, day0, day0 + DAY):  # the writer makes these days' partitions
+        store.add_window("lab", "cam-0", payload("cam-0", int(d), d + 1, np.full(2, 5.0)), d)
+    store.close()
+    with _admin(url) as conn:
+        # 200 devices x 300 minutes of rollups; 200 devices' windows every 1.5 s for a day.
+        conn.execute(
+            "INSERT INTO rollups SELECT 'lab', 'cam-' || mod(i, 200), 60, %s + 60 * (i / 200), "
+            "%s + 60 * (i / 200) + 30, 3, 30, 0, '{}', '{}' FROM generate_series(0, 59999) i",
+            (T, T),
+        )
+        conn.execute(
+            "INSERT INTO windows SELECT 'lab', 'cam-' || mod(i, 200), 'e', i, 's', %s + 1.5 * i, "
+            "%s + 1.5 * i + 1, 30, 0, '{}' FROM generate_series(0, 57000) i",
+            (day0, day0),
+        )
+    for table in ("rollups", "windows"):
+        device_where, device_args = where_clause("lab", "cam-7", T + 3600, T + 7200)
+        fleet_where, fleet_args = where_clause(None, None, T + 3600, T + 4000)
+        for where, args in ((device_where, device_args), (fleet_where, fleet_args)):
+            plan = _plan(url, f"SELECT stop FROM {table}" + where, tuple(args))
+            assert "Seq Scan" not in plan and ("Index" in plan or "Bitmap" in plan), plan
+            if table == "windows":  # pruned to T's day
+                assert f"windows_p{_ymd(day0)}" in plan and "windows_default" not in plan, plan
+                assert f"windows_p{_ymd(day0 + DAY)}" not in plan, plan
+
+
+def test_timescaledb_makes_windows_a_hypertable(pg_server: PostgresServer) -> None:
+    url = pg_server.new_database()
+    with _admin(url) as conn:
+        available = conn.execute(
+            "SELECT 1 FROM pg_available_extensions WHERE name = 'timescaledb'"
+        ).fetchone()
+    if available is None:
+        pytest.skip(
+            "the timescaledb extension is not available in this PostgreSQL (Debian bookworm has no package)"
+        )
+    store = open_store(url)
+    assert store.layout() == "timescaledb hypertable"
+    lat = np.full(4, 10.0)
+    day0 = (T // DAY) * DAY
+    bodies = [payload("cam-t", s, day0 + 3600 * s + 1, lat) for s in range(72)]
+    assert store.add_windows([row("lab", b) for b in bodies]) == 72
+    assert store.add_windows([row("lab", b) for b in bodies]) == 0
+    counts = store.compact(day0 + 2 * DAY, raw_keep_s=0, rollup_s=60)
+    assert counts["windows"] == 48 and counts["partitions_dropped"] >= 1
+    assert store.merged().count == 72 * 4
+    store.close()

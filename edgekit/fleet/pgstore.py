@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
 
 from edgekit.errors import first_line
 from edgekit.fleet.sql import Dialect, StoreError
@@ -197,7 +198,7 @@ class PostgresStore(FleetStore):
         return self._layout
 
     def _one(self, sql: str, args: Iterable[Any] = ()) -> Any:
-        row = self._pg.execute(sql, tuple(args)).fetchone()
+        row = self._conn().execute(sql, tuple(args)).fetchone()
         return None if row is None else row[0]
 
     def _make_windows(self) -> str:
@@ -372,7 +373,7 @@ class PostgresStore(FleetStore):
         # unless a late window came since; dropping them whole leaves no dead rows for VACUUM.  Checked
         # by index first without the lock (which also marks the dead entries), then again under it.
         conn = self._conn()
-        empty = [(t, lo) for t, lo in tables if not self._holds_rows(t, lo)]
+        empty = [(t, lo) for t, lo in tables if self._holds_rows(t, lo) is False]
         if not empty:
             return 0
         dropped = 0
@@ -380,14 +381,24 @@ class PostgresStore(FleetStore):
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (LAYOUT_LOCK,))
             conn.execute("LOCK TABLE windows IN ACCESS EXCLUSIVE MODE")
             for table, lo in empty:
-                if not self._holds_rows(table, lo):
-                    conn.execute(f"DROP TABLE IF EXISTS {table}")
-                    dropped += 1
+                # Another compactor may have dropped it since; under the lock that cannot change.
+                if self._one("SELECT to_regclass(%s)", (table,)) is None or self._holds_rows(table, lo):
+                    continue
+                conn.execute(f"DROP TABLE {table}")
+                dropped += 1
         forget()
         return dropped
 
-    def _holds_rows(self, table: str, lo: float) -> bool:
-        found = self._conn().execute(f"SELECT 1 FROM {table} WHERE stop >= %s ORDER BY stop LIMIT 1", (lo,))
+    def _holds_rows(self, table: str, lo: float) -> bool | None:
+        """Whether a partition or chunk holds a window; ``None`` when another compactor dropped it."""
+        try:
+            found = self._conn().execute(
+                f"SELECT 1 FROM {table} WHERE stop >= %s ORDER BY stop LIMIT 1", (lo,)
+            )
+        except (
+            psycopg.errors.UndefinedTable
+        ):  # only outside the lock, where a failed statement spoils nothing
+            return None
         return found.fetchone() is not None
 
     def _drop_chunks(self, cutoff: float) -> int:
