@@ -139,6 +139,8 @@ def test_two_collectors_share_the_stream_and_store_each_window_once(
     try:
         group.start("c1")
         group.start("c2")
+        # Each says at start how the store keeps raw windows (both opened it at once: one made the table).
+        assert all("raw windows: native partitions by day" in group.log(n).read_text() for n in ("c1", "c2"))
         expected = sent(simulate(queue_broker.url, tmp_path / "sim.log"), tmp_path / "sim.log")
         assert expected >= DEVICES * 10
         check_each_once(db, expected)
@@ -185,3 +187,5 @@ def test_collect_mistakes_are_plain_and_say_what_to_do(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not a group name" in r.stderr and "--share collectors" in r.stderr
     r = collect("--mqtt", "mqtt://127.0.0.1:1", "--share", "g", "--client-id", "c1")
     assert r.returncode == 2 and "cannot reach" in r.stderr and "Traceback" not in r.stderr
+    r = collect("--keep", "30d", "--hour-keep", "7d")
+    assert r.returncode == 2 and "--hour-keep 7d is shorter than --keep" in r.stderr and "400d" in r.stderr

@@ -18,6 +18,7 @@ from edgekit.commands.fleet_options import (
     DeviceBurstOpt,
     DeviceBytesOpt,
     DeviceRateOpt,
+    HourKeepOpt,
     KeepOpt,
     MaxDevicesOpt,
     MaxFleetsOpt,
@@ -30,6 +31,7 @@ from edgekit.commands.fleet_options import (
     describe_db,
     quotas,
     remote_writer,
+    retention,
 )
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
@@ -65,6 +67,7 @@ def serve_command(
     port: Annotated[int, typer.Option("--port", help="Port of the dashboard and /metrics.")] = 8765,
     raw_keep: RawKeepOpt = "1h",
     keep: KeepOpt = "30d",
+    hour_keep: HourKeepOpt = None,
     slo_for: Annotated[
         str, typer.Option("--slo-for", help="A latency breach must last this long to fire an alert.")
     ] = "5m",
@@ -206,6 +209,7 @@ def serve_command(
     if not 0 < slo_quantile < 1:
         raise EdgekitError(f"--slo-quantile {slo_quantile} is not in (0, 1)", "e.g. 0.95 or 0.99")
     raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
+    levels = retention(keep_s, hour_keep)
     slo = SloPolicy(quantile=slo_quantile, for_s=parse_seconds(slo_for, "--slo-for"))
     if trace_url is not None:
         from edgekit.fleet.slow_traces import check_template
@@ -250,7 +254,7 @@ def serve_command(
         import time
 
         collector.try_flush()
-        done = store.compact(time.time(), raw_keep_s=raw_keep_s, keep_s=keep_s)
+        done = store.compact(time.time(), raw_keep_s=raw_keep_s, levels=levels)
         log.info("fleet: compacted the store: %s", done)
 
     # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
@@ -294,7 +298,8 @@ def serve_command(
     if artifacts_port is not None:
         bundles = _artifact_server(artifacts, host, artifacts_port, artifact_token, hosts)
     err_console.print(
-        f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {describe_db(db)}; "
+        f"[bold]edgekit fleet[/]: collecting from {broker.describe()} into {describe_db(db)} "
+        f"(raw windows: {store.layout()}); "
         f"dashboard on http://{host}:{port}/  (metrics: /metrics)"
         + (" — token required" if token else "")
         + (f"; pushing to {sink.url}" if sink is not None else "")

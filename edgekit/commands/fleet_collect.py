@@ -20,6 +20,7 @@ from edgekit.commands.fleet_options import (
     DeviceBurstOpt,
     DeviceBytesOpt,
     DeviceRateOpt,
+    HourKeepOpt,
     KeepOpt,
     MaxDevicesOpt,
     MaxFleetsOpt,
@@ -32,6 +33,7 @@ from edgekit.commands.fleet_options import (
     describe_db,
     quotas,
     remote_writer,
+    retention,
 )
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
@@ -65,6 +67,7 @@ def collect_command(
     ca_file: MqttCaOpt = None,
     raw_keep: RawKeepOpt = "1h",
     keep: KeepOpt = "30d",
+    hour_keep: HourKeepOpt = None,
     max_devices: MaxDevicesOpt = 10_000,
     max_fleets: MaxFleetsOpt = 1_000,
     per_credential: PerCredentialOpt = 4,
@@ -92,6 +95,7 @@ def collect_command(
     if max_devices < 1:
         raise EdgekitError("--max-devices must be 1 or more", "e.g. --max-devices 10000")
     raw_keep_s, keep_s = parse_seconds(raw_keep, "--raw-keep"), parse_seconds(keep, "--keep")
+    levels = retention(keep_s, hour_keep)
     limits = quotas(max_devices, max_fleets, per_credential, device_rate, device_burst, device_bytes, quiet)
     if remote_write is not None:
         from edgekit.fleet.remote_write import write_url
@@ -150,6 +154,7 @@ def collect_command(
         raise
     err_console.print(
         f"[bold]edgekit fleet collect[/]: collecting from {broker.describe()} into {describe_db(db)} "
+        f"(raw windows: {store.layout()}) "
         f"as {subscriber.client_id}"
         + (f", one of group {share!r}" if share else "")
         + (f"; pushing to {sink.url}" if sink is not None else "")
@@ -160,7 +165,7 @@ def collect_command(
             if time.monotonic() - last >= HOUSEKEEPING_S:
                 last = time.monotonic()
                 try:
-                    done = store.compact(time.time(), raw_keep_s=raw_keep_s, keep_s=keep_s)
+                    done = store.compact(time.time(), raw_keep_s=raw_keep_s, levels=levels)
                     log.info("fleet: compacted the store: %s; %s", done, _counts(collector.stats()))
                 except store.errors:  # the database is away: the next round tries again
                     log.exception("fleet: compacting the store failed")

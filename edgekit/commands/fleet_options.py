@@ -31,6 +31,14 @@ RawKeepOpt = Annotated[
     str, typer.Option("--raw-keep", help="Keep raw windows this long, then one-minute rollups.")
 ]
 KeepOpt = Annotated[str, typer.Option("--keep", help="Delete rollups older than this.")]
+HourKeepOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--hour-keep",
+        help="Merge minute rollups older than --keep into hour rollups (sketches merged) and keep those "
+        "this long, e.g. 400d; without it minute rollups are deleted past --keep.",
+    ),
+]
 MaxDevicesOpt = Annotated[
     int, typer.Option("--max-devices", help="Track at most this many devices; more are rejected, counted.")
 ]
@@ -86,6 +94,19 @@ def remote_writer(
     every = parse_seconds(interval, "--remote-write-interval")
     births = {(d["fleet"], d["device"]): d["birth"] or {} for d in store.devices()}
     return RemoteWriter(url, interval_s=every, collector=collector, births=births).start()
+
+
+def retention(keep_s: float, hour_keep: str | None) -> tuple[tuple[float, float], ...]:
+    """``FleetStore.compact``'s levels: minute rollups kept ``keep_s``, then hour rollups ``--hour-keep``."""
+    if hour_keep is None:
+        return ((60.0, keep_s),)
+    hour_keep_s = parse_seconds(hour_keep, "--hour-keep")
+    if hour_keep_s < keep_s:
+        raise EdgekitError(
+            f"--hour-keep {hour_keep} is shorter than --keep",
+            "hour rollups are made of minute rollups older than --keep: give --hour-keep longer, e.g. 400d",
+        )
+    return ((60.0, keep_s), (3600.0, hour_keep_s))
 
 
 def describe_db(db: str) -> str:
