@@ -209,6 +209,10 @@ def test_a_two_camera_devices_windows_are_stored_per_camera_raw_and_rolled_up(
         assert figures["front"]["frames"] == want["front"]["frames"] + 2
         assert figures["front"]["dropped"] == want["front"]["dropped"] + 4
         assert figures["back"]["frames"] == want["back"]["frames"] + 1
+        # Merged into a coarser level's rollup, each camera's rows merge too (sketches, not percentiles).
+        levels = ((ALL, 0.0), (2 * ALL, 30 * 86400.0))
+        assert store.compact(now + 7200, raw_keep_s=0, levels=levels)["rollups_merged"] == 2
+        assert_figures(camera_figures(store), figures)
     finally:
         reader.disconnect()
         reader.loop_stop()

@@ -74,6 +74,18 @@ def test_the_store_keeps_per_class_counts_raw_and_rolled_up(store_url: str, tmp_
     assert store.compact(T + 120 + 3600 + 1, raw_keep_s=3600)["windows"] == 1
     assert store.merged(device="cam-d").count == 5  # every frame, from rollups now
     assert by_minute() == raw
+
+    # Minute rollups merged into an hour rollup: the classes of both minutes add up in it.
+    def by_hour() -> dict[tuple[str, float], dict[str, ClassCount] | None]:
+        return {(b.device, b.t0): b.detections for b in store.buckets(T - 3600, T + 3600, 3600)}
+
+    hours = by_hour()
+    levels = ((60, 0.0), (3600, 30 * 86400.0))
+    assert store.compact(T + 7200, raw_keep_s=3600, levels=levels)["rollups_merged"] == 3
+    assert by_hour() == hours and hours[("cam-d", T // 3600 * 3600)] == {
+        "face": ClassCount(2, 3, 0.95),
+        "person": ClassCount(2, 2, 0.7),
+    }
     store.close()
 
 
