@@ -225,7 +225,8 @@ class PostgresStore(FleetStore):
                     moved = self._partition_plain()
             except psycopg.Error as err:
                 log.warning(
-                    "fleet: the windows table stays a plain table (%s); it works, but grows slower to prune",
+                    "fleet: the windows table stays a plain table (%s): it works, but old days are deleted "
+                    "row by row instead of dropped whole",
                     first_line(err),
                 )
                 return LAYOUT_PLAIN
