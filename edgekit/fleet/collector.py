@@ -388,10 +388,15 @@ class Collector:
             # A device from before source redaction (or a third-party publisher) may still send a
             # camera URL with its password or token: the fleet never stores or shows one.
             birth = {**birth, "source": redact_source(birth["source"])}
+        new = (fleet, device) not in self.gate  # nor, then, in the store as this collector knows it
         self.store.set_state(fleet, device, state, at, birth)
         if self.sink is not None and birth is not None:
             self.sink.status(fleet, device, birth)
         self.gate.add((fleet, device), at)
+        if new and (fleet, device) not in self._tracks:
+            # Nothing to read back: no seqs yet (in a group another collector may have some, but
+            # a group's member records no gaps, and the store's keys drop what it repeats).
+            self._tracks[(fleet, device)] = _Track(state, -1)
         track = self._track(fleet, device)
         if track is not None:
             track.state = state

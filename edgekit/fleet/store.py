@@ -204,33 +204,19 @@ class FleetStore:
 
     def set_state(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
         """Record ``online``/``offline`` (``since`` moves only when the state changes; a birth replaces the last)."""
-        with self._lock, self._transaction():
-            # ON CONFLICT: another collector on this database may meet the same new device at the
-            # same moment; a plain INSERT would fail one of them on the key (and lose its message).
-            if self._execute(
-                "INSERT INTO devices (fleet, device, state, since, last_seen, birth, last_seq, epoch) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (fleet, device) DO NOTHING",
-                (fleet, device, state, at, at, json.dumps(birth or {}), -1, ""),
-            ):
-                return
-            rows = self._query(
-                "SELECT state, birth FROM devices WHERE fleet = ? AND device = ?", (fleet, device)
-            )
-            if not rows:  # aged out by another collector in between
-                return
-            since_changed = rows[0][0] != state
+        # One statement, so one round trip and a row lock held only while it runs: when 10,000
+        # devices come back at once every collector stores every status, and the transaction of an
+        # INSERT, a SELECT and an UPDATE this was kept the other collector waiting on each row.
+        # ON CONFLICT: another collector may meet the same new device at the same moment.  The
+        # right-hand sides read the row as it was, so ``since`` compares with the old state.
+        with self._lock:
             self._execute(
-                "UPDATE devices SET state = ?, last_seen = ?, birth = ?"
-                + (", since = ?" if since_changed else "")
-                + " WHERE fleet = ? AND device = ?",
-                (
-                    state,
-                    at,
-                    json.dumps(birth) if birth else rows[0][1],
-                    *((at,) if since_changed else ()),
-                    fleet,
-                    device,
-                ),
+                "INSERT INTO devices (fleet, device, state, since, last_seen, birth, last_seq, epoch) "
+                "VALUES (?, ?, ?, ?, ?, ?, -1, '') ON CONFLICT (fleet, device) DO UPDATE SET "
+                "since = CASE WHEN devices.state <> excluded.state THEN excluded.since ELSE devices.since END, "
+                "state = excluded.state, last_seen = excluded.last_seen, "
+                "birth = CASE WHEN ? = 1 THEN excluded.birth ELSE devices.birth END",
+                (fleet, device, state, at, at, json.dumps(birth or {}), 1 if birth else 0),
             )
 
     def set_epoch(self, fleet: str, device: str, epoch: str) -> None:
