@@ -40,6 +40,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -410,7 +411,7 @@ class ScaleSim:
             "drained": drained,
         }
 
-    def _until(self, done: Any, timeout: float, stop: threading.Event | None) -> bool:
+    def _until(self, done: Callable[[], bool], timeout: float, stop: threading.Event | None) -> bool:
         deadline = time.monotonic() + timeout
         last_ping = time.monotonic()
         while not done():
