@@ -154,6 +154,19 @@ def stored_keys(db: str) -> tuple[set[tuple[str, str, int]], int, dict[str, int]
     return keys, len(rows), {str(s): int(n) for s, n in states}, times
 
 
+def store_bytes(db: str) -> dict[str, int]:
+    """On-disk bytes of the raw windows (their day partitions summed, indexes included) and of the database."""
+    import psycopg
+
+    with psycopg.connect(db) as conn:
+        row = conn.execute(
+            "SELECT pg_total_relation_size('windows') + coalesce((SELECT sum(pg_total_relation_size(inhrelid)) "
+            "FROM pg_inherits WHERE inhparent = 'windows'::regclass), 0), pg_database_size(current_database())"
+        ).fetchone()
+    assert row is not None
+    return {"windows": int(row[0]), "database": int(row[1])}
+
+
 def lag_ms(times: list[tuple[float, float]]) -> dict[str, Any]:
     """Device (window end) to committed row, in ms: over the run, and p99 per minute of window ends."""
     import numpy as np
@@ -274,6 +287,7 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda s
             sample(meter, collectors, broker, pg, None)
             collectors.stop_all()
             keys, rows, states, times = stored_keys(db)
+            sizes = store_bytes(db)
         finally:
             if sim is not None and sim.poll() is None:
                 stop_process(sim, grace_s=5, sig=signal.SIGKILL)
@@ -311,6 +325,8 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None] = lambda s
         "stored_lag_ms": {r["collector"]: r["stored_lag_ms"] for r in reports},
         "cpu_s_per_1000": per_1000,
         "devices_by_state": states,
+        "bytes_per_window": round(sizes["windows"] / max(rows, 1)),
+        "database_bytes": sizes["database"],
         "connect_s": load["connect_s"],
     }
 
