@@ -153,7 +153,7 @@ SKIPPED = {
     ),
     "edgekit fleet serve --mqtt mqtts://fleet@broker.local:8883 --mqtt-ca ca.pem "
     "--db postgresql://edgekit@db.local/fleet --host 0.0.0.0 --token-file fleet.token [--allowed-host fleet.local] "
-    "[--raw-keep 1h] [--keep 30d] [--slo-for 5m] [--max-devices 10000]": (
+    "[--raw-keep 1h] [--keep 30d] [--hour-keep 400d] [--slo-for 5m] [--max-devices 10000]": (
         "a TLS broker and PostgreSQL; tests/test_secrets.py, tests/test_fleet_serve.py and tests/test_fleet_store.py"
     ),
     **dict.fromkeys(
@@ -209,6 +209,17 @@ SKIPPED = {
     ),
     "python -m benchmarks.soak --minutes 1.75 --window 10 --restart-every 20 --warmup 20 --p99-every 35": (
         "a measurement's recipe (docs/measurements); tests/test_soak.py runs the CI-sized soak"
+    ),
+    # 10,000 simulated devices for 10 minutes; tests/test_fleet_scale.py runs the CI-sized fleet.
+    **dict.fromkeys(
+        [
+            "python -m benchmarks.fleet_scale --devices 10000 --minutes 10 --json",
+            "python -m benchmarks.fleet_scale --devices 10000 --minutes 10 --kill --json",
+        ],
+        "10,000 devices for 10 minutes (docs/measurements); tests/test_fleet_scale.py runs 200 for 24 s",
+    ),
+    "python -m benchmarks.fleet_rollup_size --devices 100 --hours 2": (
+        "a measurement's recipe (docs/measurements); tests/test_fleet_store.py tests the compaction it sizes"
     ),
 }
 
