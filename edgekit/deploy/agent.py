@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgekit.core.sd_notify import Notifier
+from edgekit.deploy.agent_commands import CommandHandling
 from edgekit.deploy.agent_proofs import PROOF_DIR, ProofRefused, chunks, proof_items, read_proof
-from edgekit.deploy.agent_wire import agent_client_id, connect_kwargs, plain, status_payload
+from edgekit.deploy.agent_wire import agent_client_id, connect_kwargs, status_payload
 from edgekit.deploy.child_watch import ChildHeartbeats
 from edgekit.deploy.command_trust import (
     DEFAULT_ROLLBACK_LIMIT,
@@ -60,9 +61,8 @@ from edgekit.deploy.command_trust import (
 from edgekit.deploy.download import DEFAULT_MAX_BYTES, DownloadError, download, parse_origin
 from edgekit.deploy.recovery import recover
 from edgekit.deploy.supervisor import PipelineSupervisor, child_environment
-from edgekit.errors import EdgekitError
-from edgekit.protocol.control import Command, CommandError, parse_command, result_message
-from edgekit.protocol.control_messages import MAX_LISTED, PROOF_ACTIONS
+from edgekit.protocol.control import Command
+from edgekit.protocol.control_messages import MAX_LISTED
 from edgekit.protocol.proof_messages import proof_list_message
 from edgekit.protocol.topics import topic
 
@@ -105,13 +105,14 @@ class AgentConfig:
     queue_size: int = QUEUE_SIZE
 
 
-class Agent:
+class Agent(CommandHandling):
     """The long-running agent on one state root; ``run()`` blocks until ``stop()`` (or a signal)."""
 
     def __init__(self, root: StateRoot, broker: BrokerConfig, config: AgentConfig) -> None:
         self.root = root
         self.broker = broker
         self.config = config
+        self.device_id, self.fleet = config.device_id, config.fleet
         self.session = uuid.uuid4().hex[:12]
         self.cmd_topic = topic(config.fleet, config.device_id, "cmd")
         self.result_topic = topic(config.fleet, config.device_id, "cmd/result")
@@ -308,72 +309,6 @@ class Agent:
                 if qos > 0:
                     self._client.ack(mid, qos)
 
-    def handle(self, payload: bytes) -> dict[str, Any]:
-        """Handle one command payload; publishes progress and the final result, and returns the latter."""
-        try:
-            cmd = parse_command(payload, self.config.device_id, self.config.fleet)
-        except CommandError as err:
-            self.refused += 1
-            log.warning(
-                "agent: refused a command (%d bytes, id %s): %s", len(payload), err.deploy_id, err.message
-            )
-            return self._final(err.deploy_id, None, "command", ok=False, reason=err.message, hint=err.hint)
-        try:
-            self.guard.authenticate(payload, cmd)
-        except CommandRefused as err:
-            return self._refuse(cmd, payload, err)
-        self.handled += 1
-        if cmd.action in PROOF_ACTIONS:  # reads only: no deploy record, no busy status
-            return self._proof_command(cmd, payload)
-        recorded = self._recorded(cmd.id)
-        if recorded is not None:
-            log.info(
-                "agent: %s %s was handled before: answering with its recorded outcome", cmd.action, cmd.id
-            )
-            return self._final(
-                cmd.id,
-                cmd.action,
-                str(recorded.get("step") or "done"),
-                ok=bool(recorded.get("ok")),
-                reason=str(recorded.get("reason") or ""),
-                hint=str(recorded.get("hint") or ""),
-                health=recorded.get("health") if isinstance(recorded.get("health"), dict) else None,
-                version=recorded.get("version") if isinstance(recorded.get("version"), str) else None,
-                replayed=True,
-            )
-        try:
-            self.guard.take_nonce(cmd)
-        except CommandRefused as err:
-            return self._refuse(cmd, payload, err)
-        try:
-            if cmd.action == "rollback":
-                self.guard.take_rollback()
-        except CommandRefused as err:
-            self.guard.settle(cmd)  # refused for good: a later copy of it is a replay
-            return self._refuse(cmd, payload, err)
-        log.info("agent: %s %s", cmd.action, cmd.id)
-        self.busy = cmd.id
-        self.publish_status()
-        try:
-            return self._run_command(cmd)
-        except EdgekitError as err:  # the root refused (a lock held too long, a disk that is full)
-            log.error("agent: %s %s: %s", cmd.action, cmd.id, err.message)
-            return self._final(cmd.id, cmd.action, "install", ok=False, reason=err.message, hint=err.hint)
-        except Exception as err:  # a bug: still answer, so a rollout does not wait for nothing
-            log.exception("agent: %s %s failed", cmd.action, cmd.id)
-            return self._final(
-                cmd.id, cmd.action, "agent", ok=False, reason=f"the agent failed: {err}", hint="see its log"
-            )
-        finally:
-            self.guard.settle(cmd)  # answered (recorded, or a final failure): never run again
-            self.busy = None
-            self.publish_status()
-
-    def _refuse(self, cmd: Command, payload: bytes, err: CommandRefused) -> dict[str, Any]:
-        self.refused += 1
-        log.warning("agent: refused %s %s (%d bytes): %s", cmd.action, cmd.id, len(payload), err.message)
-        return self._final(cmd.id, cmd.action, "command", ok=False, reason=err.message, hint=err.hint)
-
     def _proof_command(self, cmd: Command, payload: bytes) -> dict[str, Any]:
         """``list-proofs`` or ``fetch-proof``: the answer on cmd/result, then the final result."""
         try:
@@ -500,21 +435,6 @@ class Agent:
         """The recorded outcome of ``deploy_id`` (deploys/<id>.json), if it was handled before."""
         # A damaged record reads as None: install() then decides again, under its lock.
         return self.root.deploy_record(deploy_id)
-
-    def _progress(self, cmd: Command, step: str, info: dict[str, Any]) -> None:
-        body = result_message(
-            self.config.device_id, cmd.id, step, final=False, action=cmd.action, info=plain(info)
-        )
-        self._publish(self.result_topic, body)
-
-    def _final(
-        self, deploy_id: str | None, action: str | None, step: str, *, ok: bool, **fields: Any
-    ) -> dict[str, Any]:
-        body = result_message(
-            self.config.device_id, deploy_id, step, final=True, ok=ok, action=action, **fields
-        )
-        self._publish(self.result_topic, body)
-        return body
 
     # -- lifecycle ---------------------------------------------------------------------------
 
