@@ -8,6 +8,7 @@ Readers take copies through its methods.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -47,6 +48,8 @@ class FleetLink:
         self.telemetry: dict[str, list[Telemetry]] = {}  # device -> messages in arrival order
         self.watched: set[str] = set()
         self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        # topic -> callback(payload), on the network thread: a wave rollout's control topic
+        self.listeners: dict[str, Callable[[bytes], None]] = {}
         self.last_message_at = 0.0
         self._cond = threading.Condition()
         self._subscribed = threading.Event()
@@ -63,9 +66,11 @@ class FleetLink:
 
     def _topics(self) -> list[tuple[str, int]]:
         f = self.fleet
-        return [(topic(f, "+", leaf), 1) for leaf in ("agent", "cmd/result", "status")] + [
-            (topic(f, d, "telemetry"), 1) for d in sorted(self.watched)
-        ]
+        return (
+            [(topic(f, "+", leaf), 1) for leaf in ("agent", "cmd/result", "status")]
+            + [(topic(f, d, "telemetry"), 1) for d in sorted(self.watched)]
+            + [(t, 1) for t in sorted(self.listeners)]
+        )
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -79,6 +84,10 @@ class FleetLink:
         self._subscribed.set()
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        listener = self.listeners.get(msg.topic)
+        if listener is not None:
+            listener(bytes(msg.payload))
+            return
         parts = msg.topic.split("/")
         if len(parts) < 5 or parts[2] != self.fleet or not safe_name(parts[3]):
             return
@@ -149,6 +158,17 @@ class FleetLink:
             self.watched.update(new)
         if new:
             self._client.subscribe([(topic(self.fleet, d, "telemetry"), 1) for d in new])
+
+    def listen(self, topic_: str, callback: Callable[[bytes], None]) -> None:
+        """Call ``callback(payload)`` (on paho's thread) for each message on ``topic_``, retained ones too."""
+        self.listeners[topic_] = callback
+        self._client.subscribe(topic_, qos=1)
+
+    def publish(self, topic_: str, payload: bytes, retain: bool = False) -> None:
+        """Publish ``payload`` at QoS 1 and wait (up to 10 s) for the broker to take it."""
+        info = self._client.publish(topic_, payload, qos=1, retain=retain)
+        with contextlib.suppress(RuntimeError, ValueError):
+            info.wait_for_publish(10.0)
 
     def send(self, command: Command) -> None:
         """Publish ``command`` to its device (QoS 1; waits for the broker's PUBACK)."""
