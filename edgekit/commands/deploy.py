@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from edgekit.commands.common import stdout_to_stderr
+from edgekit.commands.common import console, stdout_to_stderr
 from edgekit.commands.deploy_display import DeployDisplay, FleetDisplay, print_outcome
 from edgekit.errors import DeployError
 
@@ -131,6 +131,9 @@ class FleetRequest:
     sign_key: Path | None = None
     unsigned: bool = False
     artifact_token_file: Path | None = None
+    waves: str | None = None
+    wave_window: str | None = None
+    state: Path | None = None
 
 
 def _fleet(req: FleetRequest) -> int:
@@ -239,6 +242,28 @@ def deploy_command(
             "--slo-p95-ms", help="Fleet: canary p95 limit (default: the budget).", rich_help_panel="Fleet"
         ),
     ] = None,
+    waves: Annotated[
+        str | None,
+        typer.Option(
+            "--waves",
+            help="Fleet: roll out in waves of these shares, each gated on the SLO (1,10,50,100).",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
+    wave_window: Annotated[
+        str | None,
+        typer.Option(
+            "--wave-window", help="Fleet: watch each wave this long (60s).", rich_help_panel="Fleet"
+        ),
+    ] = None,
+    state: Annotated[
+        Path | None,
+        typer.Option(
+            "--state",
+            help="Fleet: the wave rollout's state file; run again to continue (.edgekit/rollouts/<fleet>.json).",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
     artifacts: Annotated[
         Path | None,
         typer.Option("--artifacts", help="Fleet: folder edgekit fleet serve hosts.", rich_help_panel="Fleet"),
@@ -273,6 +298,9 @@ def deploy_command(
         "--canary": canary,
         "--canary-window": canary_window,
         "--slo-p95-ms": slo_p95_ms,
+        "--waves": waves,
+        "--wave-window": wave_window,
+        "--state": state,
         "--artifacts": artifacts,
         "--artifact-url": artifact_url,
         "--artifact-token-file": artifact_token_file,
@@ -324,6 +352,9 @@ def deploy_command(
             sign_key=sign_key,
             unsigned=unsigned_commands,
             artifact_token_file=artifact_token_file,
+            waves=waves,
+            wave_window=wave_window,
+            state=state,
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
@@ -394,6 +425,24 @@ def rollback_command(
         show.finish(outcome.result)
     print_outcome(outcome, as_json, "rollback")
     raise typer.Exit(0 if outcome.ok else 1)
+
+
+@deploy_app.command("control")
+def control_command(
+    action: Annotated[str, typer.Argument(help="pause, resume or abort.")],
+    fleet: Annotated[str, typer.Option("--fleet", help="The fleet the rollout goes to.")],
+    rollout_id: Annotated[str, typer.Option("--id", help="The rollout's id (its first line says it).")],
+    mqtt: MqttOpt = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why: shown by the rollout and kept.")] = "",
+) -> None:
+    """Pause, resume or abort a running wave rollout (a retained message it reads, even after a restart).
+
+    pause: no more commands go out until resume; abort: the devices that switched are rolled back.
+    """
+    from edgekit.deploy.waves import send_control
+
+    send_control(mqtt or "mqtt://127.0.0.1:1883", fleet, rollout_id, action.lower(), reason)
+    console.print(f"rollout {rollout_id} of fleet {fleet}: {action.lower()} sent", highlight=False)
 
 
 def _profile(device: str) -> str:
@@ -477,6 +526,9 @@ def _fleet_rollout(req: FleetRequest) -> int:
         unsigned=req.unsigned,
         artifact_token=token,
         on_event=show,
+        waves=req.waves,
+        wave_window=req.wave_window,
+        state=req.state,
     )
     show.finish(report.to_dict())
     return 0 if report.ok else 1

@@ -183,6 +183,29 @@ def _num(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, int | float) else "-"
 
 
+class _Blank(dict[str, Any]):
+    """``format_map`` values where a missing key reads as ``-``."""
+
+    def __missing__(self, key: str) -> str:
+        return "-"
+
+
+# A wave rollout's events (edgekit.deploy.waves), one line each.
+WAVE_LINES = {
+    "plan": "rollout {id}: {members} devices in waves of {waves}",
+    "resume": "rollout {id}: continuing at wave {wave} ({sent} sent, {results} results kept)",
+    "wave": "wave {wave}/{of}: {devices} devices",
+    "sent": "  sent {devices} (in all {total})",
+    "gate": "  gate of wave {wave}: p95 {p95_ms} ms (limit {limit_ms}) over {frames} frames of "
+    "{updated} devices, misses {miss_rate}: {verdict}",
+    "control": "operator: {action} {reason}",
+    "paused": "paused in wave {wave}: waiting for resume or abort",
+    "resumed": "resumed in wave {wave}",
+    "rollback": "rolling back {devices} devices ({id})",
+    "done": "rollout: {status} {reason}",
+}
+
+
 class FleetDisplay:
     """A fleet rollout's events as plain lines on stderr, or JSON lines on stdout (``--json``)."""
 
@@ -233,6 +256,8 @@ class FleetDisplay:
                 self._say(
                     f"  {device}: p95 {p95} over {h.get('frames', 0)} frames, {h.get('missed', 0)} missed: {verdict}"
                 )
+        elif kind in WAVE_LINES:
+            self._say(WAVE_LINES[kind].format_map(_Blank(info)))
 
     def finish(self, report: dict[str, Any]) -> None:
         """The last word: the report as one JSON line, or the outcome."""

@@ -71,13 +71,14 @@ class RolloutReport:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     health: dict[str, dict[str, Any]] = field(default_factory=dict)
     rolled_back: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waves: dict[str, Any] | None = None  # a wave rollout's state (edgekit.deploy.waves)
     reason: str = ""
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
 
     @property
     def ok(self) -> bool:
-        return self.outcome in ("deployed", "done")
+        return self.outcome in ("deployed", "done")  # a wave rollout's final status is one of these too
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +96,7 @@ class RolloutReport:
             "results": self.results,
             "health": self.health,
             "rolled_back": self.rolled_back,
+            "waves": self.waves,
             "started_at": round(self.started_at, 3),
             "ended_at": None if self.ended_at is None else round(self.ended_at, 3),
         }
@@ -129,6 +131,9 @@ class RolloutOptions:
     artifact_token: str | None = None  # the artifact port's download token: to check the archive is served
     sign_key: Path | None = None  # Ed25519 private key the agents trust; None: unsigned commands
     unsigned: bool = False  # say so to send unsigned commands (agents with --allow-unsigned-commands)
+    waves: list[float] | None = None  # --waves: shares of the fleet, rising to 1 (edgekit.deploy.waves)
+    wave_window_s: float = 60.0
+    state_path: Path | None = None  # --state: where a wave rollout keeps its state
 
 
 class Rollout:
@@ -210,6 +215,8 @@ class Rollout:
             "version": artifact.version,
         }
         self._event("artifact", **report.artifact, warning=problem and redact_url(problem))
+        if o.waves is not None:
+            return self._deploy_waves(artifact)
         link = FleetLink(o.mqtt, o.fleet).connect()
         link.on_progress = lambda body: self._event("progress", **body)
         try:
@@ -218,6 +225,34 @@ class Rollout:
             link.close()
             report.ended_at = time.time()
             self._event("done", outcome=report.outcome, ok=report.ok, reason=report.reason)
+        return report
+
+    def _deploy_waves(self, artifact: Artifact) -> RolloutReport:
+        """``--waves``: edgekit.deploy.waves runs it (or continues the one its state file holds)."""
+        from edgekit.deploy.waves import WaveOptions, WaveRollout, default_state_path
+
+        o, report = self.options, self.report
+        assert o.waves is not None
+        options = WaveOptions(
+            shares=o.waves,
+            state_path=o.state_path or default_state_path(o.fleet),
+            window_s=o.wave_window_s,
+            slo_p95_ms=o.slo_p95_ms,
+            slo_miss_rate=o.slo_miss_rate,
+            startup_grace_s=o.startup_grace_s,
+            timeout_s=o.timeout_s,
+        )
+        waves = WaveRollout(o.fleet, o.mqtt, options, sign_key=o.sign_key, on_event=self.on_event)
+        try:
+            state = waves.run(artifact, report.deploy_id, o.targets, o.group)
+        finally:
+            report.ended_at = time.time()
+        report.deploy_id = state.id
+        report.outcome = state.status
+        report.reason = state.reason
+        report.members = sorted(d for wave in state.waves for d in wave)
+        report.results, report.rolled_back = state.results, state.rolled_back
+        report.waves = state.to_dict()
         return report
 
     def _signed(self, cmd: Command) -> Command:
@@ -422,6 +457,9 @@ def run(
     unsigned: bool = False,
     artifact_token: str | None = None,
     on_event: Event | None = None,
+    waves: str | None = None,
+    wave_window: str | None = None,
+    state: Path | None = None,
 ) -> RolloutReport:
     """A fleet deploy (``action="deploy"``) or rollback from command-line values (``"10%"``, ``"60s"``)."""
     options = RolloutOptions(
@@ -439,7 +477,18 @@ def run(
         sign_key=sign_key,
         unsigned=unsigned,
         artifact_token=artifact_token,
+        waves=None,
+        wave_window_s=parse_seconds(wave_window, "--wave-window") if wave_window else 60.0,
+        state_path=state,
     )
+    if waves is not None:
+        from edgekit.deploy.waves import parse_waves
+
+        if canary is not None:
+            raise DeployError(
+                "--canary and --waves both say who goes first", "a canary is one wave: --waves 10,100"
+            )
+        options.waves = parse_waves(waves)
     if slo_p95_ms is not None and not slo_p95_ms > 0:
         raise DeployError(f"--slo-p95-ms {slo_p95_ms} is not positive", "a latency in ms, e.g. 30")
     rollout = Rollout(options, on_event)
