@@ -51,18 +51,19 @@ CONNECTS_PER_S = 500.0
 class SimVersion:
     """A version a simulated agent can run: its name and its latency as a multiple of the kind's typical one.
 
-    ``slow_every``: on every n-th device (index n-1, 2n-1, ...) it runs at ``slow_latency``
-    instead, as a version that is slow only on some hardware would: the first wave can hold
-    while a later one breaches.
+    ``slow_every``: on every n-th device (index n-1, 2n-1, ...) from index ``slow_from`` on it
+    runs at ``slow_latency`` instead, as a version that is slow only on some hardware would: the
+    first wave (the first devices by name) can hold while a later one breaches.
     """
 
     version: str
     latency: float = 1.0
     slow_latency: float = 1.0
     slow_every: int = 0
+    slow_from: int = 0
 
     def latency_on(self, index: int) -> float:
-        if self.slow_every and index % self.slow_every == self.slow_every - 1:
+        if self.slow_every and index >= self.slow_from and index % self.slow_every == self.slow_every - 1:
             return self.slow_latency
         return self.latency
 
