@@ -214,7 +214,7 @@ def measure(args: argparse.Namespace, progress: Callable[[str], None]) -> dict[s
     with tempfile.TemporaryDirectory(prefix="fleet-waves-") as tmp_:
         tmp = Path(tmp_)
         private, public = generate_keypair(tmp / "deploy")
-        broker = Mosquitto(tmp, extra=BROKER).start()
+        broker = Mosquitto(tmp, extra=BROKER, log=False).start()
         ledger = Ledger(tmp / "ledger.json")
         me = [sys.executable, "-m", "benchmarks.fleet_waves", "--mqtt", broker.url, "--key"]
         common = [

@@ -55,16 +55,25 @@ class CanaryWatch:
     """What the canaries' telemetry says of their new pipelines, held to an SLO (p95 and miss rate)."""
 
     def __init__(
-        self, fleet: str, slo_p95_ms: float | None = None, slo_miss_rate: float = DEFAULT_MISS_RATE
+        self,
+        fleet: str,
+        slo_p95_ms: float | None = None,
+        slo_miss_rate: float = DEFAULT_MISS_RATE,
+        batch_size: int = 1,
     ) -> None:
         self.fleet = fleet
         self.slo_p95_ms = slo_p95_ms
         self.slo_miss_rate = slo_miss_rate
         self.store = FleetStore(":memory:")
-        self.collector = Collector(self.store)
+        # A wave's gate takes thousands of devices' windows: written in batches (flushed before reads).
+        self.collector = Collector(
+            self.store, batch_size=batch_size, flush_s=3600.0 if batch_size > 1 else 0.25
+        )
         self._taken: dict[str, int] = {}  # device -> how many of its messages were looked at
         # device -> messages of a session whose status birth has not been heard yet
         self._waiting: dict[str, list[Telemetry]] = {}
+        self.reported: set[str] = set()  # devices with at least one window of a fresh session taken
+        self.budgets: dict[str, float] = {}  # device -> the budget its fresh session's birth says
 
     def health(
         self,
@@ -79,8 +88,7 @@ class CanaryWatch:
         ``births``: session -> status birth, as heard so far; ``messages``: every telemetry
         message of the device so far, in arrival order (a list that only grows between calls).
         """
-        fresh = {s: body for s, body in births.items() if s not in old and _of_version(body, version)}
-        self._take(device, messages, set(fresh), set(births))
+        fresh = self.take(device, births, messages, old, version)
         h = Health(device=device, sessions=sorted(fresh))
         self.collector.flush()
         for bucket in self.store.buckets(-math.inf, math.inf, ALL_TIME_S, self.fleet, device):
@@ -94,16 +102,54 @@ class CanaryWatch:
         h.limit_ms = self.slo_p95_ms if self.slo_p95_ms is not None else h.budget_ms
         return h
 
-    def _take(self, device: str, messages: Sequence[Telemetry], fresh: set[str], known: set[str]) -> None:
+    def take(
+        self,
+        device: str,
+        births: dict[str, dict[str, Any]],
+        messages: Sequence[Telemetry],
+        old: set[str],
+        version: str,
+        start: int = 0,
+    ) -> dict[str, dict[str, Any]]:
+        """Hand the collector ``device``'s new windows of fresh sessions (no reading back); the fresh births.
+
+        ``messages`` may be the tail of the device's list from index ``start`` on.
+        """
+        fresh = {s: body for s, body in births.items() if s not in old and _of_version(body, version)}
+        self._take(device, messages, set(fresh), set(births), start)
+        budgets = [
+            float(b["budget_ms"]) for b in fresh.values() if isinstance(b.get("budget_ms"), (int, float))
+        ]
+        if budgets:
+            self.budgets[device] = budgets[-1]
+        return fresh
+
+    def taken(self, device: str) -> int:
+        """How many of ``device``'s messages were looked at (where the next ``take`` starts)."""
+        return self._taken.get(device, 0)
+
+    def merged(self, name: str) -> Health:
+        """Every window taken so far, of every device, in one tally (one merged sketch: no averaged percentile)."""
+        self.collector.flush()
+        h = Health(device=name)
+        for bucket in self.store.buckets(-math.inf, math.inf, ALL_TIME_S, self.fleet):
+            h.merge(bucket)
+        h.p95_ms = h.latency.quantile(0.95) if h.latency.count else None
+        return h
+
+    def _take(
+        self, device: str, messages: Sequence[Telemetry], fresh: set[str], known: set[str], offset: int = 0
+    ) -> None:
         """Hand the collector the new messages of fresh sessions; keep those of sessions not yet born."""
         start = self._taken.get(device, 0)
-        self._taken[device] = max(start, len(messages))
-        waiting = [*self._waiting.get(device, []), *messages[start:]]
+        self._taken[device] = max(start, offset + len(messages))
+        waiting = [*self._waiting.get(device, []), *messages[max(0, start - offset) :]]
         where = topic(self.fleet, device, "telemetry")
         still: list[Telemetry] = []
         for message in waiting:
             if message.session in fresh:
                 self.collector.handle(where, message.payload)  # a replay after a reconnect: a duplicate
+                self.reported.add(device)
             elif message.session not in known:
                 still.append(message)  # its birth may still come (the old version's sessions never count)
         self._waiting[device] = still

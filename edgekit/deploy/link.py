@@ -213,6 +213,11 @@ class FleetLink:
         with self._cond:
             return list(self.telemetry.get(device, []))
 
+    def telemetry_since(self, device: str, start: int) -> list[Telemetry]:
+        """The telemetry messages of a watched ``device`` from index ``start`` on (a thousand devices' lists are long)."""
+        with self._cond:
+            return self.telemetry.get(device, [])[start:]
+
     def close(self) -> None:
         self._client.disconnect()
         self._client.loop_stop()

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.core.io import write_atomic
-from edgekit.deploy.canary import DEFAULT_MISS_RATE, CanaryWatch, Health
+from edgekit.deploy.canary import DEFAULT_MISS_RATE, CanaryWatch
 from edgekit.deploy.command_trust import load_signing_key, sign_command
 from edgekit.deploy.link import FleetLink
 from edgekit.deploy.members import choose_members
@@ -332,7 +332,7 @@ class WaveRollout:
     def _waves(self, link: FleetLink, artifact: Artifact) -> None:
         state = self.state
         assert state is not None
-        canary = CanaryWatch(self.fleet, self.options.slo_p95_ms, self.options.slo_miss_rate)
+        canary = CanaryWatch(self.fleet, self.options.slo_p95_ms, self.options.slo_miss_rate, batch_size=1000)
         try:
             # Every device sent to so far: their telemetry is what the gates judge.
             link.watch(state.sent)
@@ -465,32 +465,32 @@ class WaveRollout:
         started = time.monotonic()
         first: float | None = None
         aborted = False
-        reporting: set[str] = set()
+
+        def take() -> None:
+            # What came since the last look, of every updated device: the collector's work is spread
+            # over the window instead of piling up at its end.
+            for d in updated:
+                tail = link.telemetry_since(d, canary.taken(d))
+                if tail or d not in canary.reported:
+                    canary.take(d, link.births(d), tail, set(), version, start=canary.taken(d))
+
         while True:
             if not self._hold():
                 aborted = True
                 break
             now = time.monotonic()
-            reporting.update(d for d in fresh if d not in reporting and _has_new_window(link, d, version))
-            if len(reporting) == len(fresh) and first is None:
+            take()
+            if first is None and all(d in canary.reported for d in fresh):
                 first = now
             if first is not None and now - first >= o.window_s:
                 break
             if first is None and now - started > o.startup_grace_s:
                 break
-            time.sleep(POLL_S)
-        merged = Health(device=f"waves 1-{k + 1}")
-        budgets: list[float] = []
-        silent = []
-        for d in updated:
-            h = canary.health(d, link.births(d), link.telemetry_of(d), set(), version)
-            merged.merge(h)
-            merged.windows += h.windows
-            if h.budget_ms is not None:
-                budgets.append(h.budget_ms)
-            if d in fresh and not h.frames:
-                silent.append(d)
-        merged.p95_ms = merged.latency.quantile(0.95) if merged.latency.count else None
+            time.sleep(max(POLL_S, min(1.0, (time.monotonic() - now) * 2)))
+        take()
+        merged = canary.merged(f"waves 1-{k + 1}")
+        budgets = [canary.budgets[d] for d in updated if d in canary.budgets]
+        silent = [d for d in fresh if d not in canary.reported]
         merged.limit_ms = o.slo_p95_ms if o.slo_p95_ms is not None else (min(budgets) if budgets else None)
         breach = None
         if not aborted:
@@ -506,7 +506,6 @@ class WaveRollout:
             "devices": len(state.waves[k]),
             "updated": len(updated),
             "frames": merged.frames,
-            "windows": merged.windows,
             "p95_ms": None if merged.p95_ms is None else round(merged.p95_ms, 3),
             "limit_ms": merged.limit_ms,
             "miss_rate": round(merged.miss_rate, 5),
@@ -542,19 +541,6 @@ def _active_id(agent: dict[str, Any] | None) -> str | None:
     active = agent.get("active") if isinstance(agent, dict) else None
     value = active.get("deploy_id") if isinstance(active, dict) else None
     return value if isinstance(value, str) else None
-
-
-def _has_new_window(link: FleetLink, device: str, version: str) -> bool:
-    """Whether ``device`` has sent a window of a session of ``version`` (cheap: no parsing of windows)."""
-    births = link.births(device)
-    fresh = {s for s, b in births.items() if _version_of(b) == version}
-    return bool(fresh) and any(m.session in fresh for m in link.telemetry_of(device))
-
-
-def _version_of(birth: dict[str, Any]) -> str | None:
-    model = birth.get("model")
-    version = model.get("version") if isinstance(model, dict) else None
-    return version if isinstance(version, str) else None
 
 
 def send_control(mqtt: str, fleet: str, rollout_id: str, action: str, reason: str = "") -> None:
