@@ -16,7 +16,7 @@ latency of the version it runs).  Then, one after the other, on the same fleet:
 For each: the time of each wave (its commands and results, then its gate), the total, who got
 which command.  Each wave's gate watches the new version for ``--window`` seconds.
 
-    .venv/bin/python -m benchmarks.fleet_waves [--agents 2000] [--window 5] [--interval 1] [--json]
+    .venv/bin/python -m benchmarks.fleet_waves [--agents 2000] [--window 10] [--interval 5] [--json]
 """
 
 from __future__ import annotations
@@ -388,8 +388,10 @@ def goal(r: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = parser(__doc__, json_flag=True)
     ap.add_argument("--agents", type=int, default=2000)
-    ap.add_argument("--window", type=float, default=5.0, help="seconds each wave's gate watches")
-    ap.add_argument("--interval", type=float, default=1.0, help="seconds between an agent's windows")
+    ap.add_argument("--window", type=float, default=10.0, help="seconds each wave's gate watches")
+    ap.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between an agent's windows (the agent's default)"
+    )
     ap.add_argument("--install-ms", type=float, default=500.0, help="a simulated install's time")
     # The benchmark's own child processes:
     ap.add_argument("--agents-process", action="store_true", help=argparse.SUPPRESS)

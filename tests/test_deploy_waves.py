@@ -161,7 +161,11 @@ def test_pause_resume_and_abort_mid_rollout_roll_back_every_switched_agent(
     url = world["broker"].url
     try:
         wait_for(lambda: waves.state is not None and waves.state.wave == 1, 30)
-        send_control(url, agents.fleet, "d-abort-1", "pause", "look at the dashboard")
+        # The operator's command line: a retained message the rollout reads.
+        cli = [sys.executable, "-m", "edgekit.cli", "deploy", "control", "pause", "--fleet", agents.fleet,
+               "--id", "d-abort-1", "--mqtt", url, "--reason", "look at the dashboard"]  # fmt: skip
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr[-2000:]
         wait_for(lambda: getattr(StateFile(tmp_path / "state.json").load(), "status", "") == "paused", 30)
         sent = len(waves.state.sent) if waves.state else 0
         time.sleep(1.0)

@@ -180,6 +180,21 @@ class FleetLink:
                 f"could not publish the command for {command.device}: {err}", "check the broker connection"
             ) from err
 
+    def send_many(self, commands: Sequence[Command]) -> None:
+        """Publish ``commands`` (QoS 1), then wait for their PUBACKs: a wave's batch in one round trip."""
+        infos = [
+            (c, self._client.publish(topic(self.fleet, c.device, "cmd"), c.to_json(), qos=1))
+            for c in commands
+        ]
+        for command, info in infos:
+            try:
+                info.wait_for_publish(10.0)
+            except (RuntimeError, ValueError) as err:
+                raise DeployError(
+                    f"could not publish the command for {command.device}: {err}",
+                    "check the broker connection",
+                ) from err
+
     def wait_finals(
         self, keys: Sequence[tuple[str, str]], timeout_s: float
     ) -> dict[tuple[str, str], dict[str, Any]]:

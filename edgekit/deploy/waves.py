@@ -386,6 +386,14 @@ class WaveRollout:
     def _signed(self, cmd: Command) -> Command:
         return sign_command(cmd, self._key) if self._key is not None else cmd
 
+    def _deploy_command(self, device: str, artifact: Artifact) -> Command:
+        assert self.state is not None
+        cmd = deploy_message(
+            self.state.id, device, artifact.url, artifact.sha256, artifact.size, self.options.timeout_s,
+            fleet=self.fleet,
+        )  # fmt: skip
+        return self._signed(cmd)
+
     def _send(self, link: FleetLink, wave: Sequence[str], k: int, artifact: Artifact) -> bool:
         """Mark and send the wave's commands in batches; ``False`` when the operator aborted midway."""
         state = self.state
@@ -399,12 +407,7 @@ class WaveRollout:
                 state.sent[d] = k
             state.pending = list(batch)
             self._save()  # before the commands: a restarted rollout never sends these again
-            for d in batch:
-                cmd = deploy_message(
-                    state.id, d, artifact.url, artifact.sha256, artifact.size, self.options.timeout_s,
-                    fleet=self.fleet,
-                )  # fmt: skip
-                link.send(self._signed(cmd))
+            link.send_many([self._deploy_command(d, artifact) for d in batch])
             state.pending = []  # the broker has them all (saved with the next results)
             self._event("sent", wave=k + 1, devices=len(batch), total=len(state.sent))
         return True
@@ -528,8 +531,12 @@ class WaveRollout:
             batch = todo[start : start + SEND_BATCH]
             state.rollback_sent.extend(batch)
             self._save()
-            for d in batch:
-                link.send(self._signed(rollback_message(rid, d, self.options.timeout_s, fleet=self.fleet)))
+            link.send_many(
+                [
+                    self._signed(rollback_message(rid, d, self.options.timeout_s, fleet=self.fleet))
+                    for d in batch
+                ]
+            )
         self._collect(link, devices, rollback=True)
 
 
