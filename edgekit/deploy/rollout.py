@@ -22,6 +22,8 @@ read from the merge.  The windows are taken by the fleet collector, de-duplicate
 
 The parts: ``publish`` (the artifact), ``link`` (the MQTT client), ``members`` (who, how many
 canaries), ``canary`` (the window's telemetry through the fleet collector, and the verdict).
+With ``--waves 1,10,50,100`` the artifact goes out in gated waves instead, with pause, abort and
+a state file to continue from: ``edgekit.deploy.waves``.
 """
 
 from __future__ import annotations
