@@ -51,10 +51,10 @@ def versions(first_wave: int) -> dict[str, SimVersion]:
     return {
         v.version: v
         for v in (
-            SimVersion("2.0", latency=0.7),
-            SimVersion("3.0", latency=0.7, slow_latency=2.0, slow_every=2, slow_from=first_wave),
-            SimVersion("4.0", latency=0.7),
-            SimVersion("5.0", latency=0.7),
+            SimVersion("2.0", latency=0.5),
+            SimVersion("3.0", latency=0.5, slow_latency=2.0, slow_every=2, slow_from=first_wave),
+            SimVersion("4.0", latency=0.5),
+            SimVersion("5.0", latency=0.5),
         )
     }
 

@@ -35,9 +35,9 @@ from edgekit.testing.mosquitto import Mosquitto
 
 FLEET = "waves"
 AGENTS = 100
-GOOD = SimVersion("2.0", latency=0.7)
+GOOD = SimVersion("2.0", latency=0.5)
 # Slow on every second device: agent-0001 (wave 1) holds, wave 2 has slow ones.
-BAD = SimVersion("3.0", latency=0.7, slow_latency=2.0, slow_every=2)
+BAD = SimVersion("3.0", latency=0.5, slow_latency=2.0, slow_every=2)
 SHA = {GOOD.version: "a" * 64, BAD.version: "b" * 64}
 
 

@@ -247,7 +247,7 @@ class AgentFleet:
             a.client.publish(a.status_topic, self.dumps(body), qos=1, retain=True)
 
     def window(self, a: SimAgent) -> None:
-        tpl = self.templates.windows[a.version, a.latency][a.seq % TEMPLATES]
+        tpl = self.templates.windows[a.version, a.latency][(a.seq + a.index) % TEMPLATES]  # devices differ
         now = time.time()
         body = tpl | {
             "device": a.device_id,
