@@ -738,6 +738,25 @@ def test_a_canary_that_breaks_its_slo_is_rolled_back_and_nobody_else_gets_the_bu
     assert wait_for(lambda: canary.status()["active"] == before["cam-1"]["active"], 30)
 
 
+def test_a_wave_rollout_stops_at_a_breaching_wave_through_the_cli(fleet: Fleet) -> None:
+    """``--waves`` end to end on real agents: the first wave breaches, is rolled back, nobody else is sent it."""
+    before = {d: a.status() for d, a in fleet.agents.items()}
+    state = fleet.work / "waves-breach.json"
+    rc, report, err = fleet.deploy("--group", "lab", "--waves", "30,100", "--wave-window", "3s",
+                                   "--slo-p95-ms", "0.001", "--id", "waves-1", "--state", str(state))  # fmt: skip
+    assert rc == 1, err[-3000:]
+    assert report["outcome"] == "breached" and report["id"] == "waves-1", report
+    waves = report["waves"]
+    assert waves["waves"] == [["cam-1"], ["cam-2", "cam-3"]]
+    assert waves["gates"][0]["frames"] > 0 and "p95" in waves["gates"][0]["breach"]
+    assert list(report["rolled_back"]) == ["cam-1"] and report["rolled_back"]["cam-1"]["ok"] is True
+    assert json.loads(state.read_text())["status"] == "breached"
+    assert fleet.agents["cam-1"].status()["version"] == before["cam-1"]["version"]
+    for device in ("cam-2", "cam-3"):
+        assert not [b for _, _, b in fleet.observer.of(device, "cmd") if b.get("id") == "waves-1"]
+    assert wait_for(lambda: fleet.agents["cam-1"].status()["active"] == before["cam-1"]["active"], 30)
+
+
 def test_a_healthy_rollout_goes_to_the_canary_first_then_reaches_every_device(fleet: Fleet) -> None:
     rc, report, err = fleet.deploy(
         "--group", "lab", "--canary", "10%", "--canary-window", "3s", "--id", "good-1"
