@@ -146,6 +146,16 @@ SKIPPED = {
     "edgekit deploy rollback --fleet lab --target cam-7 --mqtt mqtt://broker.local --sign-key builder.pem": (
         "a fleet agent answering over MQTT; tests/test_deploy_mqtt.py"
     ),
+    "edgekit deploy --fleet lab --group line-2 --bundle bundles/enl0-x86 --mqtt mqtt://broker.local "
+    "--sign-key builder.pem --artifacts /srv/edgekit/artifacts --artifact-url http://fleet.local:8765/artifacts "
+    "--waves 1,10,50,100 --wave-window 5m --slo-p95-ms 30 --state /var/lib/edgekit-rollouts/line-2.json": (
+        "a fleet of agents answering over MQTT; tests/test_deploy_waves.py runs waves against 100 simulated ones"
+    ),
+    "edgekit deploy control pause --fleet lab --id d-20261205T174000-3f2a91c0-7b1e --mqtt mqtt://broker.local": (
+        "steers a running wave rollout; tests/test_deploy_waves.py pauses, resumes and aborts one"
+    ),
+    "edgekit deploy control abort --fleet lab --id d-20261205T174000-3f2a91c0-7b1e --mqtt mqtt://broker.local "
+    '--reason "p99 up on line 2"': "steers a running wave rollout; tests/test_deploy_waves.py aborts one",
     # Services this machine does not have.
     "edgekit fleet collect --mqtt mqtt://broker.local --db fleet.db --remote-write http://vm.local:8428/api/v1/write": (
         "a VictoriaMetrics by name; tests/test_fleet_remote_write.py runs fleet collect --remote-write against a "
