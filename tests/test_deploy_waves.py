@@ -190,9 +190,9 @@ import sys
 from pathlib import Path
 from edgekit.deploy.publish import Artifact
 from edgekit.deploy.waves import WaveOptions, WaveRollout, parse_waves
-url, fleet, state, key, sha = sys.argv[1:6]
+url, fleet, state, key, sha, db = sys.argv[1:7]
 a = Artifact("m-2.0.tar.gz", Path("/nonexistent"), "http://127.0.0.1:9/artifacts/m-2.0.tar.gz", sha, 1000, "m", "2.0", None)
-o = WaveOptions(parse_waves("1,10,50,100"), Path(state), window_s=1.5, startup_grace_s=20, timeout_s=30)
+o = WaveOptions(parse_waves("1,10,50,100"), Path(state), db, window_s=1.5, startup_grace_s=20, timeout_s=30)
 s = WaveRollout(fleet, url, o, sign_key=Path(key)).run(a, "d-restart-1")
 print(s.status)
 """
@@ -202,6 +202,7 @@ def test_a_rollout_killed_mid_wave_continues_where_it_stopped_and_sends_nobody_t
     world: dict[str, Any], agents: AgentFleet, tmp_path: Path
 ) -> None:
     path = tmp_path / "state.json"
+    db = tmp_path / "fleet.db"  # the fleet store keeps the state too
     args = [
         sys.executable,
         "-c",
@@ -211,6 +212,7 @@ def test_a_rollout_killed_mid_wave_continues_where_it_stopped_and_sends_nobody_t
         str(path),
         str(world["key"]),
         SHA["2.0"],
+        str(db),
     ]
     first = subprocess.Popen(args)
     try:
@@ -221,6 +223,11 @@ def test_a_rollout_killed_mid_wave_continues_where_it_stopped_and_sends_nobody_t
         first.wait()
     before = StateFile(path).load()
     assert before is not None and before.status == "running" and before.wave == 2
+    # Restarted where the file is not (another host): the store's copy is enough.
+    path.unlink()
+    kept = StateFile(path, str(db), fleet=agents.fleet)
+    assert kept.load() == before
+    kept.close()
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().endswith("deployed"), done.stderr[-2000:]
     after = StateFile(path).load()
@@ -231,3 +238,12 @@ def test_a_rollout_killed_mid_wave_continues_where_it_stopped_and_sends_nobody_t
     assert max(counts.values()) == 1  # no agent got the command twice
     assert sum(counts.values()) == AGENTS
     assert json.loads(path.read_text())["id"] == "d-restart-1"
+
+
+def test_a_fleet_store_out_of_reach_leaves_the_state_in_its_file(tmp_path: Path) -> None:
+    said: list[str] = []
+    store = StateFile(tmp_path / "s.json", "postgresql://edgekit@127.0.0.1:1/fleet", said.append, fleet="f")
+    state = WaveState("f", "d-1", {"sha256": "a" * 64}, [1.0], [["cam-1"]], status="running")
+    store.save(state)
+    assert said and "cannot be opened" in said[0]
+    assert store.load() == state and json.loads((tmp_path / "s.json").read_text())["id"] == "d-1"

@@ -134,6 +134,7 @@ class FleetRequest:
     waves: str | None = None
     wave_window: str | None = None
     state: Path | None = None
+    state_db: str | None = None
 
 
 def _fleet(req: FleetRequest) -> int:
@@ -264,6 +265,14 @@ def deploy_command(
             rich_help_panel="Fleet",
         ),
     ] = None,
+    state_db: Annotated[
+        str | None,
+        typer.Option(
+            "--state-db",
+            help="Fleet: keep the wave rollout's state in this fleet store too (fleet serve's --db).",
+            rich_help_panel="Fleet",
+        ),
+    ] = None,
     artifacts: Annotated[
         Path | None,
         typer.Option("--artifacts", help="Fleet: folder edgekit fleet serve hosts.", rich_help_panel="Fleet"),
@@ -301,6 +310,7 @@ def deploy_command(
         "--waves": waves,
         "--wave-window": wave_window,
         "--state": state,
+        "--state-db": state_db,
         "--artifacts": artifacts,
         "--artifact-url": artifact_url,
         "--artifact-token-file": artifact_token_file,
@@ -355,6 +365,7 @@ def deploy_command(
             waves=waves,
             wave_window=wave_window,
             state=state,
+            state_db=state_db,
         )
         raise typer.Exit(_fleet(req))
     assert host is not None
@@ -529,6 +540,7 @@ def _fleet_rollout(req: FleetRequest) -> int:
         waves=req.waves,
         wave_window=req.wave_window,
         state=req.state,
+        state_db=req.state_db,
     )
     show.finish(report.to_dict())
     return 0 if report.ok else 1

@@ -203,6 +203,7 @@ WAVE_LINES = {
     "resumed": "resumed in wave {wave}",
     "rollback": "rolling back {devices} devices ({id})",
     "done": "rollout: {status} {reason}",
+    "warning": "warning: {text}",
 }
 
 

@@ -136,6 +136,7 @@ class RolloutOptions:
     waves: list[float] | None = None  # --waves: shares of the fleet, rising to 1 (edgekit.deploy.waves)
     wave_window_s: float = 60.0
     state_path: Path | None = None  # --state: where a wave rollout keeps its state
+    state_db: str | None = None  # --state-db: the fleet store to keep it in too
 
 
 class Rollout:
@@ -238,6 +239,7 @@ class Rollout:
         options = WaveOptions(
             shares=o.waves,
             state_path=o.state_path or default_state_path(o.fleet),
+            state_db=o.state_db,
             window_s=o.wave_window_s,
             slo_p95_ms=o.slo_p95_ms,
             slo_miss_rate=o.slo_miss_rate,
@@ -462,6 +464,7 @@ def run(
     waves: str | None = None,
     wave_window: str | None = None,
     state: Path | None = None,
+    state_db: str | None = None,
 ) -> RolloutReport:
     """A fleet deploy (``action="deploy"``) or rollback from command-line values (``"10%"``, ``"60s"``)."""
     options = RolloutOptions(
@@ -482,6 +485,7 @@ def run(
         waves=None,
         wave_window_s=parse_seconds(wave_window, "--wave-window") if wave_window else 60.0,
         state_path=state,
+        state_db=state_db,
     )
     if waves is not None:
         from edgekit.deploy.waves import parse_waves

@@ -24,7 +24,8 @@ may publish there (``write edgekit/v1/<fleet>/~rollout/#`` for operators only). 
 device-name character, so no device's topics can collide with it.
 
 The state (``WaveState``: the plan, who was sent what, every result, each gate) is a JSON file,
-rewritten atomically before each batch of commands goes out: a rollout killed at any point
+and with ``--state-db`` a row of the fleet store too (``StateFile``), rewritten before each batch
+of commands goes out: a rollout killed at any point
 and started again with the same --state continues where it stopped.  A device marked sent is
 never sent the deploy command again (at most once: one marked just before a crash may never
 have had it, and is then judged by its agent message, or times out); results already in are kept.
@@ -32,7 +33,9 @@ have had it, and is then judged by its agent message, or times out); results alr
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import threading
 import time
@@ -47,11 +50,12 @@ from edgekit.deploy.command_trust import load_signing_key, sign_command
 from edgekit.deploy.link import FleetLink
 from edgekit.deploy.members import choose_members
 from edgekit.deploy.publish import Artifact
-from edgekit.errors import DeployError
+from edgekit.errors import DeployError, EdgekitError
 from edgekit.protocol.control import Command, deploy_message, rollback_message
 from edgekit.protocol.topics import TOPIC_ROOT
 
 Event = Callable[[str, dict[str, Any]], None]
+log = logging.getLogger(__name__)
 
 CONTROL_ACTIONS = ("pause", "resume", "abort")
 SEND_BATCH = 50  # devices marked sent per state write: the most a crash can leave unsure
@@ -132,6 +136,7 @@ class WaveState:
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     restarts: int = 0
+    saved_at: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -151,12 +156,39 @@ class WaveState:
 
 
 class StateFile:
-    """The rollout's state on disk: one JSON file, replaced whole on each save."""
+    """The rollout's state: a JSON file replaced whole on each save, and a row in the fleet store if reachable.
 
-    def __init__(self, path: Path) -> None:
+    The file is always written (it is local, and the store may go away mid-rollout); with
+    ``db`` (what ``edgekit fleet serve --db`` takes: a SQLite path or a PostgreSQL URL) the same
+    JSON is kept in its ``rollout_state`` table under the fleet and the file's stem, so a rollout
+    started again on another host, without the file, continues too.  On load the newer copy wins.
+    """
+
+    def __init__(
+        self, path: Path, db: str | None = None, warn: Callable[[str], None] | None = None, fleet: str = ""
+    ) -> None:
         self.path = path
+        self.fleet = fleet  # the store's rows are per fleet
+        self.db = db
+        self.warn = warn or (lambda text: log.warning("rollout: %s", text))
+        self._store: Any = None
+        self._errors: tuple[type[Exception], ...] = (EdgekitError,)
+        if db is not None:
+            from edgekit.fleet.open_store import open_store
+
+            try:
+                self._store = open_store(db)
+                self._errors = (EdgekitError, *self._store.transient)  # its driver's "cannot reach" errors
+            except EdgekitError as err:  # unreachable: the file alone keeps the state
+                self.warn(
+                    f"the fleet store {db} cannot be opened ({err.message}): the state is kept in {path} only"
+                )
 
     def load(self) -> WaveState | None:
+        copies = [c for c in (self._from_file(), self._from_store()) if c is not None]
+        return max(copies, key=lambda c: c.saved_at) if copies else None
+
+    def _from_file(self) -> WaveState | None:
         try:
             body = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -169,9 +201,35 @@ class StateFile:
             ) from err
         return WaveState.from_dict(body)
 
+    def _from_store(self) -> WaveState | None:
+        if self._store is None:
+            return None
+        try:
+            row = self._store.rollout(self.fleet, self.path.stem)
+        except self._errors as err:  # the store went away: the file still holds the state
+            self.warn(f"the fleet store cannot be read ({err}): using {self.path}")
+            return None
+        return WaveState.from_dict(json.loads(row[0])) if row is not None else None
+
     def save(self, state: WaveState) -> None:
+        state.saved_at = time.time()
+        data = json.dumps(state.to_dict(), separators=(",", ":"))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, json.dumps(state.to_dict(), separators=(",", ":")).encode())
+        write_atomic(self.path, data.encode())
+        if self._store is not None:
+            try:
+                self._store.save_rollout(state.fleet, self.path.stem, data, state.saved_at)
+            except self._errors as err:  # the store went away: the file has it; said once
+                self.warn(
+                    f"the fleet store cannot take the rollout's state ({err}): kept in {self.path} only"
+                )
+                self.close()
+
+    def close(self) -> None:
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                self._store.close()
+            self._store = None
 
 
 @dataclass
@@ -180,6 +238,7 @@ class WaveOptions:
 
     shares: list[float]
     state_path: Path
+    state_db: str | None = None  # the fleet store (a SQLite path or PostgreSQL URL) to keep it in too
     window_s: float = 60.0
     slo_p95_ms: float | None = None
     slo_miss_rate: float = DEFAULT_MISS_RATE
@@ -202,7 +261,9 @@ class WaveRollout:
         self.fleet, self.mqtt, self.options = fleet, mqtt, options
         self._key = load_signing_key(sign_key) if sign_key is not None else None
         self.on_event = on_event or (lambda kind, info: None)
-        self.store = StateFile(options.state_path)
+        self.store = StateFile(
+            options.state_path, options.state_db, lambda text: self._event("warning", text=text), fleet
+        )
         self._control = "resume"
         self._control_at = 0.0
         self._lock = threading.Lock()
@@ -327,6 +388,7 @@ class WaveRollout:
                     self.state.ended_at = time.time()
                 self._save()
                 self._event("done", status=self.state.status, reason=self.state.reason)
+            self.store.close()
         return self.state
 
     def _waves(self, link: FleetLink, artifact: Artifact) -> None:

@@ -73,6 +73,12 @@ def retention_levels(
     return plan
 
 
+ROLLOUTS = (
+    "CREATE TABLE IF NOT EXISTS rollout_state (fleet TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL, "
+    "updated DOUBLE PRECISION NOT NULL, PRIMARY KEY (fleet, name))"
+)
+
+
 class FleetStore:
     """The fleet in one SQLite file (``:memory:`` for tests and demos).  Thread-safe.
 
@@ -657,6 +663,27 @@ class FleetStore:
             "INSERT INTO compacted (fleet, device, epoch, first_seq, last_seq, stop) VALUES (?, ?, ?, ?, ?, ?)",
             [(fleet, device, epoch, a, b, s) for a, b, s in joined],
         )
+
+    # -- rollout state (edgekit deploy --waves --state-db) ----------------------------------------
+
+    def save_rollout(self, fleet: str, name: str, body: str, at: float) -> None:
+        """Keep a wave rollout's state (JSON) under ``(fleet, name)``, replacing what was there."""
+        with self._lock:
+            self._execute(ROLLOUTS)  # made on first use: a store that never sees a rollout has no table
+            self._execute(
+                "INSERT INTO rollout_state (fleet, name, body, updated) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (fleet, name) DO UPDATE SET body = excluded.body, updated = excluded.updated",
+                (fleet, name, body, at),
+            )
+
+    def rollout(self, fleet: str, name: str) -> tuple[str, float] | None:
+        """The state kept under ``(fleet, name)`` and when it was saved, or ``None``."""
+        with self._lock:
+            self._execute(ROLLOUTS)
+            rows = self._query(
+                "SELECT body, updated FROM rollout_state WHERE fleet = ? AND name = ?", (fleet, name)
+            )
+        return (str(rows[0][0]), float(rows[0][1])) if rows else None
 
     def close(self) -> None:
         """Close the connection; the store cannot be used after."""
