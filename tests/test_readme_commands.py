@@ -148,7 +148,8 @@ SKIPPED = {
     ),
     "edgekit deploy --fleet lab --group line-2 --bundle bundles/enl0-x86 --mqtt mqtt://broker.local "
     "--sign-key builder.pem --artifacts /srv/edgekit/artifacts --artifact-url http://fleet.local:8765/artifacts "
-    "--waves 1,10,50,100 --wave-window 5m --slo-p95-ms 30 --state /var/lib/edgekit-rollouts/line-2.json": (
+    "--waves 1,10,50,100 --wave-window 5m --slo-p95-ms 30 --state /var/lib/edgekit-rollouts/line-2.json "
+    "--state-db postgresql://edgekit@db.local/fleet": (
         "a fleet of agents answering over MQTT; tests/test_deploy_waves.py runs waves against 100 simulated ones"
     ),
     "edgekit deploy control pause --fleet lab --id d-20261205T174000-3f2a91c0-7b1e --mqtt mqtt://broker.local": (
