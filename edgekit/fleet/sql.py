@@ -107,7 +107,44 @@ SCHEMA = (
         PRIMARY KEY (fleet, device, id))""",
     "CREATE INDEX IF NOT EXISTS events_by_camera ON events (fleet, device, camera, t)",
     "CREATE INDEX IF NOT EXISTS events_by_time ON events (t)",
+    # The device list of a large fleet (``edgekit.fleet.board``): each device's birth facts as columns
+    # and its newest window's figures, one row a device.  Filtering, sorting worst first and paging
+    # 10,000 devices is then one statement over 10,000 narrow rows; deriving the same from ``devices``'
+    # birth JSON and the windows would read every device's hour of raw windows per page.  The facts are
+    # written with a birth, the figures with each batch of windows (one upsert per device, as
+    # ``devices.last_seen`` already is); a table of its own, so a store made before it gains it as it opens.
+    """CREATE TABLE IF NOT EXISTS device_latest (
+        fleet TEXT NOT NULL, device TEXT NOT NULL, site TEXT, profile TEXT, backend TEXT, model TEXT,
+        version TEXT, budget_ms {real}, stop {real}, frames {int}, missed {int}, p50 {real}, p95 {real},
+        p99 {real}, PRIMARY KEY (fleet, device))""",
+    # Each fleet's telemetry merged over all its devices per rollup step, written by ``compact`` with the
+    # per-device rollups: a fleet's p99 over a week is then ~1,600 merged sketches, not 10,000 devices'
+    # 15 million rollups.  It covers what compaction has rolled up (all but the last ``raw_keep_s``).
+    """CREATE TABLE IF NOT EXISTS fleet_rollups (
+        fleet TEXT NOT NULL, span {real} NOT NULL, t0 {real} NOT NULL, stop {real} NOT NULL,
+        windows {int} NOT NULL, frames {int} NOT NULL, missed {int} NOT NULL, latency TEXT NOT NULL,
+        PRIMARY KEY (fleet, span, t0))""",
+    "CREATE INDEX IF NOT EXISTS fleet_rollups_by_stop ON fleet_rollups (fleet, stop)",
 )
+
+# A birth's facts (``edgekit.fleet.board.facts``) into the device list's row; its figures stay.
+UPSERT_FACTS = """INSERT INTO device_latest (fleet, device, site, profile, backend, model, version, budget_ms)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (fleet, device) DO UPDATE SET site = excluded.site, profile = excluded.profile,
+        backend = excluded.backend, model = excluded.model, version = excluded.version,
+        budget_ms = excluded.budget_ms"""
+
+# A device's newest window's figures; a replayed (older) window does not overwrite newer ones.
+UPSERT_FIGURES = """INSERT INTO device_latest (fleet, device, stop, frames, missed, p50, p95, p99)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (fleet, device) DO UPDATE SET stop = excluded.stop, frames = excluded.frames,
+        missed = excluded.missed, p50 = excluded.p50, p95 = excluded.p95, p99 = excluded.p99
+    WHERE device_latest.stop IS NULL OR excluded.stop >= device_latest.stop"""
+
+UPSERT_FLEET_ROLLUP = """INSERT INTO fleet_rollups (fleet, span, t0, stop, windows, frames, missed, latency)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (fleet, span, t0) DO UPDATE SET stop = excluded.stop, windows = excluded.windows,
+        frames = excluded.frames, missed = excluded.missed, latency = excluded.latency"""
 
 INSERT_WINDOW = """INSERT INTO windows (fleet, device, epoch, seq, session, start, stop, frames, missed, payload)
     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (

@@ -30,9 +30,13 @@ from edgekit.core.sketch import LatencySketch
 from edgekit.core.tally import ClassCount
 from edgekit.fleet import camera_health, camera_rollups, zone_events
 from edgekit.fleet.camera_totals import add_cameras
+from edgekit.fleet.latest import budget_ms, facts, figures
 from edgekit.fleet.sql import (
     INSERT_WINDOW,
     SCHEMA,
+    UPSERT_FACTS,
+    UPSERT_FIGURES,
+    UPSERT_FLEET_ROLLUP,
     UPSERT_ROLLUP,
     Dialect,
     StoreError,
@@ -79,6 +83,11 @@ ROLLOUTS = (
 )
 
 
+def _facts_row(fleet: str, device: str, birth: dict[str, Any]) -> tuple[Any, ...]:
+    """``UPSERT_FACTS``' arguments for a device's birth."""
+    return (fleet, device, *facts(birth), budget_ms(birth))
+
+
 class FleetStore:
     """The fleet in one SQLite file (``:memory:`` for tests and demos).  Thread-safe.
 
@@ -113,6 +122,13 @@ class FleetStore:
         self._lock = threading.Lock()
         for statement in SCHEMA:
             self._execute(statement)
+        # A store made before the device list's table: its devices' facts come from their births, once.
+        missing = self._query(
+            "SELECT d.fleet, d.device, d.birth FROM devices d WHERE NOT EXISTS "
+            "(SELECT 1 FROM device_latest l WHERE l.fleet = d.fleet AND l.device = d.device)"
+        )
+        if missing:
+            self._execute_many(UPSERT_FACTS, [_facts_row(f, d, loads(b)) for f, d, b in missing])
 
     # -- the connection: the only methods a dialect's store overrides ---------------------------
 
@@ -193,6 +209,7 @@ class FleetStore:
         with self._lock:
             self._execute("DELETE FROM devices WHERE fleet = ? AND device = ?", (fleet, device))
             self._execute("DELETE FROM camera_health WHERE fleet = ? AND device = ?", (fleet, device))
+            self._execute("DELETE FROM device_latest WHERE fleet = ? AND device = ?", (fleet, device))
 
     def camera_health(
         self, fleet: str | None = None, device: str | None = None
@@ -224,6 +241,8 @@ class FleetStore:
                 "birth = CASE WHEN ? = 1 THEN excluded.birth ELSE devices.birth END",
                 (fleet, device, state, at, at, json.dumps(birth or {}), 1 if birth else 0),
             )
+            if birth:  # rare (a device's connect): its facts go to the device list's row too
+                self._execute(UPSERT_FACTS, _facts_row(fleet, device, birth))
 
     def set_epoch(self, fleet: str, device: str, epoch: str) -> None:
         """The device's sequence restarted (a new spool): its numbering begins again.
@@ -263,6 +282,13 @@ class FleetStore:
             with self._transaction():
                 added = self._insert_windows(values)
                 camera_health.write(self._execute, self._execute_many, dict(sorted(newest.items())))
+                self._execute_many(
+                    UPSERT_FIGURES,
+                    [
+                        (f, d, end, int(w["frames"]), int(w["missed"]), *figures(w))
+                        for (f, d), (end, w) in sorted(newest.items())
+                    ],
+                )
                 self._execute_many(
                     "UPDATE devices SET last_seen = {greatest}(last_seen, ?), last_seq = {greatest}(last_seq, ?) "
                     "WHERE fleet = ? AND device = ?",
@@ -492,11 +518,16 @@ class FleetStore:
                 counts["rollups"] += written
                 if devices < LEVEL_CHUNK_DEVICES:
                     break
+            with self._lock, self._transaction():
+                if self.dialect.compaction_lock:
+                    self._execute(self.dialect.compaction_lock)
+                self._merge_fleet_level(now - keep, span, coarser)
         horizon = now - plan[-1][1]
         with self._lock, self._transaction():
             counts["rollups_deleted"] = self._execute("DELETE FROM rollups WHERE stop < ?", (horizon,))
             self._execute("DELETE FROM rollup_detections WHERE stop < ?", (horizon,))
             self._execute("DELETE FROM rollup_cameras WHERE stop < ?", (horizon,))
+            self._execute("DELETE FROM fleet_rollups WHERE stop < ?", (horizon,))
             # A seq range stays while any of its windows is kept; a replay older than that is let in as
             # new raw, and the next compaction rolls it into a rollup that is dropped at once.
             self._execute("DELETE FROM compacted WHERE stop < ?", (horizon,))
@@ -529,6 +560,14 @@ class FleetStore:
                 stop, frames, missed, w["latency_ms"], w["stages_ms"], detections=detections, cameras=cameras
             )
             seqs.setdefault((f, d, epoch), []).append((int(seq), float(stop)))
+        # Before ``_write_rollups``, which merges earlier rows into these: the fleet's rows take only the new windows.
+        fleet_sums: dict[tuple[str, float], WindowSum] = {}
+        for (f, _, t0), r in rollups.items():
+            total = fleet_sums.get((f, t0))
+            if total is None:
+                total = fleet_sums[(f, t0)] = WindowSum()
+            total.add(r.stop, r.frames, r.missed, r.latency.to_dict(), {}, windows=r.windows)
+        self._add_fleet_rollups(span, fleet_sums)
         self._write_rollups(span, rollups)
         for key, new in seqs.items():
             self._remember_compacted(key, new)
@@ -580,6 +619,43 @@ class FleetStore:
                 r.cameras = add_cameras(r.cameras, {str(name): camera})
         self._write_rollups(coarser, rollups)
         return len(devices), merged, len(rollups)
+
+    def _add_fleet_rollups(self, span: float, sums: dict[tuple[str, float], WindowSum]) -> None:
+        """Add ``sums`` (fleet, t0 -> the new windows' sum) into the fleet's ``span`` rows (read, merged, written)."""
+        if not sums:
+            return
+        for f in {f for f, _ in sums}:
+            t0s = [t0 for g, t0 in sums if g == f]
+            for t0, stop, windows, frames, missed, latency in self._query(
+                "SELECT t0, stop, windows, frames, missed, latency FROM fleet_rollups "
+                "WHERE fleet = ? AND span = ? AND t0 >= ? AND t0 <= ?",
+                (f, span, min(t0s), max(t0s)),
+            ):
+                r = sums.get((f, float(t0)))
+                if r is not None:
+                    r.add(stop, frames, missed, loads(latency), {}, windows=windows)
+        self._execute_many(
+            UPSERT_FLEET_ROLLUP,
+            [
+                (f, span, t0, r.stop, r.windows, r.frames, r.missed, json.dumps(r.latency.to_dict()))
+                for (f, t0), r in sorted(sums.items())
+            ],
+        )
+
+    def _merge_fleet_level(self, cutoff: float, span: float, coarser: float) -> None:
+        """The fleets' ``span`` rows whose stop is before ``cutoff`` merged into ``coarser`` ones (as devices' are)."""
+        sums: dict[tuple[str, float], WindowSum] = {}
+        for f, t0, stop, windows, frames, missed, latency in self._query(
+            "DELETE FROM fleet_rollups WHERE span = ? AND stop < ? "
+            "RETURNING fleet, t0, stop, windows, frames, missed, latency",
+            (span, cutoff),
+        ):
+            key = (str(f), float(math.floor(float(t0) / coarser) * coarser))
+            r = sums.get(key)
+            if r is None:
+                r = sums[key] = WindowSum()
+            r.add(stop, frames, missed, loads(latency), {}, windows=windows)
+        self._add_fleet_rollups(coarser, sums)
 
     def _write_rollups(self, span: float, rollups: dict[tuple[str, str, float], WindowSum]) -> None:
         """Write ``span`` rollups, each merged with the row an earlier run made for its step (if any)."""
