@@ -139,6 +139,15 @@ def serve_command(
     ] = 250_000,
     remote_write: RemoteWriteOpt = None,
     remote_write_interval: RemoteWriteIntervalOpt = "5s",
+    no_collect: Annotated[
+        bool,
+        typer.Option(
+            "--no-collect",
+            help="Only serve the store's dashboard (/board) and API (/api/v2/): no MQTT, no collector, no "
+            "compaction. Stateless: run several behind a proxy over the PostgreSQL that "
+            "`edgekit fleet collect --share` fills.",
+        ),
+    ] = False,
     sign_key: Annotated[
         Path | None,
         typer.Option(
@@ -245,6 +254,24 @@ def serve_command(
 
         sign = load_signing_key(sign_key).sign
     store = open_store(db)
+    from edgekit.fleet.board import FleetBoard
+
+    board = FleetBoard(store)
+    if no_collect:
+        # No live view: its devices would be what this process heard, and it hears nothing.
+        app = create_app(
+            FleetView(None, slo=slo), token=token, allowed_hosts=hosts, max_sse=max_streams, board=board
+        )
+        err_console.print(
+            f"[bold]edgekit fleet[/]: serving {describe_db(db)} (no collector); "
+            f"dashboard on http://{host}:{port}/board  (API: /api/v2/)"
+            + (" — token required" if token else "")
+        )
+        try:
+            uvicorn.run(app, host=host, port=port, log_level="warning")
+        finally:
+            store.close()
+        return
     view = FleetView(store, slo=slo, trace_url=trace_url)
     view.load()
     sink = remote_writer(remote_write, remote_write_interval, store)
@@ -293,6 +320,7 @@ def serve_command(
         max_sse=max_streams,
         metrics_max_series=metrics_max_series,
         proofs=proofs,
+        board=board,
     )
     bundles = None
     if artifacts_port is not None:

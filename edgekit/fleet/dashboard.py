@@ -38,6 +38,7 @@ from edgekit.protocol.messages import EVENT_KINDS
 from edgekit.protocol.proof_messages import PROOF_MEDIA
 
 if TYPE_CHECKING:
+    from edgekit.fleet.board import FleetBoard
     from edgekit.fleet.proofs import ProofFetcher
     from edgekit.protocol.control_messages import ProofFile
 
@@ -147,6 +148,7 @@ def create_app(
     max_sse: int = MAX_SSE,
     metrics_max_series: int | None = None,
     proofs: ProofFetcher | None = None,
+    board: FleetBoard | None = None,
 ) -> Any:
     """The ASGI app for ``view``; with ``ticker`` it is started and stopped with the app.
 
@@ -156,6 +158,8 @@ def create_app(
     ``metrics_max_series`` device samples (``edgekit.fleet.prometheus.MAX_SERIES`` by default).
     With ``proofs`` a device's events say which have proof, and
     ``/api/device/<fleet>/<device>/events/<id>/{snapshot.jpg,clip.avi}`` fetch it from the device.
+    With ``board`` the large-fleet API answers from the store under ``/api/v2/`` (``edgekit.fleet.board``)
+    and ``/board`` is its page.
     """
     from edgekit.fleet import prometheus
 
@@ -300,6 +304,9 @@ def create_app(
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return _CountedStream(stream(), release, media_type="text/event-stream", headers=headers)
 
+    if board is not None:
+        _board_routes(app, board, static_dir, json_response)
+
     @app.get("/metrics")
     async def metrics() -> Response:
         text = await asyncio.to_thread(
@@ -308,3 +315,62 @@ def create_app(
         return Response(text, media_type=prometheus.CONTENT_TYPE)
 
     return app
+
+
+def _board_routes(
+    app: FastAPI, board: FleetBoard, static_dir: Path, json_response: Callable[[Any], Response]
+) -> None:
+    """``/board`` and ``/api/v2/``: the large-fleet page and API, every answer read from the store."""
+    from edgekit.fleet.board import FILTERS, RANGES, SORTS
+
+    @app.get("/board", include_in_schema=False)
+    def board_page() -> FileResponse:
+        return FileResponse(static_dir / "board.html", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/api/v2/devices")
+    async def devices(request: Request) -> Response:
+        params = request.query_params
+        unknown = set(params) - {"fleet", "state", "q", "sort", "limit", "offset", "token", *FILTERS}
+        if unknown:
+            raise HTTPException(400, f"unknown parameter {', '.join(sorted(unknown))}")
+        sort = params.get("sort", "worst")
+        if sort not in SORTS:
+            raise HTTPException(400, f"sort is one of {', '.join(SORTS)}")
+        try:
+            limit, offset = int(params.get("limit", "50")), int(params.get("offset", "0"))
+        except ValueError:
+            raise HTTPException(400, "limit and offset are whole numbers") from None
+        if not (1 <= limit <= 500 and offset >= 0):
+            raise HTTPException(400, "limit is 1..500 and offset 0 or more")
+        page = await asyncio.to_thread(
+            board.devices,
+            fleet=params.get("fleet"),
+            state=params.get("state"),
+            q=params.get("q"),
+            sort=sort,
+            limit=limit,
+            offset=offset,
+            **{k: params[k] for k in FILTERS if k in params},
+        )
+        return json_response(page)
+
+    @app.get("/api/v2/device/{fleet}/{device}")
+    async def device(fleet: str, device: str, range: str = "1h") -> Response:
+        if not (safe_name(fleet) and safe_name(device)):
+            raise HTTPException(400, "fleet and device are names of A-Z a-z 0-9 . _ - (no '..')")
+        if range not in RANGES:
+            raise HTTPException(400, f"range is one of {', '.join(RANGES)}")
+        page = await asyncio.to_thread(board.device, fleet, device, range)
+        if page is None:
+            raise HTTPException(404, f"no device {fleet}/{device} in the store")
+        return json_response(page)
+
+    @app.get("/api/v2/summary")
+    async def summary(
+        fleet: str | None = None, since: float | None = None, until: float | None = None
+    ) -> Response:
+        return json_response(await asyncio.to_thread(board.summary, fleet, since, until))
+
+    @app.get("/api/v2/alerts")
+    async def alerts(fleet: str | None = None) -> Response:
+        return json_response({"alerts": await asyncio.to_thread(board.alerts, fleet)})
