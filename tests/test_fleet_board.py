@@ -193,3 +193,19 @@ def test_the_v2_routes_answer_from_the_store(backfilled: tuple[str, dict[str, An
             assert client.get("/board").status_code == 200
     finally:
         store.close()
+
+
+def test_groups_count_devices_in_trouble_per_site(store: FleetStore) -> None:
+    groups = {g["key"]: g for g in FleetBoard(store).groups("site")}
+    assert groups["dock"] == {
+        "key": "dock",
+        "devices": 2,
+        "offline": 0,
+        "over_budget": 1,
+        "worst": groups["dock"]["worst"],
+    }
+    assert groups["dock"]["worst"] > 1  # cam-b's p99 over its 33 ms
+    assert groups["yard"]["offline"] == 1 and groups["lobby"]["over_budget"] == 0
+    assert [g["key"] for g in FleetBoard(store).groups("profile")] == ["x86_64-cpu", "rpi5"]  # worst first
+    with pytest.raises(ValueError, match="group by one of"):
+        FleetBoard(store).groups("colour")

@@ -167,7 +167,7 @@ class FleetBoard:
         self, fleet: str | None = None, since: float | None = None, until: float | None = None
     ) -> dict[str, Any]:
         """A fleet's (or every fleet's) merged latency and missed share over [since, until] (default: the
-        last 7 days) from ``fleet_rollups``, its devices by state, and how many are over budget now."""
+        last 7 days) from ``fleet_rollups``, its devices by state, and how many online ones are over budget now."""
         now = self.clock()
         until = now if until is None else until
         since = until - 7 * 86400 if since is None else since
@@ -183,7 +183,7 @@ class FleetBoard:
             (over,) = store._query(
                 "SELECT COUNT(*) FROM devices d JOIN device_latest l ON l.fleet = d.fleet AND l.device = d.device"
                 + (dwhere or " WHERE 1 = 1")
-                + " AND l.budget_ms > 0 AND l.p99 > l.budget_ms",
+                + " AND d.state = 'online' AND l.budget_ms > 0 AND l.p99 > l.budget_ms",
                 args,
             )[0]
         total = SketchSum()
@@ -211,6 +211,41 @@ class FleetBoard:
             "states": by_state,
             "over_budget": int(over),
         }
+
+    def groups(self, by: str = "site", fleet: str | None = None) -> list[dict[str, Any]]:
+        """Devices grouped by a ``FILTERS`` column: per group its devices, those offline, those online
+        and over their own budget, and the worst p99-over-budget; worst groups first."""
+        if by not in FILTERS:
+            raise ValueError(f"group by one of {', '.join(FILTERS)}, not {by!r}")
+        dwhere, args = (" WHERE d.fleet = ?", [fleet]) if fleet is not None else ("", [])
+        over = "d.state = 'online' AND l.budget_ms > 0 AND l.p99 > l.budget_ms"
+        store = self.store
+        with store._lock:
+            rows = store._query(
+                f"SELECT l.{by}, COUNT(*), SUM(CASE WHEN d.state = 'offline' THEN 1 ELSE 0 END), "
+                f"SUM(CASE WHEN {over} THEN 1 ELSE 0 END), MAX(l.p99 / NULLIF(l.budget_ms, 0)) "
+                "FROM devices d LEFT JOIN device_latest l ON l.fleet = d.fleet AND l.device = d.device"
+                f"{dwhere} GROUP BY l.{by}",
+                args,
+            )
+        out = [
+            {
+                "key": key,
+                "devices": int(n),
+                "offline": int(off or 0),
+                "over_budget": int(o or 0),
+                "worst": None if worst is None else round(float(worst), 4),
+            }
+            for key, n, off, o, worst in rows
+        ]
+        out.sort(
+            key=lambda g: (
+                -(g["over_budget"] + g["offline"]) / g["devices"],
+                -(g["worst"] or 0),
+                str(g["key"]),
+            )
+        )
+        return out
 
     def alerts(self, fleet: str | None = None) -> list[dict[str, Any]]:
         """Alerts grouped by kind: offline devices, devices over their budget now; each with its members

@@ -371,6 +371,12 @@ def _board_routes(
     ) -> Response:
         return json_response(await asyncio.to_thread(board.summary, fleet, since, until))
 
+    @app.get("/api/v2/groups")
+    async def groups(by: str = "site", fleet: str | None = None) -> Response:
+        if by not in FILTERS:
+            raise HTTPException(400, f"by is one of {', '.join(FILTERS)}")
+        return json_response({"by": by, "groups": await asyncio.to_thread(board.groups, by, fleet)})
+
     @app.get("/api/v2/alerts")
     async def alerts(fleet: str | None = None) -> Response:
         return json_response({"alerts": await asyncio.to_thread(board.alerts, fleet)})
