@@ -209,3 +209,20 @@ def test_groups_count_devices_in_trouble_per_site(store: FleetStore) -> None:
     assert [g["key"] for g in FleetBoard(store).groups("profile")] == ["x86_64-cpu", "rpi5"]  # worst first
     with pytest.raises(ValueError, match="group by one of"):
         FleetBoard(store).groups("colour")
+
+
+def test_a_window_s_figures_are_its_sketch_s_quantiles() -> None:
+    from edgekit.core.sketch import LatencySketch
+    from edgekit.fleet.latest import figures
+
+    rng = np.random.default_rng(5)
+    for n, spread in ((1, 0.1), (7, 2.0), (300, 0.3), (300, 1.5)):
+        w = payload("a", 0, T, rng.lognormal(3, spread, n))["window"]
+        sketch = LatencySketch.from_dict(w["latency_ms"])
+        assert figures(w) == tuple(round(sketch.quantile(q), 3) for q in (0.5, 0.95, 0.99))
+    zeros = payload("a", 0, T, np.array([0.0, 0.0, 0.0, 5.0]))["window"]
+    assert figures(zeros) == (0.0, 0.0, 0.0)  # 3 of 4 are zero: rank 0.99 * 3 falls among them
+    some = payload("a", 0, T, np.array([0.0, 5.0, 5.0, 5.0]))["window"]
+    assert figures(some)[0] == pytest.approx(5.0, rel=0.01) and figures(some)[2] == 5.0
+    empty = {"latency_ms": LatencySketch().to_dict()}
+    assert figures(empty) == (None, None, None)
