@@ -224,5 +224,10 @@ def test_a_window_s_figures_are_its_sketch_s_quantiles() -> None:
     assert figures(zeros) == (0.0, 0.0, 0.0)  # 3 of 4 are zero: rank 0.99 * 3 falls among them
     some = payload("a", 0, T, np.array([0.0, 5.0, 5.0, 5.0]))["window"]
     assert figures(some)[0] == pytest.approx(5.0, rel=0.01) and figures(some)[2] == 5.0
+    # Buckets listed out of key order (not edgekit's to_dict) give the same answer.
+    w = payload("a", 0, T, rng.lognormal(3, 1.0, 300))["window"]
+    expected = figures(w)
+    w["latency_ms"]["buckets"] = dict(reversed(list(w["latency_ms"]["buckets"].items())))
+    assert figures(w) == expected
     empty = {"latency_ms": LatencySketch().to_dict()}
     assert figures(empty) == (None, None, None)
