@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from edgekit.core.backoff import Backoff
 from edgekit.core.sketch import DEFAULT_ACCURACY, LatencySketch
 from edgekit.errors import EdgekitError
 from edgekit.fleet.prometheus import FRAME_BUCKETS, MAX_LABEL_VALUE, cumulative_counts
@@ -332,7 +333,7 @@ class RemoteWriter:
         return True
 
     def _run(self) -> None:
-        backoff, next_push = BACKOFF_S[0], time.monotonic() + self.interval_s
+        backoff, next_push = Backoff(BACKOFF_S[0], cap_s=BACKOFF_S[1]), time.monotonic() + self.interval_s
         while not self._stop.is_set():
             with self._cond:
                 if not self._queue:
@@ -345,11 +346,11 @@ class RemoteWriter:
             if not self._pending:
                 next_push = now + self.interval_s
             elif self._push(self.timeout_s):
-                backoff = BACKOFF_S[0]
+                backoff.reset()
                 # A backlog goes out batch after batch; then back to the interval.
                 next_push = now if self._pending else now + self.interval_s
             else:
-                next_push, backoff = now + backoff, min(backoff * 2, BACKOFF_S[1])
+                next_push = now + backoff.next_delay()
 
     def _push(self, timeout_s: float) -> bool:
         """One batch to the server; ``False`` (kept for a retry) when it could not take it."""
