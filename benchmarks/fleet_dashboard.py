@@ -19,7 +19,6 @@ from __future__ import annotations
 import http.client
 import json
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,15 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._harness import parse, parser, print_doc, run, verdict
+from edgekit.core.stats import median, percentile
 
 API_GOAL_MS = 300.0
 PAINT_GOAL_MS = 2000.0
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def _wait_http(port: int, timeout: float) -> None:
@@ -109,8 +104,8 @@ def measure_api(
     for kind, values in kinds.items():
         out[kind] = {
             "n": len(values),
-            "p50_ms": round(_pct(values, 0.5), 1),
-            "p95_ms": round(_pct(values, 0.95), 1),
+            "p50_ms": round(percentile(sorted(values), 50), 1),
+            "p95_ms": round(percentile(sorted(values), 95), 1),
             "max_ms": round(max(values), 1),
         }
     out["worst_p95_ms"] = max(v["p95_ms"] for k, v in out.items() if isinstance(v, dict))
@@ -171,8 +166,8 @@ def measure_page(port: int, loads: int, shots: Path) -> dict[str, Any]:
         phone.quit()
     return {
         "loads": loads,
-        "first_paint_ms": {"median": round(statistics.median(paint), 1), "max": round(max(paint), 1)},
-        "data_drawn_ms": {"median": round(statistics.median(drawn), 1), "max": round(max(drawn), 1)},
+        "first_paint_ms": {"median": round(median(paint), 1), "max": round(max(paint), 1)},
+        "data_drawn_ms": {"median": round(median(drawn), 1), "max": round(max(drawn), 1)},
         "phone_scrolls_sideways": bool(sideways),
         "screenshots": [str(desktop), str(phone_shot)],
     }

@@ -169,16 +169,18 @@ def store_bytes(db: str) -> dict[str, int]:
 
 def lag_ms(times: list[tuple[float, float]]) -> dict[str, Any]:
     """Device (window end) to committed row, in ms: over the run, and p99 per minute of window ends."""
-    import numpy as np
+    from edgekit.core.stats import percentile
 
     if not times:
         return {"p50": None, "p99": None, "p999": None, "max": None, "p99_by_minute": []}
-    stop = np.array([t[0] for t in times])
-    lag = (np.array([t[1] for t in times]) - stop) * 1000.0
-    minute = ((stop - stop.min()) // 60).astype(int)
-    by_minute = [round(float(np.percentile(lag[minute == m], 99)), 1) for m in range(int(minute.max()) + 1)]
-    q = {k: round(float(np.percentile(lag, p)), 1) for k, p in (("p50", 50), ("p99", 99), ("p999", 99.9))}
-    return {**q, "max": round(float(lag.max()), 1), "p99_by_minute": by_minute}
+    first = min(stop for stop, _ in times)
+    lags = sorted((at - stop) * 1000.0 for stop, at in times)
+    minutes: dict[int, list[float]] = {}
+    for stop, at in times:
+        minutes.setdefault(int((stop - first) // 60), []).append((at - stop) * 1000.0)
+    by_minute = [round(percentile(sorted(minutes.get(m, [])), 99), 1) for m in range(max(minutes) + 1)]
+    q = {k: round(percentile(lags, p), 1) for k, p in (("p50", 50), ("p99", 99), ("p999", 99.9))}
+    return {**q, "max": round(lags[-1], 1), "p99_by_minute": by_minute}
 
 
 def stored_count(db: str) -> int:
