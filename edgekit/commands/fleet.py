@@ -449,6 +449,7 @@ def simulate_command(
     ] = "",
 ) -> None:
     """Simulated devices publishing realistic telemetry (a fleet to look at, a load to ingest, a fleet at scale)."""
+    from edgekit.telemetry import simulate_fleet
     from edgekit.telemetry.simulate import SimOptions, run
 
     if not 0 <= detectors <= devices:
@@ -461,6 +462,6 @@ def simulate_command(
         duration=duration, format=format, rate=rate, offline=tuple(offline or ()), detectors=detectors,
         scale=scale, outages=outages, restarts=restarts, ledger=ledger,
     )  # fmt: skip
-    code = run(options)
+    code = simulate_fleet.run(options) if scale else run(options)
     if code:
         raise typer.Exit(code)

@@ -463,21 +463,25 @@ def load(opts: SimOptions, broker: BrokerConfig, stop: threading.Event) -> int:
     return 0 if sent == published else 1
 
 
-def run(options: SimOptions) -> int:
-    """Run the simulator until ``options.duration`` ends or SIGTERM / SIGINT; the exit status."""
+def prepare(options: SimOptions) -> tuple[BrokerConfig, threading.Event]:
+    """Check the options; the broker to publish to, and the event SIGTERM / SIGINT set."""
     if options.devices < 1:
         raise EdgekitError(f"--devices {options.devices}: at least 1", "e.g. --devices 4")
     if options.format not in FORMATS:
         raise EdgekitError(
             f"--format {options.format}: not one of {', '.join(FORMATS)}", "e.g. --format json"
         )
-    broker = dataclasses.replace(BrokerConfig.from_url(options.mqtt), keepalive_s=options.keepalive)
     for name, share in (("--outages", options.outages), ("--restarts", options.restarts)):
         if not 0.0 <= share <= 1.0:
             raise EdgekitError(f"{name} {share:g}: a share of the devices, 0 to 1", f"e.g. {name} 0.01")
-    stop = Stopper().event
-    if options.scale:
-        from edgekit.telemetry.simulate_fleet import run_scale
+    broker = dataclasses.replace(BrokerConfig.from_url(options.mqtt), keepalive_s=options.keepalive)
+    return broker, Stopper().event
 
-        return run_scale(options, broker, stop)
+
+def run(options: SimOptions) -> int:
+    """Run the simulator until ``options.duration`` ends or SIGTERM / SIGINT; the exit status.
+
+    Demo and load mode; ``--scale`` is ``edgekit.telemetry.simulate_fleet.run``.
+    """
+    broker, stop = prepare(options)
     return load(options, broker, stop) if options.rate > 0 else simulate(options, broker, stop)

@@ -49,7 +49,7 @@ import numpy as np
 
 from edgekit.errors import EdgekitError
 from edgekit.protocol.broker import BrokerConfig
-from edgekit.telemetry.simulate import KINDS, SimDevice, SimOptions
+from edgekit.telemetry.simulate import KINDS, SimDevice, SimOptions, prepare
 
 log = logging.getLogger(__name__)
 
@@ -442,3 +442,9 @@ def run_scale(opts: SimOptions, broker: BrokerConfig, stop: threading.Event) -> 
         part.replace(path)
     print(json.dumps(summary), flush=True)
     return 0 if summary["drained"] and summary["acked"] == summary["windows"] else 1
+
+
+def run(options: SimOptions) -> int:
+    """``edgekit fleet simulate --scale``: the options checked, then ``run_scale`` until done or SIGTERM."""
+    broker, stop = prepare(options)
+    return run_scale(options, broker, stop)
