@@ -21,10 +21,8 @@ selector; a command waits in the loop's schedule for its install time rather tha
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
-import selectors
 import tempfile
 import threading
 import time
@@ -40,6 +38,7 @@ from edgekit.deploy.command_trust import CommandGuard
 from edgekit.errors import EdgekitError
 from edgekit.protocol.broker import BrokerConfig
 from edgekit.protocol.control import Command
+from edgekit.protocol.paho_loop import PahoLoop
 from edgekit.protocol.topics import topic
 from edgekit.telemetry.simulate import KINDS, SimDevice, SimOptions
 from edgekit.telemetry.simulate_fleet import FD_SPARE, TEMPLATES, raise_fd_limit
@@ -132,7 +131,6 @@ class SimAgent(CommandHandling):
         self.epoch = uuid.uuid4().hex[:16]
         self.seq = 0
         self.client: Any = None
-        self.sock: Any = None
         self.online = False
         self.free_at = 0.0  # one command at a time, as the real agent's worker
 
@@ -214,7 +212,7 @@ class AgentFleet:
         import orjson
 
         self.dumps = orjson.dumps
-        self.sel = selectors.DefaultSelector()
+        self.loop = PahoLoop()
         self._heap: list[tuple[float, int, int, str, bytes]] = []
         self._n = 0
         self._stop = threading.Event()
@@ -272,30 +270,9 @@ class AgentFleet:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
-        client.on_socket_open = self._on_socket_open
-        client.on_socket_close = self._on_socket_close
-        client.on_socket_register_write = self._on_register_write
-        client.on_socket_unregister_write = self._on_unregister_write
+        self.loop.attach(client)
         a.client = client
         client.connect(self.broker.host, self.broker.port, keepalive=self.broker.keepalive_s)
-
-    def _on_socket_open(self, client: Any, a: SimAgent, sock: Any) -> None:
-        a.sock = sock
-        self.sel.register(sock, selectors.EVENT_READ, client)
-
-    def _on_socket_close(self, client: Any, a: SimAgent, sock: Any) -> None:
-        if a.sock is sock:
-            with contextlib.suppress(KeyError, ValueError):
-                self.sel.unregister(sock)
-            a.sock = None
-
-    def _on_register_write(self, client: Any, a: SimAgent, sock: Any) -> None:
-        if a.sock is sock:
-            self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-
-    def _on_unregister_write(self, client: Any, a: SimAgent, sock: Any) -> None:
-        if a.sock is sock:
-            self.sel.modify(sock, selectors.EVENT_READ, client)
 
     def _on_connect(self, client: Any, a: SimAgent, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -341,12 +318,7 @@ class AgentFleet:
                 self._at(t + self.interval_s, i, "window")
 
     def _step(self, timeout: float) -> None:
-        for key, mask in self.sel.select(timeout):
-            client = key.data
-            if mask & selectors.EVENT_READ:
-                client.loop_read()
-            if mask & selectors.EVENT_WRITE:
-                client.loop_write()
+        self.loop.step(timeout)
 
     def run(self, connect_timeout_s: float = 60.0) -> None:
         """Connect every agent (at a steady pace), then serve until ``stop()``; say offline at the end."""
@@ -383,7 +355,7 @@ class AgentFleet:
             if a.client is not None:
                 a.client.disconnect()
         end = time.monotonic() + 5.0
-        while self.sel.get_map() and time.monotonic() < end:
+        while self.loop.watching() and time.monotonic() < end:
             self._step(0.01)
         if self._tmp is not None:
             self._tmp.cleanup()

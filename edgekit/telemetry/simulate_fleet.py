@@ -20,7 +20,7 @@ one JSON line says what happened: windows made, acknowledged, sent again, outage
 what a store must hold, to count lost and duplicated rows against (``benchmarks.fleet_scale``).
 
 Why one thread holds ten thousand clients: paho runs without its network thread, driven from one
-epoll loop (paho's socket callbacks say when a socket has bytes waiting to go), and a payload is a
+epoll loop (``edgekit.protocol.paho_loop``), and a payload is a
 few precomputed windows per kind of device with this device's identity, epoch, seq and times.
 A device costs a socket here and one in the broker: ``raise_fd_limit`` lifts this process's
 soft limit to the hard one and says so when that is too low.
@@ -28,13 +28,11 @@ soft limit to the hard one and says so when that is too low.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import json
 import logging
 import math
 import resource
-import selectors
 import tempfile
 import threading
 import time
@@ -49,6 +47,7 @@ import numpy as np
 
 from edgekit.errors import EdgekitError
 from edgekit.protocol.broker import BrokerConfig
+from edgekit.protocol.paho_loop import PahoLoop
 from edgekit.telemetry.simulate import KINDS, SimDevice, SimOptions, prepare
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,6 @@ class Device:
     session: str
     seq: int = 0
     client: Any = None  # a paho client while a link is open or opening
-    sock: Any = None
     online: bool = False
     backlog: deque[tuple[str, int, bytes]] = field(default_factory=deque)  # (epoch, seq, payload)
     inflight: dict[int, tuple[str, int, bytes]] = field(default_factory=dict)  # mid -> window
@@ -150,7 +148,7 @@ class ScaleSim:
 
         self._dumps = orjson.dumps
         self.opts, self.broker, self.templates = opts, broker, templates
-        self.sel = selectors.DefaultSelector()
+        self.loop = PahoLoop()
         self.ledger = Ledger()
         self.rng = np.random.default_rng(0)
         self.devices = [
@@ -178,10 +176,7 @@ class ScaleSim:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
-        client.on_socket_open = self._on_socket_open
-        client.on_socket_close = self._on_socket_close
-        client.on_socket_register_write = self._on_register_write
-        client.on_socket_unregister_write = self._on_unregister_write
+        self.loop.attach(client)
         d.client = client
         try:
             client.connect(self.broker.host, self.broker.port, keepalive=self.broker.keepalive_s)
@@ -189,28 +184,6 @@ class ScaleSim:
             log.warning("sim: %s could not connect: %s", d.name, err)
             self._drop_link(d)
             self._at(time.monotonic() + 1.0, d.index, "connect")
-
-    def _on_socket_open(self, client: Any, d: Device, sock: Any) -> None:
-        d.sock = sock
-        self.sel.register(sock, selectors.EVENT_READ, client)
-
-    def _on_socket_close(self, client: Any, d: Device, sock: Any) -> None:
-        if d.sock is sock:
-            self._unwatch(d)
-
-    def _on_register_write(self, client: Any, d: Device, sock: Any) -> None:
-        if d.sock is sock:
-            self.sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-
-    def _on_unregister_write(self, client: Any, d: Device, sock: Any) -> None:
-        if d.sock is sock:
-            self.sel.modify(sock, selectors.EVENT_READ, client)
-
-    def _unwatch(self, d: Device) -> None:
-        if d.sock is not None:
-            with contextlib.suppress(KeyError, ValueError):  # already closed and forgotten
-                self.sel.unregister(d.sock)
-            d.sock = None
 
     def _on_connect(self, client: Any, d: Device, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
@@ -244,7 +217,8 @@ class ScaleSim:
 
     def _drop_link(self, d: Device) -> None:
         """Forget the link; what it had in flight goes back to the front of the backlog."""
-        self._unwatch(d)
+        if d.client is not None:
+            self.loop.forget(d.client)
         d.client, d.online = None, False
         d.backlog.extendleft(reversed(list(d.inflight.values())))  # in the order they were sent
         d.inflight.clear()
@@ -316,7 +290,7 @@ class ScaleSim:
                 self._at(t + self.opts.interval, i, "window")
             elif what == "outage" and d.online:
                 self.outages += 1
-                sock = d.sock
+                sock = self.loop.forget(d.client)
                 self._drop_link(d)
                 if sock is not None:
                     sock.close()  # no DISCONNECT: the broker publishes the Will
@@ -331,12 +305,7 @@ class ScaleSim:
     # -- the loop ------------------------------------------------------------------------------
 
     def step(self, timeout: float) -> None:
-        for key, mask in self.sel.select(timeout):
-            client = key.data
-            if mask & selectors.EVENT_READ:
-                client.loop_read()
-            if mask & selectors.EVENT_WRITE:
-                client.loop_write()
+        self.loop.step(timeout)
 
     def pings(self) -> None:
         for d in self.devices:
@@ -394,7 +363,7 @@ class ScaleSim:
         for d in self.devices:
             if d.client is not None:
                 d.client.disconnect()
-        self._until(lambda: not self.sel.get_map(), 10.0, None)
+        self._until(lambda: self.loop.watching() == 0, 10.0, None)
         return {
             "devices": n,
             "interval_s": opts.interval,
