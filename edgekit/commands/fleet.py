@@ -32,6 +32,7 @@ from edgekit.commands.fleet_options import (
     quotas,
     remote_writer,
     retention,
+    subscribe,
 )
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
@@ -166,9 +167,9 @@ def serve_command(
         ) from err
     from edgekit.core.redact import warn_secret_on_command_line
     from edgekit.fleet.access import ARTIFACT_TOKEN_ENV, MAKE_ONE, allowed_hosts, needs_token, read_token
-    from edgekit.fleet.collector import Collector, StoreUnavailable
+    from edgekit.fleet.collector import Collector
     from edgekit.fleet.dashboard import Ticker, create_app
-    from edgekit.fleet.mqtt import FleetSubscriber
+    from edgekit.fleet.mqtt import TOPICS
     from edgekit.fleet.open_store import open_store
     from edgekit.fleet.proofs import ProofFetcher
     from edgekit.fleet.view import FleetView, SloPolicy
@@ -286,21 +287,7 @@ def serve_command(
 
     # The collector writes in batches; the tick also flushes, so a quiet fleet is stored within a second.
     ticker = Ticker(view, housekeeping=housekeeping, each_tick=collector.try_flush)
-    try:
-        # commit: each read's windows are written before the broker is told they arrived.
-        subscriber = FleetSubscriber(
-            broker,
-            collector.handle,
-            client_id=client_id,
-            reject=collector.reject,
-            commit=collector.flush,
-            retry_on=(StoreUnavailable,),
-        ).start()
-    except BaseException:
-        if sink is not None:
-            sink.stop()
-        store.close()
-        raise
+    subscriber = subscribe(broker, collector, client_id, TOPICS, store, sink)
     try:
         # Event proof stays on the devices: asked for when the dashboard shows it (edgekit.fleet.proofs).
         proofs = ProofFetcher(broker, sign, client_id=f"{client_id}-proofs").start()

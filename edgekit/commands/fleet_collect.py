@@ -34,6 +34,7 @@ from edgekit.commands.fleet_options import (
     quotas,
     remote_writer,
     retention,
+    subscribe,
 )
 from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
@@ -80,8 +81,8 @@ def collect_command(
 ) -> None:
     """Collect fleet telemetry from MQTT into the store, without the dashboard (several can share the work)."""
     from edgekit.core.redact import warn_secret_on_command_line
-    from edgekit.fleet.collector import Collector, StoreUnavailable
-    from edgekit.fleet.mqtt import TOPICS, FleetSubscriber, shared_topics
+    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.mqtt import TOPICS, shared_topics
     from edgekit.fleet.open_store import open_store
     from edgekit.protocol.broker import BrokerConfig
 
@@ -136,22 +137,7 @@ def collect_command(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    try:
-        # commit: each read's windows are written before the broker is told they arrived.
-        subscriber = FleetSubscriber(
-            broker,
-            collector.handle,
-            client_id=client_id or "edgekit-fleet-collect",
-            topics=topics,
-            reject=collector.reject,
-            commit=collector.flush,
-            retry_on=(StoreUnavailable,),
-        ).start()
-    except BaseException:
-        if sink is not None:
-            sink.stop()
-        store.close()
-        raise
+    subscriber = subscribe(broker, collector, client_id or "edgekit-fleet-collect", topics, store, sink)
     err_console.print(
         f"[bold]edgekit fleet collect[/]: collecting from {broker.describe()} into {describe_db(db)} "
         f"(raw windows: {store.layout()}) "

@@ -11,9 +11,12 @@ from edgekit.core.units import parse_seconds
 from edgekit.errors import EdgekitError
 
 if TYPE_CHECKING:
+    from edgekit.fleet.collector import Collector
+    from edgekit.fleet.mqtt import FleetSubscriber
     from edgekit.fleet.quotas import Quotas
     from edgekit.fleet.remote_write import RemoteWriter
     from edgekit.fleet.store import FleetStore
+    from edgekit.protocol.broker import BrokerConfig
 
 MqttOpt = Annotated[
     str, typer.Option("--mqtt", help="The broker the devices publish to: mqtt[s]://[user@]host[:port].")
@@ -94,6 +97,36 @@ def remote_writer(
     every = parse_seconds(interval, "--remote-write-interval")
     births = {(d["fleet"], d["device"]): d["birth"] or {} for d in store.devices()}
     return RemoteWriter(url, interval_s=every, collector=collector, births=births).start()
+
+
+def subscribe(
+    broker: BrokerConfig,
+    collector: Collector,
+    client_id: str,
+    topics: tuple[str, ...],
+    store: FleetStore,
+    sink: RemoteWriter | None,
+) -> FleetSubscriber:
+    """The started subscriber feeding ``collector``; if it cannot start, ``sink`` and ``store`` are closed."""
+    from edgekit.fleet.collector import StoreUnavailable
+    from edgekit.fleet.mqtt import FleetSubscriber
+
+    try:
+        # commit: each read's windows are written before the broker is told they arrived.
+        return FleetSubscriber(
+            broker,
+            collector.handle,
+            client_id=client_id,
+            topics=topics,
+            reject=collector.reject,
+            commit=collector.flush,
+            retry_on=(StoreUnavailable,),
+        ).start()
+    except BaseException:
+        if sink is not None:
+            sink.stop()
+        store.close()
+        raise
 
 
 def retention(keep_s: float, hour_keep: str | None) -> tuple[tuple[float, float], ...]:
