@@ -88,6 +88,17 @@ def _facts_row(fleet: str, device: str, birth: dict[str, Any]) -> tuple[Any, ...
     return (fleet, device, *facts(birth), budget_ms(birth))
 
 
+DEVICE_COLUMNS = "fleet, device, state, since, last_seen, birth, last_seq, epoch"
+
+
+def _device_row(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A ``devices`` row (``DEVICE_COLUMNS``) as the dict ``device`` and ``devices`` return."""
+    keys = ("fleet", "device", "state", "since", "last_seen", "birth", "last_seq", "epoch")
+    out = dict(zip(keys, row, strict=True))
+    out["birth"] = loads(out["birth"])
+    return out
+
+
 class FleetStore:
     """The fleet in one SQLite file (``:memory:`` for tests and demos).  Thread-safe.
 
@@ -181,22 +192,9 @@ class FleetStore:
         """The device's row (state, since, last_seen, birth, last_seq, epoch), or ``None`` if never seen."""
         with self._lock:
             rows = self._query(
-                "SELECT state, since, last_seen, birth, last_seq, epoch FROM devices WHERE fleet = ? AND device = ?",
-                (fleet, device),
+                f"SELECT {DEVICE_COLUMNS} FROM devices WHERE fleet = ? AND device = ?", (fleet, device)
             )
-        if not rows:
-            return None
-        row = rows[0]
-        return {
-            "fleet": fleet,
-            "device": device,
-            "state": row[0],
-            "since": row[1],
-            "last_seen": row[2],
-            "birth": loads(row[3]),
-            "last_seq": row[4],
-            "epoch": row[5],
-        }
+        return _device_row(rows[0]) if rows else None
 
     def device_seen(self) -> dict[tuple[str, str], float]:
         """``(fleet, device)`` of every known device -> when it was last heard from (the collector's quotas)."""
@@ -220,10 +218,10 @@ class FleetStore:
             return camera_health.read(self._query, fleet, device)
 
     def devices(self) -> list[dict[str, Any]]:
-        """Every known device's row, ordered by fleet and name."""
+        """Every known device's row, ordered by fleet and name (one query: a fleet may have 10,000)."""
         with self._lock:
-            keys = self._query("SELECT fleet, device FROM devices ORDER BY fleet, device")
-        return [d for f, dev in keys if (d := self.device(f, dev)) is not None]
+            rows = self._query(f"SELECT {DEVICE_COLUMNS} FROM devices ORDER BY fleet, device")
+        return [_device_row(row) for row in rows]
 
     def set_state(self, fleet: str, device: str, state: str, at: float, birth: dict[str, Any] | None) -> None:
         """Record ``online``/``offline`` (``since`` moves only when the state changes; a birth replaces the last)."""
